@@ -1,0 +1,224 @@
+"""`lightspeed-bench agentic …` runs a sweep; `lightspeed-bench plot run.json … -o out.png` overlays runs."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import json
+import secrets
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from . import __version__
+from .client import RequestOptions
+from .plot import plot_runs
+from .progress import Progress
+from .report import format_table, git_commit, load_run, utc_now, write_run
+from .runner import SweepConfig, run_sweep
+from .tokenizer import TokenCounter, choose_counter
+from .workload import (
+    AgenticSpec, Conversation, agentic_conversations, calibrate, load_trace, random_conversations,
+    system_prompt,
+)
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from exc
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError("concurrency levels must be >= 1")
+    return values
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    value = json.loads(text)
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("--extra-body must be a JSON object")
+    return value
+
+
+def _add_agentic(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("agentic", help="run the multi-turn shared-prefix sweep against a server")
+    srv = p.add_argument_group("server")
+    srv.add_argument("--base-url", default="http://127.0.0.1:8000", help="server root (no /v1)")
+    srv.add_argument("--model", help="model name to send (default: first of /v1/models)")
+    srv.add_argument("--api-key", help="sent as 'Authorization: Bearer …'")
+    srv.add_argument("--endpoint", choices=("chat", "completions"), default="chat",
+                     help="/v1/chat/completions (messages) or /v1/completions (rendered text prompt)")
+    srv.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false",
+                     help="do not send ignore_eos (for servers that reject it)")
+    srv.add_argument("--no-min-tokens", dest="min_tokens", action="store_false",
+                     help="do not send min_tokens = max_tokens")
+    srv.add_argument("--temperature", type=float, default=0.0)
+    srv.add_argument("--extra-body", type=_json_object, default={}, help="JSON merged into every request")
+    srv.add_argument("--request-timeout", type=float, default=600.0, help="seconds per request")
+    wl = p.add_argument_group("workload")
+    wl.add_argument("--mode", choices=("agentic", "random", "trace"), default="agentic")
+    wl.add_argument("--trace", help="JSONL trace to replay (implies --mode trace)")
+    wl.add_argument("--system-prompt-tokens", type=int, default=2000, help="shared by every conversation")
+    wl.add_argument("--first-turn-tokens", type=int, default=30000, help="per-conversation repo context")
+    wl.add_argument("--turn-tokens", type=int, default=800, help="tool result appended per later turn")
+    wl.add_argument("--turn-jitter", type=float, default=0.25, help="tool result length ± this fraction")
+    wl.add_argument("--turns", type=int, default=10, help="requests per conversation")
+    wl.add_argument("--output-tokens", type=int, default=500, help="max_tokens (= min_tokens) per request")
+    wl.add_argument("--input-tokens", type=int, default=1000, help="prompt length in --mode random")
+    wl.add_argument("--num-conversations", type=int,
+                    help="conversations per level (default: 2 x concurrency; random mode: requests)")
+    wl.add_argument("--seed", type=int, default=0)
+    wl.add_argument("--salt", help="tag on each first message that isolates this run from earlier ones "
+                                   "in the server's cache (default: random); '' disables")
+    wl.add_argument("--tokenizer", default="auto",
+                    help="auto (server /tokenize, else crude estimate), server, crude, or a local "
+                         "tokenizer directory / tokenizer.json")
+    sw = p.add_argument_group("sweep")
+    sw.add_argument("--concurrency", type=_int_list, default=(1, 2, 4, 8, 16, 32),
+                    help="comma-separated levels, e.g. 1,2,4,8")
+    sw.add_argument("--warmup-requests", type=int, help="per level, excluded (default: = concurrency)")
+    sw.add_argument("--max-duration", type=float, default=300.0,
+                    help="seconds per level after which no request starts")
+    sw.add_argument("--num-gpus", type=int, default=1, help="divides the per-GPU throughput")
+    out = p.add_argument_group("output")
+    out.add_argument("--output-dir", default="bench/results")
+    out.add_argument("--name", help="file stem (default: agentic_<UTC date-time>)")
+    out.add_argument("--label", help="legend label (default: model @ server)")
+    out.add_argument("--no-plot", dest="plot", action="store_false")
+    out.add_argument("--floor", type=float, help="draw a tokens/s/user floor on the plot")
+    out.add_argument("--no-progress", dest="progress", action="store_false")
+    out.add_argument("--quiet", action="store_true", help="no table on stdout")
+
+
+def _add_plot(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("plot", help="overlay run JSON files on one Pareto plot")
+    p.add_argument("runs", nargs="+", help="run JSON files written by 'agentic'")
+    p.add_argument("-o", "--output", required=True, help="PNG path")
+    p.add_argument("--y", choices=("output", "total"), default="output",
+                   help="y axis: output or total (input + output) tokens/min/GPU")
+    p.add_argument("--floor", type=float, help="draw a tokens/s/user floor")
+    p.add_argument("--title")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="lightspeed-bench", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_agentic(sub)
+    _add_plot(sub)
+    return parser
+
+
+def _server_info(client: httpx.Client, model: str | None) -> tuple[str, dict[str, Any]]:
+    info: dict[str, Any] = {"base_url": str(client.base_url).rstrip("/")}
+    for path in ("/version", "/v1/models"):
+        try:
+            resp = client.get(path)
+            if resp.status_code == 200:
+                info[path.rsplit("/", 1)[-1]] = resp.json()
+        except (httpx.HTTPError, ValueError):
+            pass
+    if model is None:
+        models = (info.get("models") or {}).get("data") or []
+        if not models:
+            raise SystemExit("error: no --model given and the server's /v1/models lists none")
+        model = models[0]["id"]
+    return model, info
+
+
+def _workload(args: argparse.Namespace, counter: TokenCounter) -> tuple[Any, dict[str, Any]]:
+    """A level -> conversations factory, and the workload's description for the report."""
+    desc: dict[str, Any] = {"mode": args.mode, "tokenizer": counter.name}
+    if args.mode == "trace":
+        trace = load_trace(args.trace, args.output_tokens)
+        desc.update(trace=args.trace, conversations=len(trace))
+
+        def from_trace(level_index: int, concurrency: int) -> list[Conversation]:
+            count = args.num_conversations or len(trace)
+            return [trace[i % len(trace)] for i in range(count)]
+        return from_trace, desc
+    cpt = calibrate(counter, args.seed)
+    desc["chars_per_token"] = round(cpt, 3)
+    if args.mode == "random":
+        def randoms(level_index: int, concurrency: int) -> list[Conversation]:
+            count = args.num_conversations or 4 * concurrency
+            return random_conversations(args.input_tokens, args.output_tokens, level_index * 100000,
+                                        count, args.seed, counter, cpt)
+        desc.update(input_tokens=args.input_tokens, output_tokens=args.output_tokens)
+        return randoms, desc
+    spec = AgenticSpec(args.system_prompt_tokens, args.first_turn_tokens, args.turn_tokens,
+                       args.turn_jitter, args.turns, args.output_tokens, args.seed)
+    system, system_tokens = system_prompt(spec, counter, cpt)
+    desc.update(spec=spec.__dict__, system_prompt_tokens_measured=system_tokens)
+
+    def agentic(level_index: int, concurrency: int) -> list[Conversation]:
+        count = args.num_conversations or 2 * concurrency
+        return agentic_conversations(spec, level_index * 100000, count, counter, cpt, system)
+    return agentic, desc
+
+
+def cmd_agentic(args: argparse.Namespace) -> int:
+    if args.trace:
+        args.mode = "trace"
+    if args.mode == "trace" and not args.trace:
+        raise SystemExit("error: --mode trace needs --trace FILE.jsonl")
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    with httpx.Client(base_url=args.base_url, headers=headers, timeout=30.0) as sync_client:
+        model, server = _server_info(sync_client, args.model)
+    counter = (TokenCounter("unused", len) if args.mode == "trace"
+               else choose_counter(args.tokenizer, args.base_url, model, headers))
+    factory, workload = _workload(args, counter)
+    salt = secrets.token_hex(4) if args.salt is None else args.salt
+    cfg = SweepConfig(args.concurrency, args.warmup_requests, args.max_duration, args.request_timeout,
+                      args.num_gpus, salt)
+    options = RequestOptions(model, args.endpoint, args.ignore_eos, args.min_tokens, args.temperature,
+                             args.extra_body)
+    date = utc_now()
+    stem = Path(args.output_dir) / (args.name or f"agentic_{dt.datetime.now(dt.timezone.utc):%Y%m%d-%H%M%S}")
+
+    async def sweep() -> list[dict[str, Any]]:
+        limits = httpx.Limits(max_connections=max(cfg.concurrencies) + 4)
+        timeout = httpx.Timeout(cfg.request_timeout_s, connect=30.0)
+        async with httpx.AsyncClient(base_url=args.base_url, headers=headers, timeout=timeout,
+                                     limits=limits) as client:
+            return await run_sweep(client, options, factory, cfg, Progress(args.progress))
+
+    levels = asyncio.run(sweep())
+    run = {
+        "tool": f"lightspeed-bench {__version__}", "label": args.label or f"{model} @ {args.base_url}",
+        "date": date, "git_commit": git_commit(), "server": server, "model": model,
+        "flags": {k: v for k, v in vars(args).items() if k not in ("api_key", "func")},
+        "workload": workload, "salt": salt,
+        "levels": [lvl["summary"] for lvl in levels],
+        "requests": [rec.to_json() for lvl in levels for rec in lvl["records"]],
+    }
+    json_path, csv_path = write_run(run, stem)
+    written = [json_path, csv_path]
+    if args.plot:
+        written.append(plot_runs([run], stem.with_suffix(".png"), floor=args.floor))
+    if not args.quiet:
+        print(format_table(run["levels"]))
+        print("wrote " + ", ".join(str(p) for p in written))
+    return 0
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    runs = [load_run(path) for path in args.runs]
+    out = plot_runs(runs, args.output, y=args.y, floor=args.floor, title=args.title)
+    print(f"wrote {out}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of `lightspeed-bench` and of `lightspeed bench` (argv without the program name)."""
+    args = build_parser().parse_args(argv)
+    if args.command == "agentic":
+        return cmd_agentic(args)
+    return cmd_plot(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
