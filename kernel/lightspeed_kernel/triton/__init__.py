@@ -1,0 +1,44 @@
+"""Triton kernels of every op family (except bf16 gemm), registered at PERFORMANT priority on CUDA.
+
+Importing this package never fails: without Triton (or when a Triton module cannot be built on
+this install) `AVAILABLE` is False, `IMPORT_ERROR` says why, and the registry just has fewer
+candidates. On a CPU machine the kernels run only under TRITON_INTERPRET=1 (tests).
+"""
+
+from __future__ import annotations
+
+import importlib
+
+MODULES = (
+    "norm",
+    "activation",
+    "rope",
+    "kv_store",
+    "quantize",
+    "attention_decode",
+    "attention_prefill",
+    "fp8_gemm",
+    "moe_topk",
+    "fused_moe",
+    "sampling",
+)
+
+AVAILABLE = False
+IMPORT_ERROR: str | None = None
+
+try:
+    import triton  # noqa: F401
+    import triton.language  # noqa: F401
+except Exception as e:  # ImportError, or a broken install raising at import
+    IMPORT_ERROR = f"triton unavailable: {type(e).__name__}: {e}"
+else:
+    _loaded = []
+    for _name in MODULES:
+        try:
+            _loaded.append(importlib.import_module(f"{__name__}.{_name}"))
+        except ModuleNotFoundError as e:
+            if e.name != f"{__name__}.{_name}":
+                raise
+    AVAILABLE = True
+
+__all__ = ["AVAILABLE", "IMPORT_ERROR", "MODULES"]

@@ -1,0 +1,60 @@
+"""The inner step shared by the paged prefill and decode kernels: one BLOCK_N tile of keys.
+
+Online softmax in base 2 (FlashAttention-2): scores are scaled by softmax_scale * log2(e) once, the
+running max `m_i` starts at a large finite negative so that a row whose keys are all masked in a
+tile (causal edge, split past its end) keeps p = 0 instead of NaN.
+"""
+
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+NEG_BIG = -1.0e30
+
+
+@triton.jit
+def _tanh(x):
+    return 2.0 * tl.sigmoid(2.0 * x) - 1.0
+
+
+@triton.jit
+def attend_tile(
+    acc, m_i, l_i, q,
+    k_cache, v_cache, pt_row_ptr, n0, kv_end, row_limit, head_off,
+    stride_cp, stride_co, qk_scale, soft_cap,
+    PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
+    HAS_SOFT_CAP: tl.constexpr, DOT_UPCAST: tl.constexpr,
+):
+    """acc: [M, BLOCK_D] fp32, m_i/l_i: [M] fp32, q: [M, BLOCK_D] (compute dtype);
+    keys n0 .. n0+BLOCK_N of the request whose page-table row starts at pt_row_ptr; key j is visible
+    to row r iff j < kv_end and j <= row_limit[r]. qk_scale includes log2(e) (and the fp8 k scale)."""
+    tok = n0 + tl.arange(0, BLOCK_N)
+    in_range = tok < kv_end
+    page = tl.load(pt_row_ptr + tok // PAGE_SIZE, mask=in_range, other=0).to(tl.int64)
+    # kv offsets: [BLOCK_N] -> rows of the cache for this kv head
+    row_off = page * stride_cp + (tok % PAGE_SIZE).to(tl.int64) * stride_co + head_off
+    dims = tl.arange(0, BLOCK_D)
+    kv_mask = in_range[:, None] & (dims < HEAD_DIM)[None, :]
+    k = tl.load(k_cache + row_off[:, None] + dims[None, :], mask=kv_mask, other=0.0)
+    if DOT_UPCAST:
+        s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)))
+    else:
+        s = tl.dot(q, tl.trans(k.to(q.dtype)))
+    if HAS_SOFT_CAP:
+        # qk_scale = scale * log2e * k_scale; soft cap applies to the natural-unit logit
+        s = s * (qk_scale / 1.4426950408889634)
+        s = soft_cap * _tanh(s / soft_cap) * 1.4426950408889634
+    else:
+        s = s * qk_scale
+    visible = (tok[None, :] <= row_limit[:, None]) & in_range[None, :]
+    s = tl.where(visible, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    v = tl.load(v_cache + row_off[:, None] + dims[None, :], mask=kv_mask, other=0.0)
+    if DOT_UPCAST:
+        acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32))
+    else:
+        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype))
+    return acc, m_new, l_i

@@ -1,0 +1,97 @@
+"""Paged prefill attention over a cached prefix (FlashAttention-2 style, one q head per program).
+
+Each request's new tokens are its last q_len tokens: query i sits at position
+seq_len - q_len + i and sees keys 0 .. that position (bottom-right aligned causal mask), so the
+cached prefix is read through the page table exactly like the new tokens' K/V.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ._attention import attend_tile
+from ._common import FLOAT_DTYPES, FP8_DTYPES, check, dot_upcast, next_pow2, register, scale_tensor
+from .attention_decode import check_paged_args
+
+
+@triton.jit
+def _prefill_kernel(
+    q_ptr, k_cache, v_cache, page_table, qsl_ptr, seq_lens_ptr, out_ptr, k_scale_ptr, v_scale_ptr,
+    sm_scale, soft_cap,
+    stride_qt, stride_qh, stride_ot, stride_oh, stride_pt, stride_cp, stride_co, stride_ch,
+    GROUP: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr, HAS_SOFT_CAP: tl.constexpr, HAS_SCALE: tl.constexpr,
+    DOT_UPCAST: tl.constexpr,
+):
+    mblock = tl.program_id(0)
+    b = tl.program_id(1)
+    head = tl.program_id(2)
+    q_start = tl.load(qsl_ptr + b)
+    q_len = tl.load(qsl_ptr + b + 1) - q_start
+    if mblock * BLOCK_M < q_len:
+        seq_len = tl.load(seq_lens_ptr + b)
+        prefix = seq_len - q_len
+        qi = mblock * BLOCK_M + tl.arange(0, BLOCK_M)
+        row_valid = qi < q_len
+        row_limit = tl.where(row_valid, prefix + qi, -1)
+        kv_end = tl.minimum(seq_len, prefix + (mblock + 1) * BLOCK_M)
+        tokens = (q_start + qi).to(tl.int64)
+        dims = tl.arange(0, BLOCK_D)
+        qmask = row_valid[:, None] & (dims < HEAD_DIM)[None, :]
+        q = tl.load(q_ptr + tokens[:, None] * stride_qt + head * stride_qh + dims[None, :], mask=qmask, other=0.0)
+        qk_scale = sm_scale * 1.4426950408889634
+        if HAS_SCALE:
+            qk_scale = qk_scale * tl.load(k_scale_ptr)
+        m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+        pt_row = page_table + b.to(tl.int64) * stride_pt
+        head_off = (head // GROUP).to(tl.int64) * stride_ch
+        for n0 in range(0, kv_end, BLOCK_N):
+            acc, m_i, l_i = attend_tile(
+                acc, m_i, l_i, q, k_cache, v_cache, pt_row, n0, kv_end, row_limit, head_off,
+                stride_cp, stride_co, qk_scale, soft_cap,
+                PAGE_SIZE, BLOCK_N, BLOCK_D, HEAD_DIM, HAS_SOFT_CAP, DOT_UPCAST,
+            )
+        if HAS_SCALE:
+            acc = acc * tl.load(v_scale_ptr)
+        o = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
+        tl.store(out_ptr + tokens[:, None] * stride_ot + head * stride_oh + dims[None, :],
+                 o.to(out_ptr.dtype.element_ty), mask=qmask)
+
+
+@register("attention", "prefill", "triton_paged_prefill", FLOAT_DTYPES, features=("fp8_kv", "soft_cap", "gqa"))
+def attention_prefill(q, k_cache, v_cache, page_table, query_start_loc, seq_lens, *, max_query_len: int,
+                      scale: float, soft_cap=None, k_scale=None, v_scale=None, out=None):
+    """Paged prefill attention. q: [T, Hq, D], the last q_len tokens of each request;
+    k/v_cache: [pages, page_size, Hkv, D] already holding the new tokens' K/V; page_table int32 [B, P];
+    query_start_loc int32 [B+1]; seq_lens int32 [B]; max_query_len >= every q_len -> [T, Hq, D]."""
+    t, hq, d, hkv, b = check_paged_args(q, k_cache, v_cache, page_table, query_start_loc, seq_lens)
+    if out is None:
+        out = torch.empty_like(q)
+    check(out.shape == q.shape and out.stride(2) == 1, "out must be [T, Hq, D]")
+    if t == 0 or b == 0 or max_query_len <= 0:
+        return out
+    block_d = next_pow2(d)
+    block_m = 64 if block_d <= 128 else 32
+    block_n = 64 if block_d <= 64 else 32 if block_d > 128 else 64
+    if dot_upcast():  # interpreter: small tiles run faster on numpy
+        block_m = 16
+        block_n = 16
+    is_fp8 = k_cache.dtype in FP8_DTYPES
+    has_scale = is_fp8 or k_scale is not None
+    ks = scale_tensor(1.0 if k_scale is None else k_scale, q.device) if has_scale else seq_lens
+    vs = scale_tensor(1.0 if v_scale is None else v_scale, q.device) if has_scale else seq_lens
+    grid = (triton.cdiv(int(max_query_len), block_m), b, hq)
+    _prefill_kernel[grid](
+        q, k_cache, v_cache, page_table, query_start_loc, seq_lens, out, ks, vs,
+        float(scale), float(soft_cap or 0.0),
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1), page_table.stride(0),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        GROUP=hq // hkv, PAGE_SIZE=k_cache.shape[1], BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
+        HEAD_DIM=d, HAS_SOFT_CAP=soft_cap is not None and soft_cap > 0, HAS_SCALE=has_scale,
+        DOT_UPCAST=dot_upcast(), num_warps=4, num_stages=2,
+    )
+    return out
