@@ -1,0 +1,1 @@
+"""Triton kernels (import-guarded: on a machine without Triton these modules define nothing)."""

@@ -1,0 +1,149 @@
+"""Absorbed MLA attention over a paged latent cache: split-KV Triton kernel and its combine step.
+
+Design note (fold_sq). The latent cache has one shared head, so every query head of a request
+reads the same 576-wide keys. The kernel therefore treats a request's (query token, head) pairs
+as the rows of the MMA's M tile: row r is query token ``r // H_PAD`` and head ``r % H_PAD``.
+* Folded (``H_PAD == H``): rows of several query tokens share one tile, so the request's KV is
+  read once for all of them. This matters when H is small (16 heads under TP8) and q_len > 1
+  (speculative decoding): unfolded, a 16-head tile is a quarter-full 64-row MMA and the KV is
+  read q_len times.
+* Unfolded (``H_PAD`` = H rounded up to BLOCK_M): every tile holds one query token's heads.
+Causal masking is per row (each row knows its token), so one kernel body serves both, and
+ragged prefill in absorbed form is the same kernel with per-request query counts.
+
+Split-KV: grid axis 2 cuts a request's keys into NUM_SPLITS contiguous, BLOCK_N-aligned ranges;
+each writes an unnormalised-free partial (O / l, log2-LSE) that `_combine_kernel` merges. The
+ranges depend only on the request's length, so every row tile of a request agrees on them.
+"""
+
+from __future__ import annotations
+
+from .._triton import HAS_TRITON
+
+if HAS_TRITON:
+    from .._triton import tl, triton
+
+    @triton.jit
+    def _mla_attn_split_kernel(
+        Q, CLat, CRope, CScale, PageTable, SeqLens, QStart,
+        Out, LseOut, PartO, PartLse,
+        stride_qt, stride_qh,
+        stride_lat_tok, stride_rope_tok,
+        stride_pt_b,
+        stride_ot, stride_oh,
+        stride_pot, stride_poh, stride_pos,
+        num_heads, heads_padded, qk_scale_log2,
+        PAGE_SIZE: tl.constexpr,
+        NUM_SPLITS: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        IS_FP8: tl.constexpr,
+        WRITE_LSE: tl.constexpr,
+        DOT_DTYPE: tl.constexpr,
+    ):
+        # DOT_DTYPE is bf16 on GPUs; fp32 under TRITON_INTERPRET, whose bf16 dot is wrong (3.9).
+        D_LAT: tl.constexpr = 512
+        D_ROPE: tl.constexpr = 64
+        b = tl.program_id(0)
+        pid_m = tl.program_id(1)
+        pid_s = tl.program_id(2)
+
+        q_start = tl.load(QStart + b)
+        q_len = tl.load(QStart + b + 1) - q_start
+        kv_len = tl.load(SeqLens + b)
+        row0 = pid_m * BLOCK_M
+        if row0 < q_len * heads_padded:
+            rows = row0 + tl.arange(0, BLOCK_M)
+            q_idx = rows // heads_padded
+            head = rows % heads_padded
+            row_ok = (q_idx < q_len) & (head < num_heads)
+            # Bottom-right causal: query i sees keys < kv_len - q_len + i + 1.
+            row_end = kv_len - q_len + q_idx + 1
+            last_q = tl.minimum((row0 + BLOCK_M - 1) // heads_padded, q_len - 1)
+            tile_end = kv_len - q_len + last_q + 1
+
+            per_split = tl.cdiv(tl.cdiv(kv_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+            start = pid_s * per_split
+            end = tl.minimum(start + per_split, tile_end)
+
+            tok = (q_start + q_idx).to(tl.int64)
+            d = tl.arange(0, D_LAT)
+            r = tl.arange(0, D_ROPE)
+            q_base = Q + tok[:, None] * stride_qt + head[:, None] * stride_qh
+            q_lat = tl.load(q_base + d[None, :], mask=row_ok[:, None], other=0.0).to(DOT_DTYPE)
+            q_rope = tl.load(q_base + D_LAT + r[None, :], mask=row_ok[:, None], other=0.0).to(DOT_DTYPE)
+
+            m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+            l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+            acc = tl.zeros([BLOCK_M, D_LAT], dtype=tl.float32)
+            pt_row = PageTable + b.to(tl.int64) * stride_pt_b
+            for n0 in range(start, end, BLOCK_N):
+                offs_n = n0 + tl.arange(0, BLOCK_N)
+                n_ok = offs_n < end
+                page = tl.load(pt_row + offs_n // PAGE_SIZE, mask=n_ok, other=0).to(tl.int64)
+                slot = page * PAGE_SIZE + offs_n % PAGE_SIZE
+                k_lat = tl.load(CLat + slot[:, None] * stride_lat_tok + d[None, :], mask=n_ok[:, None], other=0.0)
+                k_rope = tl.load(CRope + slot[:, None] * stride_rope_tok + r[None, :], mask=n_ok[:, None], other=0.0)
+                k_lat = k_lat.to(DOT_DTYPE)
+                s = tl.dot(q_lat, tl.trans(k_lat))
+                if IS_FP8:
+                    # Per-token scale: scores and probabilities take it, the MMA sees raw e4m3.
+                    k_scale = tl.load(CScale + slot, mask=n_ok, other=0.0)
+                    s = s * k_scale[None, :]
+                s = tl.dot(q_rope, tl.trans(k_rope.to(DOT_DTYPE)), s)
+                s = s * qk_scale_log2
+                s = tl.where(offs_n[None, :] < row_end[:, None], s, float("-inf"))
+                m_new = tl.maximum(m_i, tl.max(s, axis=1))
+                m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+                alpha = tl.exp2(m_i - m_use)
+                p = tl.exp2(s - m_use[:, None])
+                l_i = l_i * alpha + tl.sum(p, axis=1)
+                if IS_FP8:
+                    p = p * k_scale[None, :]
+                acc = tl.dot(p.to(DOT_DTYPE), k_lat, acc * alpha[:, None])
+                m_i = m_new
+
+            empty = l_i == 0.0
+            o = acc / tl.where(empty, 1.0, l_i)[:, None]
+            lse2 = tl.where(empty, float("-inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))
+            if NUM_SPLITS == 1:
+                o_ptr = Out + tok[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :]
+                tl.store(o_ptr, o.to(Out.dtype.element_ty), mask=row_ok[:, None])
+                if WRITE_LSE:
+                    tl.store(LseOut + tok * num_heads + head, lse2 * 0.6931471805599453, mask=row_ok)
+            else:
+                po = PartO + tok[:, None] * stride_pot + head[:, None] * stride_poh + pid_s * stride_pos + d[None, :]
+                tl.store(po, o, mask=row_ok[:, None])
+                tl.store(PartLse + (tok * num_heads + head) * NUM_SPLITS + pid_s, lse2, mask=row_ok)
+
+    @triton.jit
+    def _combine_kernel(
+        PartO, PartLse, Out, LseOut,
+        stride_pot, stride_poh, stride_pos,
+        stride_ot, stride_oh,
+        num_heads,
+        NUM_SPLITS: tl.constexpr,
+        SPLITS_POW2: tl.constexpr,
+        WRITE_LSE: tl.constexpr,
+    ):
+        # One program per (token, head): merge the splits' partial outputs by their LSE weights.
+        t = tl.program_id(0).to(tl.int64)
+        h = tl.program_id(1)
+        s_idx = tl.arange(0, SPLITS_POW2)
+        row = t * num_heads + h
+        lse = tl.load(PartLse + row * NUM_SPLITS + s_idx, mask=s_idx < NUM_SPLITS, other=float("-inf"))
+        m = tl.max(lse, axis=0)
+        m_use = tl.where(m == float("-inf"), 0.0, m)
+        w = tl.exp2(lse - m_use)
+        denom = tl.sum(w, axis=0)
+        d = tl.arange(0, 512)
+        acc = tl.zeros([512], dtype=tl.float32)
+        base = PartO + t * stride_pot + h * stride_poh
+        for s in range(NUM_SPLITS):
+            w_s = tl.exp2(tl.load(PartLse + row * NUM_SPLITS + s) - m_use)
+            acc += w_s * tl.load(base + s * stride_pos + d)
+        o = acc / tl.where(denom == 0.0, 1.0, denom)
+        tl.store(Out + t * stride_ot + h * stride_oh + d, o.to(Out.dtype.element_ty))
+        if WRITE_LSE:
+            lse_nat = tl.where(denom == 0.0, float("-inf"), (m_use + tl.log2(denom)) * 0.6931471805599453)
+            tl.store(LseOut + row, lse_nat)
