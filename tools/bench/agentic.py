@@ -10,6 +10,6 @@ from lightspeed_bench.cli import main  # noqa: E402
 
 if __name__ == "__main__":
     argv = sys.argv[1:]
-    if not argv or argv[0] not in ("agentic", "plot", "-h", "--help", "--version"):
+    if not argv or argv[0] not in ("agentic", "plot", "--version"):
         argv = ["agentic", *argv]
     sys.exit(main(argv))

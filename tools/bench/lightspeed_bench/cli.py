@@ -21,7 +21,12 @@ from .report import format_table, git_commit, load_run, utc_now, write_run
 from .runner import SweepConfig, run_sweep
 from .tokenizer import TokenCounter, choose_counter
 from .workload import (
-    AgenticSpec, Conversation, agentic_conversations, calibrate, load_trace, random_conversations,
+    AgenticSpec,
+    Conversation,
+    agentic_conversations,
+    calibrate,
+    load_trace,
+    random_conversations,
     system_prompt,
 )
 

@@ -49,7 +49,7 @@ class RequestRecord:
     @property
     def itls(self) -> list[float]:
         """Gaps between consecutive text chunks (one token each on servers that stream per token)."""
-        return [b - a for a, b in zip(self.chunk_times, self.chunk_times[1:])]
+        return [b - a for a, b in zip(self.chunk_times, self.chunk_times[1:], strict=False)]
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -10,6 +10,8 @@ from latency and token figures but counted in `errors`):
 - Throughput window: earliest measured request start -> latest measured request end.
   tokens/min/GPU = tokens in the window * 60 / window seconds / num_gpus.
 - cached fraction: sum(cached_tokens) / sum(prompt_tokens) over requests that reported it.
+  `cached_fraction_incl_warmup` is the same over warm-up requests too, comparable with the
+  server's /metrics counters, which cannot tell warm-up apart.
 - ideal cached fraction: sum(ideal_cached_tokens) / sum(prompt_tokens), what a perfect prefix
   cache (token granularity, unbounded memory) would have served.
 """
@@ -64,6 +66,7 @@ def summarize_level(records: list[RequestRecord], concurrency: int, num_gpus: in
     per_min_gpu = 60.0 / window / num_gpus if window > 0 else 0.0
 
     reported = [r for r in measured if r.cached_tokens is not None and r.prompt_tokens]
+    reported_all = [r for r in records if r.ok and r.cached_tokens is not None and r.prompt_tokens]
     ideal = [r for r in measured if r.ideal_cached_tokens is not None and r.prompt_tokens]
     return {
         "concurrency": concurrency,
@@ -87,6 +90,8 @@ def summarize_level(records: list[RequestRecord], concurrency: int, num_gpus: in
         "cached_fraction": _ratio(sum(r.cached_tokens for r in reported),
                                   sum(r.prompt_tokens for r in reported)),
         "cached_reported_requests": len(reported),
+        "cached_fraction_incl_warmup": _ratio(sum(r.cached_tokens for r in reported_all),
+                                              sum(r.prompt_tokens for r in reported_all)),
         "ideal_cached_fraction": _ratio(sum(r.ideal_cached_tokens for r in ideal),
                                         sum(r.prompt_tokens for r in ideal)),
     }

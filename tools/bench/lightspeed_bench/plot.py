@@ -18,11 +18,23 @@ def run_label(run: dict[str, Any]) -> str:
     return run.get("label") or f"{run.get('model', '?')} @ {run.get('server', {}).get('base_url', '?')}"
 
 
+def workload_caption(run: dict[str, Any]) -> str:
+    """One line describing a run's workload, for the foot of the plot."""
+    wl = run.get("workload") or {}
+    spec = wl.get("spec")
+    if spec:
+        return (f"agentic: system {spec['system_prompt_tokens']} + first turn {spec['first_turn_tokens']} tok, "
+                f"+{spec['turn_tokens']} tok/turn, {spec['turns']} turns, {spec['output_tokens']} output tok; "
+                f"{run.get('date', '')}, {str(run.get('git_commit', ''))[:12]}")
+    return f"{wl.get('mode', '')} workload; {run.get('date', '')}"
+
+
 def plot_runs(runs: list[dict[str, Any]], out: str | Path, y: str = "output",
               floor: float | None = None, title: str | None = None) -> Path:
     """Overlay the runs' levels as curves, each point labelled with its concurrency."""
     y_key, y_label = _Y_KEYS[y]
     fig, ax = plt.subplots(figsize=(9, 6), dpi=120)
+    x_max = y_max = 0.0
     for run in runs:
         points = sorted(
             (lvl["concurrency"], lvl["tokens_per_s_per_user"], lvl[y_key])
@@ -31,6 +43,7 @@ def plot_runs(runs: list[dict[str, Any]], out: str | Path, y: str = "output",
         if not points:
             continue
         xs, ys = [p[1] for p in points], [p[2] for p in points]
+        x_max, y_max = max(x_max, *xs), max(y_max, *ys)
         (line,) = ax.plot(xs, ys, marker="o", linewidth=2, markersize=7, label=run_label(run))
         for conc, x, yv in points:
             ax.annotate(f"c={conc}", (x, yv), textcoords="offset points", xytext=(6, 6),
@@ -42,14 +55,18 @@ def plot_runs(runs: list[dict[str, Any]], out: str | Path, y: str = "output",
     ax.set_xlabel("tokens / s / user  (1000 / mean TPOT ms)", fontsize=11)
     ax.set_ylabel(y_label, fontsize=11)
     ax.set_title(title or "Agentic workload: throughput vs per-user speed", fontsize=12)
-    ax.set_xlim(left=0)
-    ax.set_ylim(bottom=0)
+    caption = workload_caption(runs[0]) if len(runs) == 1 else ""
+    if caption:
+        fig.text(0.01, 0.01, caption, fontsize=8, color="dimgrey")
+    # Headroom so the top/right points and their labels stay inside the axes.
+    ax.set_xlim(0, max(x_max, floor or 0.0) * 1.18 or 1.0)
+    ax.set_ylim(0, y_max * 1.15 or 1.0)
     ax.grid(True, alpha=0.3)
     ax.ticklabel_format(axis="y", style="plain")
     ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:,.0f}"))
     if ax.get_legend_handles_labels()[0]:
         ax.legend(loc="best", fontsize=9, framealpha=0.9)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.03, 1, 1))
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out)
