@@ -1,0 +1,90 @@
+"""lightspeed-kernel: the kernel registry and the op families of Lightspeed.
+
+``from lightspeed_kernel import ops`` for the ops; the registry API is re-exported here. The
+torch references register on import; the Triton kernels (``lightspeed_kernel.triton``) register
+when Triton is importable; entry-point plugins load at the first selection.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+from . import reference  # noqa: F401  (registers the torch references)
+from .env import KernelEnv, kernel_env
+from .registry import (
+    ANY,
+    CPU,
+    ENTRY_POINT_GROUP,
+    REGISTRY,
+    Candidate,
+    Capability,
+    Explanation,
+    KernelRegistry,
+    KernelSelectionError,
+    KernelSpec,
+    Platform,
+    PluginStatus,
+    Priority,
+    SelectedKernel,
+    current_platform,
+    explain,
+    list_kernels,
+    override,
+    platform_of,
+    refresh,
+    register_kernel,
+    select_kernel,
+)
+
+__version__ = "0.1.0"
+
+
+def _import_triton_kernels() -> bool:
+    """Import the built-in Triton kernels if possible; absent Triton means fewer candidates."""
+    if kernel_env().disable_triton:
+        return False
+    try:
+        from . import triton  # noqa: F401
+    except ImportError as e:
+        if e.name and e.name.split(".")[0] not in ("triton", "lightspeed_kernel"):
+            warnings.warn(f"lightspeed_kernel.triton not loaded: {e}", stacklevel=2)
+        return False
+    except Exception as e:  # noqa: BLE001 - a broken optional backend must not break the package
+        warnings.warn(f"lightspeed_kernel.triton failed to import: {type(e).__name__}: {e}", stacklevel=2)
+        return False
+    return True
+
+
+TRITON_AVAILABLE = _import_triton_kernels()
+
+from . import ops  # noqa: E402  (after every built-in backend registered)
+
+__all__ = [
+    "ANY",
+    "CPU",
+    "ENTRY_POINT_GROUP",
+    "REGISTRY",
+    "TRITON_AVAILABLE",
+    "Candidate",
+    "Capability",
+    "Explanation",
+    "KernelEnv",
+    "KernelRegistry",
+    "KernelSelectionError",
+    "KernelSpec",
+    "Platform",
+    "PluginStatus",
+    "Priority",
+    "SelectedKernel",
+    "__version__",
+    "current_platform",
+    "explain",
+    "kernel_env",
+    "list_kernels",
+    "ops",
+    "override",
+    "platform_of",
+    "refresh",
+    "register_kernel",
+    "select_kernel",
+]

@@ -1,0 +1,48 @@
+"""Every environment variable the kernel package reads, read once into one typed snapshot.
+
+Call :func:`lightspeed_kernel.refresh` after changing the environment at run time (tests do).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+from dataclasses import dataclass, field
+
+OVERRIDE_PREFIX = "LIGHTSPEED_KERNEL_OVERRIDE_"
+
+
+def override_env_name(family: str, mode: str) -> str:
+    """``attention``, ``decode`` -> ``LIGHTSPEED_KERNEL_OVERRIDE_ATTENTION_DECODE``."""
+    return OVERRIDE_PREFIX + re.sub(r"[^0-9A-Za-z]", "_", f"{family}_{mode}").upper()
+
+
+@dataclass(frozen=True)
+class KernelEnv:
+    """Snapshot of the ``LIGHTSPEED_KERNEL_*`` variables."""
+
+    config_path: str | None = None
+    """LIGHTSPEED_KERNEL_CONFIG: a TOML file with an ``[overrides]`` table."""
+    overrides: dict[str, str] = field(default_factory=dict)
+    """LIGHTSPEED_KERNEL_OVERRIDE_<FAMILY>_<MODE>=<kernel name>, keyed by variable name."""
+    disable_plugins: bool = False
+    """LIGHTSPEED_KERNEL_DISABLE_PLUGINS=1: do not load entry-point plugins."""
+    disable_triton: bool = False
+    """LIGHTSPEED_KERNEL_DISABLE_TRITON=1: do not import the built-in Triton kernels."""
+
+
+def _flag(value: str | None) -> bool:
+    return (value or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+@functools.lru_cache(maxsize=1)
+def kernel_env() -> KernelEnv:
+    """The environment snapshot (read on first use)."""
+    environ = os.environ
+    return KernelEnv(
+        config_path=environ.get("LIGHTSPEED_KERNEL_CONFIG") or None,
+        overrides={k: v.strip() for k, v in environ.items() if k.startswith(OVERRIDE_PREFIX) and v.strip()},
+        disable_plugins=_flag(environ.get("LIGHTSPEED_KERNEL_DISABLE_PLUGINS")),
+        disable_triton=_flag(environ.get("LIGHTSPEED_KERNEL_DISABLE_TRITON")),
+    )

@@ -1,0 +1,38 @@
+"""Public ops: each dispatches through the kernel registry on its input's dtype and device.
+
+Shapes and semantics are the contract in kernel/README.md; every implementation of a
+family/mode (reference, Triton, plugins) takes exactly these arguments.
+"""
+
+from .activation import gelu_and_mul, silu_and_mul
+from .attention import attention_decode, attention_prefill
+from .gemm import fp8_block_gemm, linear
+from .kv_store import store_kv
+from .moe import fused_experts, moe_topk
+from .norm import fused_add_rms_norm, rms_norm
+from .quantize import quant_fp8_per_block, quant_fp8_per_token, quant_fp8_per_token_head
+from .rope import apply_rope, rope_cos_sin_cache, yarn_get_mscale
+from .sampling import apply_penalties, compute_logprobs, sample
+
+__all__ = [
+    "apply_penalties",
+    "apply_rope",
+    "attention_decode",
+    "attention_prefill",
+    "compute_logprobs",
+    "fp8_block_gemm",
+    "fused_add_rms_norm",
+    "fused_experts",
+    "gelu_and_mul",
+    "linear",
+    "moe_topk",
+    "quant_fp8_per_block",
+    "quant_fp8_per_token",
+    "quant_fp8_per_token_head",
+    "rms_norm",
+    "rope_cos_sin_cache",
+    "sample",
+    "silu_and_mul",
+    "store_kv",
+    "yarn_get_mscale",
+]

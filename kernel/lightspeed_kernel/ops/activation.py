@@ -1,0 +1,18 @@
+"""Gated activation ops (family ``activation``). Dispatch dtype: ``x.dtype``."""
+
+from __future__ import annotations
+
+import torch
+
+from ._dispatch import impl_for
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up`` for x = [gate | up]: [T, 2I] -> [T, I] (activation/silu_and_mul)."""
+    return impl_for("activation", "silu_and_mul", x)(x)
+
+
+def gelu_and_mul(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
+    """``gelu(gate) * up`` for x = [gate | up]: [T, 2I] -> [T, I]; approximate "none" (erf) or
+    "tanh" (activation/gelu_and_mul)."""
+    return impl_for("activation", "gelu_and_mul", x)(x, approximate)

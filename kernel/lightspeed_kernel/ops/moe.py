@@ -1,0 +1,48 @@
+"""Mixture-of-experts ops (family ``moe``). Dispatch dtype: ``router_logits.dtype`` / ``x.dtype``."""
+
+from __future__ import annotations
+
+import torch
+
+from ._dispatch import impl_for
+
+
+def moe_topk(
+    router_logits: torch.Tensor,
+    top_k: int,
+    *,
+    scoring: str = "softmax",
+    renormalize: bool = True,
+    correction_bias: torch.Tensor | None = None,
+    num_groups: int | None = None,
+    topk_groups: int | None = None,
+    routed_scaling_factor: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Route each token to ``top_k`` experts (moe/topk).
+
+    router_logits: [T, E]. ``scoring`` "softmax" or "sigmoid"; ``correction_bias`` [E] steers the
+    choice only (DeepSeek-V3); ``num_groups``/``topk_groups`` restrict the choice to the best
+    groups (grouped top-k); weights are renormalised to sum 1 when ``renormalize``, then multiplied
+    by ``routed_scaling_factor``. Returns (weights fp32 [T, k], expert ids int32 [T, k]).
+    """
+    return impl_for("moe", "topk", router_logits)(
+        router_logits, top_k, scoring=scoring, renormalize=renormalize, correction_bias=correction_bias,
+        num_groups=num_groups, topk_groups=topk_groups, routed_scaling_factor=routed_scaling_factor,
+    )  # fmt: skip
+
+
+def fused_experts(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    *,
+    activation: str = "silu",
+) -> torch.Tensor:
+    """``sum_k weight_k · w2[e_k] @ act_and_mul(w13[e_k] @ x)`` (moe/fused_experts).
+
+    x: [T, H]; w13: [E, 2I, H] (gate rows, then up rows); w2: [E, H, I]; topk_weights: [T, k];
+    topk_ids: [T, k] int32; activation "silu" or "gelu". Returns [T, H] in x's dtype.
+    """
+    return impl_for("moe", "fused_experts", x)(x, w13, w2, topk_weights, topk_ids, activation=activation)

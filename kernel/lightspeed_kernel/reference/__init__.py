@@ -1,0 +1,8 @@
+"""Pure-torch reference kernels: the ground truth of every op family, runnable on any device.
+
+Importing a module registers its kernels (name ``reference``, band REFERENCE, any device/dtype).
+"""
+
+from . import activation, attention, gemm, kv_store, moe, norm, quantize, rope, sampling
+
+__all__ = ["activation", "attention", "gemm", "kv_store", "moe", "norm", "quantize", "rope", "sampling"]

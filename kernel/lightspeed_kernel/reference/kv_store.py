@@ -1,0 +1,34 @@
+"""Write the K/V of new tokens into a paged cache by slot (page * page_size + offset)."""
+
+from __future__ import annotations
+
+import torch
+
+from ._register import reference
+
+
+def _to_cache(x: torch.Tensor, cache_dtype: torch.dtype, scale) -> torch.Tensor:
+    if scale is None:
+        return x.to(cache_dtype)
+    return (x.float() / scale).to(cache_dtype)
+
+
+@reference("kv_store", "paged", features=("fp8_kv",))
+def store_kv(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    *,
+    k_scale: torch.Tensor | float | None = None,
+    v_scale: torch.Tensor | float | None = None,
+) -> None:
+    # k, v: [T, Hkv, D]; k_cache, v_cache: [num_pages, page_size, Hkv, D]; slot_mapping: [T] int64,
+    # -1 = skip (padding tokens). With k_scale / v_scale (fp8 caches) the cache holds k / k_scale.
+    page_size = k_cache.shape[1]
+    valid = slot_mapping >= 0
+    slots = slot_mapping[valid].long()
+    pages, offsets = slots // page_size, slots % page_size
+    k_cache[pages, offsets] = _to_cache(k[valid], k_cache.dtype, k_scale)
+    v_cache[pages, offsets] = _to_cache(v[valid], v_cache.dtype, v_scale)

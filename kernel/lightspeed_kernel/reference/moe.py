@@ -1,0 +1,90 @@
+"""Mixture-of-experts references: router top-k (softmax / sigmoid, DeepSeek grouped top-k with a
+correction bias) and the experts themselves as a loop over the experts that received tokens."""
+
+from __future__ import annotations
+
+import torch
+
+from ._register import reference
+from .activation import gelu_and_mul, silu_and_mul
+
+
+@reference("moe", "topk")
+def moe_topk(
+    router_logits: torch.Tensor,
+    top_k: int,
+    *,
+    scoring: str = "softmax",
+    renormalize: bool = True,
+    correction_bias: torch.Tensor | None = None,
+    num_groups: int | None = None,
+    topk_groups: int | None = None,
+    routed_scaling_factor: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    # router_logits: [T, E] -> (weights fp32 [T, k], expert ids int32 [T, k])
+    # The bias (DeepSeek-V3 "noaux_tc") only steers which experts are chosen; the weights are the
+    # unbiased scores of the chosen experts. Grouped top-k keeps the `topk_groups` best of
+    # `num_groups` expert groups (group score: top-2 sum of biased scores with a bias, else max).
+    num_tokens, num_experts = router_logits.shape
+    logits = router_logits.float()
+    if scoring == "softmax":
+        scores = torch.softmax(logits, dim=-1)
+    elif scoring == "sigmoid":
+        scores = torch.sigmoid(logits)
+    else:
+        raise ValueError(f"scoring must be 'softmax' or 'sigmoid', got {scoring!r}")
+    choice = scores if correction_bias is None else scores + correction_bias.float()
+    if num_groups:
+        if num_experts % num_groups or not topk_groups:
+            raise ValueError(f"grouped top-k: {num_experts} experts, {num_groups} groups, {topk_groups} kept")
+        grouped = choice.view(num_tokens, num_groups, num_experts // num_groups)
+        if correction_bias is None:
+            group_scores = grouped.max(dim=-1).values
+        else:
+            group_scores = grouped.topk(min(2, grouped.shape[-1]), dim=-1).values.sum(dim=-1)
+        keep_groups = group_scores.topk(topk_groups, dim=-1).indices
+        group_mask = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, keep_groups, True)
+        expert_mask = group_mask.repeat_interleave(num_experts // num_groups, dim=1)
+        choice = choice.masked_fill(~expert_mask, float("-inf"))
+    ids = choice.topk(top_k, dim=-1).indices
+    weights = scores.gather(1, ids)
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True).clamp(min=1e-20)
+    weights = weights * routed_scaling_factor
+    return weights, ids.to(torch.int32)
+
+
+@reference("moe", "fused_experts")
+def fused_experts(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    *,
+    activation: str = "silu",
+) -> torch.Tensor:
+    # x: [T, H]; w13: [E, 2I, H] (gate rows then up rows); w2: [E, H, I];
+    # topk_weights: [T, k]; topk_ids: [T, k] -> [T, H] = sum_k w_k * w2_e(act(gate) * up)
+    if activation == "silu":
+        act = silu_and_mul
+    elif activation == "gelu":
+        act = gelu_and_mul
+    else:
+        raise ValueError(f"activation must be 'silu' or 'gelu', got {activation!r}")
+    num_tokens, top_k = topk_ids.shape
+    out = torch.zeros(num_tokens, x.shape[1], dtype=torch.float32, device=x.device)
+    flat_ids = topk_ids.reshape(-1).long()
+    order = torch.argsort(flat_ids, stable=True)
+    counts = torch.bincount(flat_ids, minlength=w13.shape[0]).tolist()
+    start = 0
+    for expert, count in enumerate(counts):
+        if count == 0:
+            continue
+        picks = order[start : start + count]
+        start += count
+        tokens = picks // top_k
+        hidden = act(x[tokens] @ w13[expert].t())  # [n, I] in x's dtype
+        expert_out = (hidden @ w2[expert].t()).float()  # [n, H]
+        out.index_add_(0, tokens, expert_out * topk_weights.reshape(-1)[picks, None].float())
+    return out.to(x.dtype)
