@@ -1,0 +1,164 @@
+"""EngineConfig: every knob of one engine, a frozen dataclass validated in one place.
+
+A field's ``metadata["help"]`` is its command-line help, and ``metadata.get("choices")`` its allowed
+values, so front ends write each flag once::
+
+    for f in dataclasses.fields(EngineConfig):
+        flag = "--" + f.name.replace("_", "-")
+        parser.add_argument(flag, help=f.metadata["help"], choices=f.metadata.get("choices"))
+
+`engine_arg_specs()` returns exactly that information as plain records; `EngineConfig.from_cli`
+turns strings such as ``kv_cache_memory="2GiB"`` into typed values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+_SIZE_UNITS = {
+    "": 1, "b": 1,
+    "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3, "t": 1000**4, "tb": 1000**4,
+    "ki": 1024, "kib": 1024, "mi": 1024**2, "mib": 1024**2, "gi": 1024**3, "gib": 1024**3,
+    "ti": 1024**4, "tib": 1024**4,
+}
+
+
+def parse_bytes(value: int | float | str) -> int:
+    """``"2GiB"`` -> 2147483648, ``"512MB"`` -> 512000000, ``1024`` -> 1024 (ValueError if unparsable)."""
+    if isinstance(value, bool):
+        raise ValueError(f"not a byte size: {value!r}")
+    if isinstance(value, (int, float)):
+        return int(value)
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", str(value))
+    if not m or m.group(2).lower() not in _SIZE_UNITS:
+        raise ValueError(f"not a byte size: {value!r} (examples: 2GiB, 512MiB, 1e9)")
+    return int(float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()])
+
+
+def _f(default: Any, help: str, choices: tuple | None = None, **kw: Any) -> Any:
+    meta = {"help": help}
+    if choices is not None:
+        meta["choices"] = choices
+    return field(default=default, metadata=meta, **kw)
+
+
+LOAD_FORMATS = ("auto", "hf", "safetensors", "gguf", "dummy")
+DTYPES = ("auto", "bfloat16", "float16", "float32", "bf16", "fp16", "fp32", "half", "float")
+KV_CACHE_DTYPES = ("auto", "bf16", "bfloat16", "fp16", "float16", "fp32", "float32", "fp8", "fp8_e4m3")
+POLICIES = ("decode_first", "prefill_first")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Configuration of one engine (model, memory, batching). Immutable after construction."""
+
+    model: str | None = _f(None, "Model: a Hugging Face folder, a .gguf file, or with --load-format dummy a "
+                           "config.json / preset name (llama-3.1-8b, qwen3-8b, ...). Default: SmolLM2-135M-Instruct.")
+    tokenizer: str | None = _f(None, "Tokenizer folder or .gguf file (default: the model's).")
+    load_format: str = _f("auto", "How to load weights: auto (by path), hf/safetensors, gguf, dummy (random).",
+                          LOAD_FORMATS)
+    dtype: str = _f("auto", "Weight and activation dtype; auto = bfloat16 on GPU, float32 on CPU.", DTYPES)
+    device: str = _f("auto", "Device: auto (cuda if available), cpu, cuda, cuda:N.")
+    max_model_len: int | None = _f(None, "Longest sequence (prompt + output) in tokens; default: the model's "
+                                   "max_position_embeddings, capped by what the KV cache holds.")
+    max_num_seqs: int = _f(256, "Most requests in one batch (also the number of per-request state rows).")
+    max_num_batched_tokens: int = _f(8192, "Token budget of one forward step (decodes + prefill chunks).")
+    chunked_prefill_size: int = _f(2048, "Longest prefill chunk of one request in one step.")
+    page_size: int = _f(16, "Tokens per KV-cache page.")
+    gpu_memory_utilization: float = _f(0.9, "Fraction of the GPU's memory the engine may use (weights, "
+                                       "activations and the KV cache, which gets the rest).")
+    kv_cache_memory: int | None = _f(None, "KV-cache budget in bytes (accepts 2GiB, 512MiB); sizes the cache on CPU "
+                                     "(default 1GiB there); on GPU it overrides --gpu-memory-utilization.")
+    kv_cache_dtype: str = _f("auto", "KV-cache dtype: auto (= model dtype), bf16, fp16, fp32, fp8 (e4m3 with "
+                             "per-layer scales).", KV_CACHE_DTYPES)
+    host_cache_memory: int | None = _f(None, "Host (CPU, pinned on GPU machines) KV-cache budget in bytes for prefix "
+                                       "write-back and retraction; default: 2x the device KV cache on GPU, "
+                                       "0.5GiB on CPU.")
+    enable_prefix_cache: bool = _f(True, "Reuse KV pages of shared prompt prefixes across requests.")
+    policy: str = _f("decode_first", "Batching policy: decode_first (running decodes first, prefill chunks "
+                     "fill the rest) or prefill_first.", POLICIES)
+    seed: int = _f(0, "Seed of the engine: weights of dummy models and the seeds of requests that set none.")
+    tensor_parallel_size: int = _f(1, "Tensor-parallel ranks (only 1 is supported in this version).")
+    max_logprobs: int = _f(20, "Largest number of top logprobs a request may ask for.")
+    num_threads: int | None = _f(None, "torch threads of the engine core on CPU (default: torch's choice).")
+
+    def __post_init__(self) -> None:
+        # Normalise CLI-edge strings into typed values (still immutable afterwards).
+        for name in ("kv_cache_memory", "host_cache_memory"):
+            value = getattr(self, name)
+            if value is not None:
+                object.__setattr__(self, name, parse_bytes(value))
+        for name, allowed in (("load_format", LOAD_FORMATS), ("dtype", DTYPES),
+                              ("kv_cache_dtype", KV_CACHE_DTYPES), ("policy", POLICIES)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name}={getattr(self, name)!r} is not one of {', '.join(allowed)}")
+        if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device):
+            raise ValueError(f"device={self.device!r}: expected auto, cpu, cuda or cuda:N")
+        positive = ("max_num_seqs", "max_num_batched_tokens", "chunked_prefill_size", "page_size",
+                    "tensor_parallel_size")
+        for name in positive:
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.max_model_len is not None and (not isinstance(self.max_model_len, int) or self.max_model_len < 1):
+            raise ValueError(f"max_model_len must be a positive integer, got {self.max_model_len!r}")
+        if self.page_size & (self.page_size - 1):
+            raise ValueError(f"page_size must be a power of two, got {self.page_size}")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.kv_cache_memory is not None and self.kv_cache_memory <= 0:
+            raise ValueError(f"kv_cache_memory must be positive, got {self.kv_cache_memory}")
+        if self.host_cache_memory is not None and self.host_cache_memory < 0:
+            raise ValueError(f"host_cache_memory must be >= 0, got {self.host_cache_memory}")
+        if self.tensor_parallel_size != 1:
+            raise ValueError("tensor_parallel_size > 1 is not supported yet by the engine core (use 1)")
+        if self.max_logprobs < 0:
+            raise ValueError(f"max_logprobs must be >= 0, got {self.max_logprobs}")
+        if self.num_threads is not None and self.num_threads < 1:
+            raise ValueError(f"num_threads must be >= 1, got {self.num_threads}")
+
+    @classmethod
+    def from_cli(cls, **kwargs: Any) -> EngineConfig:
+        """Build from string-valued flags (None values = default): converts ints, floats, bools, sizes."""
+        types = {f.name: f.type for f in dataclasses.fields(cls)}
+        clean: dict[str, Any] = {}
+        for name, value in kwargs.items():
+            if name not in types:
+                raise ValueError(f"unknown engine argument {name!r}")
+            if value is None:
+                continue
+            kind = str(types[name])
+            if isinstance(value, str) and name not in ("kv_cache_memory", "host_cache_memory"):
+                if kind.startswith("int"):
+                    value = int(value)
+                elif kind.startswith("float"):
+                    value = float(value)
+                elif kind.startswith("bool"):
+                    value = value.strip().lower() in ("1", "true", "yes", "on")
+            clean[name] = value
+        return cls(**clean)
+
+    def replace(self, **changes: Any) -> EngineConfig:
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class EngineArgSpec:
+    """One CLI flag derived from an EngineConfig field."""
+
+    name: str           # field name, e.g. "max_num_seqs"
+    flag: str           # "--max-num-seqs"
+    type: str           # the field's annotation as text, e.g. "int | None"
+    default: Any        # the field's default
+    help: str           # metadata["help"]
+    choices: tuple | None
+
+
+def engine_arg_specs() -> list[EngineArgSpec]:
+    """Every EngineConfig field as a CLI flag description (the gateway builds `lightspeed serve` from it)."""
+    return [EngineArgSpec(f.name, "--" + f.name.replace("_", "-"), str(f.type), f.default,
+                          f.metadata["help"], f.metadata.get("choices"))
+            for f in dataclasses.fields(EngineConfig)]

@@ -1,0 +1,114 @@
+"""EngineCoreClient: starts the engine core process and talks to it over ZMQ (ipc:// in a temp dir).
+
+The client binds a PUSH socket (requests) and a PULL socket (outputs); the core connects to both.
+The core is a plain subprocess (`python -m lightspeed.core.engine_core`), so user scripts need no
+`if __name__ == "__main__"` guard. Death detection: `poll_output` returns None on timeout and the
+caller checks `is_alive()`; the core itself exits when its parent dies (prctl PDEATHSIG). A
+`weakref.finalize` (which also runs at interpreter exit) terminates the process and removes the
+socket folder, so no orphan survives a forgotten `shutdown()`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import weakref
+
+import zmq
+import zmq.asyncio
+
+from ..config import EngineConfig
+from ..envs import ENVS
+from . import messages as m
+from .errors import EngineDeadError
+
+
+def _terminate(proc: subprocess.Popen, ctx: zmq.Context, sockets: list, folder: str, input_sock) -> None:
+    if proc.poll() is None:
+        try:
+            input_sock.send(m.encoder.encode(m.Shutdown()), zmq.NOBLOCK)
+        except zmq.ZMQError:
+            pass
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.terminate()
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+    for sock in sockets:
+        sock.close(linger=0)
+    ctx.term()
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+class EngineCoreClient:
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        self._folder = tempfile.mkdtemp(prefix="lightspeed-", dir=ENVS.rpc_base_dir)
+        input_addr, output_addr = f"ipc://{self._folder}/input", f"ipc://{self._folder}/output"
+        self._ctx = zmq.Context()
+        self._input = self._ctx.socket(zmq.PUSH)
+        self._input.setsockopt(zmq.LINGER, 1000)
+        self._input.bind(input_addr)
+        self._output = self._ctx.socket(zmq.PULL)
+        self._output.bind(output_addr)
+        cmd = [sys.executable, "-m", "lightspeed.core.engine_core", "--input", input_addr, "--output", output_addr,
+               "--config", json.dumps(dataclasses.asdict(config)), "--parent-pid", str(os.getpid())]
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL)
+        self._async_output: zmq.asyncio.Socket | None = None
+        self._finalizer = weakref.finalize(self, _terminate, self.proc, self._ctx, [self._input, self._output],
+                                           self._folder, self._input)
+        self.ready: m.Ready | None = None
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def is_alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def wait_ready(self) -> m.Ready:
+        """Block until the core reports Ready (model loaded); EngineDeadError if it dies first."""
+        deadline = time.monotonic() + ENVS.engine_ready_timeout_s
+        poll_ms = int(ENVS.engine_poll_interval_s * 1000)
+        while time.monotonic() < deadline:
+            if self._output.poll(poll_ms):
+                msg = m.client_decoder.decode(self._output.recv())
+                if isinstance(msg, m.Ready):
+                    self.ready = msg
+                    return msg
+                if isinstance(msg, m.EngineFailure):
+                    self.close()
+                    raise EngineDeadError(f"engine core failed to start:\n{msg.message}")
+            elif not self.is_alive():
+                code = self.proc.returncode
+                self.close()
+                raise EngineDeadError(f"engine core exited with code {code} before it was ready")
+        self.close()
+        raise EngineDeadError(f"engine core not ready after {ENVS.engine_ready_timeout_s:.0f} s")
+
+    def send(self, msg: m.AddRequest | m.AbortRequests | m.Shutdown) -> None:
+        if not self.is_alive():
+            raise EngineDeadError(f"engine core (pid {self.proc.pid}) is dead (exit code {self.proc.returncode})")
+        self._input.send(m.encoder.encode(msg), copy=False)
+
+    async def poll_output(self, timeout_s: float):
+        """The next core message, or None after `timeout_s` without one (check is_alive() then)."""
+        if self._async_output is None:
+            self._async_output = zmq.asyncio.Socket.from_socket(self._output)
+        if not await self._async_output.poll(int(timeout_s * 1000)):
+            return None
+        return m.client_decoder.decode(await self._async_output.recv(copy=False))
+
+    def close(self) -> None:
+        """Stop the core (Shutdown, then SIGTERM/SIGKILL if it lingers) and free sockets and files."""
+        self._finalizer()

@@ -1,0 +1,162 @@
+"""Engine: the scheduler and the model runner in one process, driven by request messages.
+
+`step()` is the whole hot path: plan = scheduler.next_plan(); tokens = runner.execute(plan);
+finished = scheduler.advance(plan, tokens); then one columnar `StepOutputs` message. The only
+per-request Python work per step is naming the rows of that message.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+
+from ..config import EngineConfig
+from ..runner.factory import build_model_runner
+from . import messages as m
+
+log = logging.getLogger("lightspeed.core")
+
+
+class Engine:
+    def __init__(self, config: EngineConfig):
+        from lightspeed_scheduler import Scheduler, SchedulerConfig
+
+        self.config = config
+        built = build_model_runner(config, num_outputs_of=self._num_outputs_of)
+        self.runner, self.model_config, self.max_model_len = built.runner, built.model_config, built.max_model_len
+        self.built = built
+        self.vocab_size = built.model_config.vocab_size
+        self.scheduler = Scheduler(SchedulerConfig(
+            page_size=config.page_size, num_device_pages=built.num_device_pages,
+            num_host_pages=built.num_host_pages, max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            chunked_prefill_size=config.chunked_prefill_size, max_model_len=self.max_model_len,
+            policy=config.policy, enable_prefix_cache=config.enable_prefix_cache))
+        self._ids: dict[str, int] = {}        # client request id -> scheduler id
+        self._names: dict[int, str] = {}      # scheduler id -> client request id
+        self._awaiting_first: set[int] = set()
+        self._num_steps = 0
+        self._num_generated = 0
+
+    # -- requests --------------------------------------------------------------------------------
+    def add_request(self, msg: m.AddRequest) -> str | None:
+        """Submit a request; returns an error message instead when it is invalid."""
+        from lightspeed_scheduler import RequestSpec
+
+        name, spec, prompt = msg.request_id, msg.sampling, msg.prompt_token_ids
+        if name in self._ids:
+            return f"request id {name!r} is already running"
+        if not prompt:
+            return "the prompt is empty"
+        ids = np.asarray(prompt, dtype=np.int64)
+        if ids.min() < 0 or ids.max() >= self.vocab_size:
+            bad = int(ids[(ids < 0) | (ids >= self.vocab_size)][0])
+            return f"prompt token id {bad} is out of vocabulary (size {self.vocab_size})"
+        if len(prompt) >= self.max_model_len:
+            return (f"the prompt has {len(prompt)} tokens but max_model_len is {self.max_model_len} "
+                    f"(prompt plus at least one output token must fit)")
+        if spec.logprobs is not None and spec.logprobs > self.config.max_logprobs:
+            return f"logprobs={spec.logprobs} exceeds max_logprobs={self.config.max_logprobs}"
+        for t in [*spec.stop_token_ids, *(spec.logit_bias or {})]:
+            if not 0 <= t < self.vocab_size:
+                return f"token id {t} in stop_token_ids/logit_bias is out of vocabulary (size {self.vocab_size})"
+        max_new = min(spec.max_tokens, self.max_model_len - len(prompt))
+        try:
+            req_id = self.scheduler.submit(RequestSpec(
+                rid=name, token_ids=prompt, max_new_tokens=max_new, eos_token_ids=list(spec.eos_token_ids),
+                stop_token_ids=list(spec.stop_token_ids), ignore_eos=spec.ignore_eos, priority=msg.priority,
+                num_draft_tokens=0))
+        except ValueError as e:
+            return str(e)
+        try:
+            self.runner.add_request(req_id, spec, prompt)
+        except ValueError as e:
+            self.scheduler.abort(req_id)
+            return str(e)
+        self._ids[name], self._names[req_id] = req_id, name
+        self._awaiting_first.add(req_id)
+        return None
+
+    def abort_requests(self, names: list[str]) -> None:
+        for name in names:
+            req_id = self._ids.get(name)
+            if req_id is None:
+                continue
+            try:
+                self.scheduler.abort(req_id)
+            except ValueError:
+                pass  # finished in the meantime
+            self._forget(req_id)
+
+    def _forget(self, req_id: int) -> None:
+        name = self._names.pop(req_id, None)
+        if name is not None:
+            self._ids.pop(name, None)
+        self._awaiting_first.discard(req_id)
+        self.runner.remove_request(req_id)
+
+    def has_work(self) -> bool:
+        return bool(self._names)
+
+    def _num_outputs_of(self, req_id: int) -> int:
+        return int(self.scheduler.request_stats(req_id)["num_output_tokens"])
+
+    # -- the step --------------------------------------------------------------------------------
+    def step(self) -> m.StepOutputs:
+        plan = self.scheduler.next_plan()
+        result = self.runner.execute(plan)
+        req_ids = result.req_ids.tolist()
+        cached = self._first_token_cached(req_ids)
+        finished = self.scheduler.advance(plan, result.tokens)
+        self._num_steps += 1
+        self._num_generated += len(req_ids)
+        names = self._names
+        out_names = [names[r] for r in req_ids]
+        logprobs = None
+        if result.logprob_rows is not None:
+            logprobs = {}
+            for i, row in enumerate(result.logprob_rows.tolist()):
+                n = int(result.top_n[i])
+                logprobs[out_names[row]] = m.TokenLogprobs(
+                    float(result.token_logprobs[i]), int(result.ranks[i]),
+                    result.top_ids[i, :n].tolist(), result.top_logprobs[i, :n].tolist())
+        done = None
+        if finished:
+            done = {names[r]: reason for r, reason in finished if r in names}
+            for r, _ in finished:
+                self._forget(r)
+        return m.StepOutputs(out_names, result.tokens.tolist(), logprobs, cached, done)
+
+    def _first_token_cached(self, req_ids: list[int]) -> dict[str, int] | None:
+        if not self._awaiting_first:
+            return None
+        firsts = self._awaiting_first.intersection(req_ids)
+        if not firsts:
+            return None
+        self._awaiting_first -= firsts
+        return {self._names[r]: int(self.scheduler.request_stats(r)["num_cached_tokens"]) for r in firsts}
+
+    # -- reporting ---------------------------------------------------------------------------------
+    def stats(self) -> m.EngineStats:
+        s = self.scheduler.stats()
+        total = self.built.num_device_pages - 1  # page 0 is padding
+        free = int(s["free_device_pages"])
+        return m.EngineStats(
+            num_running=int(s["num_running"]), num_waiting=int(s["num_waiting"]),
+            num_retracted=int(s.get("num_retracted", 0)),
+            kv_usage=max(0.0, 1.0 - free / total) if total > 0 else 0.0,
+            num_device_pages=self.built.num_device_pages, free_device_pages=free,
+            free_host_pages=int(s["free_host_pages"]), prefix_hit_tokens=int(s["prefix_hit_tokens"]),
+            prefix_query_tokens=int(s["prefix_query_tokens"]), num_steps=self._num_steps,
+            num_generated_tokens=self._num_generated, timestamp=time.time())
+
+    def ready_message(self) -> m.Ready:
+        b = self.built
+        return m.Ready(
+            pid=__import__("os").getpid(), vocab_size=self.vocab_size, max_model_len=self.max_model_len,
+            num_device_pages=b.num_device_pages, num_host_pages=b.num_host_pages, page_size=self.config.page_size,
+            device=str(b.device), dtype=str(b.dtype).removeprefix("torch."),
+            kv_cache_dtype=str(b.kv_dtype).removeprefix("torch."),
+            eos_token_ids=list(self.model_config.eos_token_ids))

@@ -1,0 +1,144 @@
+"""The engine core process: one loop, schedule -> execute -> update.
+
+    python -m lightspeed.core.engine_core --input ipc://... --output ipc://... --config '{json}'
+
+It connects a PULL socket (requests from the client) and a PUSH socket (outputs to the client),
+loads the model, sends `Ready`, then loops. It exits on `Shutdown`, when its parent dies (Linux
+parent-death signal, plus a getppid check while idle), or on an exception, which it reports as
+`EngineFailure` first so the client can fail its in-flight requests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import time
+import traceback
+
+import numpy as np
+import zmq
+
+from ..config import EngineConfig
+from . import messages as m
+from .engine import Engine
+
+log = logging.getLogger("lightspeed.core")
+
+STATS_INTERVAL_S = 0.05
+IDLE_POLL_MS = 1000
+
+
+class EngineCore:
+    def __init__(self, engine: Engine, input_sock: zmq.Socket, output_sock: zmq.Socket):
+        self.engine, self.input, self.output = engine, input_sock, output_sock
+        self.running = True
+        self._last_stats = 0.0
+        self._parent = os.getppid()
+
+    def run(self) -> None:
+        """The step loop. Each iteration: take new requests/aborts, run one plan, send its outputs."""
+        engine = self.engine
+        while self.running:
+            errors = self._drain_inputs(block=not engine.has_work())
+            if errors:
+                self._send(m.RequestErrors(errors))
+            if not engine.has_work():
+                continue
+            outputs = engine.step()                      # next_plan -> execute -> advance
+            self._send(self._with_stats(outputs))
+
+    def _drain_inputs(self, block: bool) -> dict[str, str]:
+        errors: dict[str, str] = {}
+        if block and not self.input.poll(IDLE_POLL_MS):
+            self._check_parent()
+            self._send(m.StepOutputs([], [], stats=self.engine.stats()))
+            return errors
+        while True:
+            try:
+                frame = self.input.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return errors
+            msg = m.core_decoder.decode(frame)
+            if isinstance(msg, m.AddRequest):
+                error = self.engine.add_request(msg)
+                if error is not None:
+                    errors[msg.request_id] = error
+            elif isinstance(msg, m.AbortRequests):
+                self.engine.abort_requests(msg.request_ids)
+            elif isinstance(msg, m.Shutdown):
+                self.running = False
+                return errors
+
+    def _with_stats(self, outputs: m.StepOutputs) -> m.StepOutputs:
+        now = time.monotonic()
+        if now - self._last_stats < STATS_INTERVAL_S:
+            return outputs
+        self._last_stats = now
+        return m.StepOutputs(outputs.request_ids, outputs.token_ids, outputs.logprobs, outputs.num_cached_tokens,
+                             outputs.finished, self.engine.stats())
+
+    def _send(self, msg) -> None:
+        self.output.send(m.encoder.encode(msg), copy=False)
+
+    def _check_parent(self) -> None:
+        if os.getppid() != self._parent:
+            log.warning("parent process exited; engine core shutting down")
+            self.running = False
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGTERM us when the parent dies, so a killed client leaves no orphan."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Lightspeed engine core process")
+    parser.add_argument("--input", required=True, help="ZMQ address the client sends requests on")
+    parser.add_argument("--output", required=True, help="ZMQ address the core sends outputs on")
+    parser.add_argument("--config", required=True, help="EngineConfig as JSON")
+    parser.add_argument("--parent-pid", type=int, default=None)
+    args = parser.parse_args(argv)
+    _die_with_parent()
+    if args.parent_pid is not None and os.getppid() != args.parent_pid:
+        return 1  # the parent died before prctl took effect
+    from ..envs import ENVS
+
+    logging.basicConfig(level=ENVS.log_level, format="%(asctime)s %(levelname)s engine-core: %(message)s")
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the client, which shuts us down
+    ctx = zmq.Context()
+    input_sock = ctx.socket(zmq.PULL)
+    input_sock.connect(args.input)
+    output_sock = ctx.socket(zmq.PUSH)
+    output_sock.connect(args.output)
+    output_sock.setsockopt(zmq.LINGER, 2000)
+    try:
+        config = EngineConfig(**json.loads(args.config))
+        engine = Engine(config)
+        output_sock.send(m.encoder.encode(engine.ready_message()))
+        EngineCore(engine, input_sock, output_sock).run()
+    except BaseException:
+        output_sock.send(m.encoder.encode(m.EngineFailure(traceback.format_exc())))
+        log.error("engine core failed:\n%s", traceback.format_exc())
+        return 1
+    finally:
+        input_sock.close(linger=0)
+        output_sock.close()
+        ctx.term()
+    return 0
+
+
+if __name__ == "__main__":
+    np.seterr(all="ignore")
+    sys.exit(main())

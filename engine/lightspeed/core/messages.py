@@ -1,0 +1,118 @@
+"""Messages between the client (AsyncLLM, in the caller's process) and the engine core process.
+
+msgspec structs, msgpack-encoded, one ZMQ frame each. Client -> core: `AddRequest`, `AbortRequests`,
+`Shutdown` (a tagged union, `ClientMessage`). Core -> client: `Ready` once, then `StepOutputs` per
+engine step, `RequestErrors` for requests the core rejected, `EngineFailure` when the core dies of
+an exception (`CoreMessage`).
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class SamplingSpec(msgspec.Struct, frozen=True, omit_defaults=True):
+    """The part of SamplingParams the core needs (stop strings stay in the client)."""
+
+    max_tokens: int                             # most new tokens (already capped by the client; core re-caps)
+    temperature: float = 1.0                    # 0 = greedy
+    top_p: float = 1.0                          # 1 = off
+    top_k: int = 0                              # <= 0 = off
+    min_p: float = 0.0                          # 0 = off
+    seed: int | None = None                     # None = drawn from the engine's seed
+    min_tokens: int = 0                         # EOS / stop ids masked before this many outputs
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[int, float] | None = None  # token id -> additive bias
+    logprobs: int | None = None                 # top-n logprobs per output token; None = none
+    stop_token_ids: list[int] = []              # finish on these (besides EOS)
+    eos_token_ids: list[int] = []               # the model's EOS ids (from the client's tokenizer/config)
+    ignore_eos: bool = False
+    structured_kind: str | None = None          # "json_schema" | "json_object" | "regex" | "grammar"
+    structured_spec: str | None = None          # schema / regex / grammar text
+
+
+class AddRequest(msgspec.Struct, tag="add", frozen=True):
+    request_id: str                 # unique among live requests (the client's id)
+    prompt_token_ids: list[int]     # tokenised prompt
+    sampling: SamplingSpec
+    priority: int = 0               # lower value = more important (scheduler's priority)
+
+
+class AbortRequests(msgspec.Struct, tag="abort", frozen=True):
+    request_ids: list[str]          # unknown or already-finished ids are ignored
+
+
+class Shutdown(msgspec.Struct, tag="shutdown", frozen=True):
+    pass
+
+
+ClientMessage = AddRequest | AbortRequests | Shutdown
+
+
+class EngineStats(msgspec.Struct, frozen=True):
+    """A metrics snapshot of the core (the gateway's /metrics reads it)."""
+
+    num_running: int                # requests decoding or prefilling
+    num_waiting: int                # requests not yet scheduled
+    num_retracted: int              # requests swapped out under memory pressure
+    kv_usage: float                 # used fraction of device KV pages (0..1)
+    num_device_pages: int
+    free_device_pages: int
+    free_host_pages: int
+    prefix_hit_tokens: int          # cumulative prompt tokens served from the prefix cache
+    prefix_query_tokens: int        # cumulative prompt tokens looked up in the prefix cache
+    num_steps: int                  # engine steps run so far
+    num_generated_tokens: int       # tokens sampled so far
+    timestamp: float                # time.time() of the snapshot
+
+
+class TokenLogprobs(msgspec.Struct, array_like=True, frozen=True):
+    """Logprobs of one sampled token."""
+
+    logprob: float                  # of the sampled token
+    rank: int                       # its rank among all tokens (1 = most likely)
+    top_ids: list[int]              # the top-n token ids, most likely first
+    top_logprobs: list[float]
+
+
+class StepOutputs(msgspec.Struct, tag="outputs", frozen=True):
+    """What one engine step produced, columnar: entry i of each list belongs to request_ids[i]."""
+
+    request_ids: list[str]                              # requests that sampled a token this step
+    token_ids: list[int]                                # the token each sampled
+    logprobs: dict[str, TokenLogprobs] | None = None    # only for requests that asked
+    num_cached_tokens: dict[str, int] | None = None     # set on a request's first token
+    finished: dict[str, str] | None = None              # request id -> "stop" | "length" | "abort"
+    stats: EngineStats | None = None                    # at most every stats interval
+
+
+class RequestErrors(msgspec.Struct, tag="errors", frozen=True):
+    errors: dict[str, str]          # request id -> message (the request was rejected; others carry on)
+
+
+class Ready(msgspec.Struct, tag="ready", frozen=True):
+    """Sent once the model is loaded and the KV cache allocated."""
+
+    pid: int
+    vocab_size: int                 # rows of the LM head
+    max_model_len: int              # effective limit (prompt + output)
+    num_device_pages: int
+    num_host_pages: int
+    page_size: int
+    device: str
+    dtype: str
+    kv_cache_dtype: str
+    eos_token_ids: list[int]        # from the model's config/generation config, if it names any
+
+
+class EngineFailure(msgspec.Struct, tag="failure", frozen=True):
+    message: str                    # the exception that killed the core, with its traceback
+
+
+CoreMessage = Ready | StepOutputs | RequestErrors | EngineFailure
+
+encoder = msgspec.msgpack.Encoder()
+client_decoder = msgspec.msgpack.Decoder(CoreMessage)      # used by the client
+core_decoder = msgspec.msgpack.Decoder(ClientMessage)      # used by the core

@@ -1,0 +1,62 @@
+"""Environment variables of the engine, read once, in one typed place.
+
+Every variable Lightspeed's engine reads is a field of :class:`Envs`; `ENVS` is the snapshot taken
+at import. Nothing else in the engine touches ``os.environ`` (child processes get a copy of the
+parent's environment, so they see the same values).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+
+def _int(name: str, default: int | None) -> int | None:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={raw!r} is not an integer") from None
+
+
+def _float(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={raw!r} is not a number") from None
+
+
+@dataclass(frozen=True)
+class Envs:
+    log_level: str = field(default="INFO", metadata={"env": "LIGHTSPEED_LOG_LEVEL"})
+    """Log level of the engine core process (DEBUG, INFO, WARNING, ...)."""
+    rpc_base_dir: str | None = field(default=None, metadata={"env": "LIGHTSPEED_RPC_BASE_DIR"})
+    """Folder under which the ipc:// socket folder of each engine is made (default: system temp)."""
+    engine_ready_timeout_s: float = field(default=600.0, metadata={"env": "LIGHTSPEED_ENGINE_READY_TIMEOUT_S"})
+    """Seconds the client waits for the engine core to load the model and report ready."""
+    engine_poll_interval_s: float = field(default=0.5, metadata={"env": "LIGHTSPEED_ENGINE_POLL_INTERVAL_S"})
+    """How often the client checks that the engine core process is still alive while it waits."""
+    num_threads: int | None = field(default=None, metadata={"env": "LIGHTSPEED_NUM_THREADS"})
+    """torch intra-op threads of the engine core on CPU (default: torch's choice)."""
+    tokenizer_cache_dir: str | None = field(default=None, metadata={"env": "LIGHTSPEED_TOKENIZER_CACHE"})
+    """Where tokenizers converted from GGUF files are cached (default ~/.cache/lightspeed/tokenizers;
+    "off" disables the cache)."""
+
+
+def load_envs() -> Envs:
+    return Envs(
+        log_level=os.environ.get("LIGHTSPEED_LOG_LEVEL", "INFO").upper(),
+        rpc_base_dir=os.environ.get("LIGHTSPEED_RPC_BASE_DIR") or None,
+        engine_ready_timeout_s=_float("LIGHTSPEED_ENGINE_READY_TIMEOUT_S", 600.0),
+        engine_poll_interval_s=_float("LIGHTSPEED_ENGINE_POLL_INTERVAL_S", 0.5),
+        num_threads=_int("LIGHTSPEED_NUM_THREADS", None),
+        tokenizer_cache_dir=os.environ.get("LIGHTSPEED_TOKENIZER_CACHE") or None,
+    )
+
+
+ENVS = load_envs()

@@ -1,0 +1,74 @@
+"""Plan (numpy views) -> device tensors, with no per-request Python loop.
+
+Every integer array of the plan is packed into one int32 buffer with a single `np.concatenate`
+(into pinned staging memory on GPU) and moved with one non-blocking copy; the device-side views
+are then sliced out of it. Two staging buffers alternate so step N+1 can be packed while step N's
+upload is still in flight (overlap scheduling).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+
+@dataclass
+class StepTensors:
+    input_ids: torch.Tensor          # int64 [T]
+    positions: torch.Tensor          # int64 [T]
+    slot_mapping: torch.Tensor       # int64 [T]
+    query_start_loc: torch.Tensor    # int32 [B+1]
+    seq_lens: torch.Tensor           # int32 [B]
+    page_table: torch.Tensor         # int32 [B, P]
+    logits_indices: torch.Tensor     # int64 [S]
+    sample_slots: torch.Tensor       # int64 [S]: the state row of each sampled position
+    h_sample_slots: np.ndarray       # the same on the host
+    h_sample_req_ids: np.ndarray     # int64 [S]: scheduler request id of each sampled position
+
+
+class InputBuilder:
+    def __init__(self, device: torch.device):
+        self.device = device
+        self._pinned = device.type == "cuda"
+        self._staging: list[torch.Tensor] = []
+        self._turn = 0
+
+    def _stage(self, n: int) -> np.ndarray:
+        if not self._pinned:
+            return np.empty(n, dtype=np.int32)
+        if not self._staging or self._staging[0].numel() < n:
+            size = max(n, 1 << 16)
+            self._staging = [torch.empty(size, dtype=torch.int32, pin_memory=True) for _ in range(2)]
+        self._turn ^= 1
+        return self._staging[self._turn].numpy()[:n]
+
+    def build(self, plan, prev_sampled: torch.Tensor | None) -> StepTensors:
+        num_tokens, num_rows = plan.input_ids.shape[0], plan.req_ids.shape[0]
+        num_sampled = plan.logits_indices.shape[0]
+        h_sample_slots = plan.req_slots[plan.sample_batch_rows]
+        parts = (plan.input_ids, plan.positions, plan.slot_mapping, plan.query_start_loc, plan.seq_lens,
+                 plan.logits_indices, h_sample_slots, plan.page_table.reshape(-1))
+        total = 3 * num_tokens + 2 * num_rows + 1 + 2 * num_sampled + plan.page_table.size
+        packed = np.concatenate(parts, out=self._stage(total), casting="unsafe")
+        dev = torch.from_numpy(packed)
+        if dev.device != self.device:
+            dev = dev.to(self.device, non_blocking=True)
+        cuts = np.cumsum([num_tokens, num_tokens, num_tokens, num_rows + 1, num_rows, num_sampled, num_sampled])
+        (input_ids, positions, slot_mapping, qsl, seq_lens, logits_indices, sample_slots,
+         page_table) = torch.tensor_split(dev, cuts.tolist())
+        input_ids = input_ids.long()
+        deferred = plan.deferred_input_mask
+        if deferred.shape[0] and deferred.any():
+            # Overlap protocol: these positions take the previous step's sample, still on the device.
+            if prev_sampled is None:
+                raise RuntimeError("plan has deferred inputs but no previous step was sampled")
+            mask = torch.from_numpy(np.ascontiguousarray(deferred)).to(self.device, non_blocking=True)
+            src = torch.from_numpy(plan.deferred_src_index.astype(np.int64).clip(min=0)).to(self.device)
+            input_ids = torch.where(mask, prev_sampled[src], input_ids)
+        return StepTensors(
+            input_ids=input_ids, positions=positions.long(), slot_mapping=slot_mapping.long(),
+            query_start_loc=qsl, seq_lens=seq_lens, page_table=page_table.view(num_rows, -1),
+            logits_indices=logits_indices.long(), sample_slots=sample_slots.long(),
+            h_sample_slots=h_sample_slots, h_sample_req_ids=plan.req_ids[plan.sample_batch_rows])

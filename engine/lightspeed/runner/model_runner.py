@@ -1,0 +1,141 @@
+"""ModelRunner: a scheduler plan in, sampled tokens out.
+
+execute(plan): bind newly scheduled requests to their state rows -> run the plan's KV page copies
+(load-back host->device, write-back device->host) -> build input tensors -> forward -> logits at
+the sampled positions -> logprobs (of the raw logits, when asked) -> penalties / bias / min_tokens
+/ grammar masks -> batched sampler -> tokens to the host.
+
+Overlap-ready: inputs come from the plan alone plus the previous step's sampled tensor kept on the
+device (deferred inputs), and the only host synchronisation is the final `.cpu()` of the tokens,
+which an overlapped loop can postpone by one step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..core.messages import SamplingSpec
+from ..kv import KVCache
+from .inputs import InputBuilder, StepTensors
+from .sampling_state import SamplingState
+from .structured import StructuredOutputs
+
+
+@dataclass
+class StepResult:
+    tokens: np.ndarray                       # int32 [S], for scheduler.advance
+    req_ids: np.ndarray                      # int64 [S]: the request of each sampled token
+    logprob_rows: np.ndarray | None = None   # rows (into S) whose request asked for logprobs
+    token_logprobs: np.ndarray | None = None  # fp32 [R]
+    ranks: np.ndarray | None = None           # int64 [R]
+    top_ids: np.ndarray | None = None         # int64 [R, n]
+    top_logprobs: np.ndarray | None = None    # fp32 [R, n]
+    top_n: np.ndarray | None = None           # int64 [R]: how many of the top entries each row asked for
+
+
+class ModelRunner:
+    """Runs plans on one model with its paged KV cache (one device)."""
+
+    def __init__(self, model: torch.nn.Module, kv_cache: KVCache, *, max_num_seqs: int, vocab_size: int,
+                 device: torch.device, engine_seed: int = 0, load_tokenizer: Callable[[], Any] | None = None,
+                 num_outputs_of: Callable[[int], int] | None = None):
+        self.model, self.kv_cache, self.device = model, kv_cache, device
+        self.vocab_size = vocab_size
+        self.sampling = SamplingState(max_num_seqs, vocab_size, device, engine_seed)
+        self.structured = StructuredOutputs(load_tokenizer or _no_tokenizer, vocab_size)
+        self.inputs = InputBuilder(device)
+        self._slot_owner = np.full(max_num_seqs, -1, dtype=np.int64)  # req id bound to each state row
+        self._requests: dict[int, tuple[SamplingSpec, list[int]]] = {}
+        self._num_outputs_of = num_outputs_of
+        self._prev_sampled: torch.Tensor | None = None
+
+    # -- request lifecycle ---------------------------------------------------------------------
+    def add_request(self, req_id: int, spec: SamplingSpec, prompt_ids: list[int]) -> None:
+        """Register a request's sampling state (bound to a row when first scheduled). ValueError on a bad grammar."""
+        if spec.structured_kind is not None:
+            self.structured.add(req_id, spec.structured_kind, spec.structured_spec or "")
+        self._requests[req_id] = (spec, prompt_ids)
+
+    def remove_request(self, req_id: int) -> None:
+        self._requests.pop(req_id, None)
+        self.structured.remove(req_id)
+
+    def _bind_new_rows(self, plan) -> None:
+        new_rows = np.nonzero(self._slot_owner[plan.req_slots] != plan.req_ids)[0]
+        for row in new_rows.tolist():  # only requests entering (or re-entering) the batch
+            req_id, slot = int(plan.req_ids[row]), int(plan.req_slots[row])
+            spec, prompt = self._requests[req_id]
+            done = self._num_outputs_of(req_id) if self._num_outputs_of else 0
+            self.sampling.bind(slot, req_id, spec, prompt, done)
+            self._slot_owner[slot] = req_id
+
+    # -- one step ------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def execute(self, plan) -> StepResult:
+        self._bind_new_rows(plan)
+        if plan.load_back.shape[0]:
+            self.kv_cache.load_back(plan.load_back)
+        if plan.write_back.shape[0]:
+            self.kv_cache.write_back(plan.write_back)
+        if plan.input_ids.shape[0] == 0:
+            return StepResult(np.empty(0, np.int32), np.empty(0, np.int64))
+        t = self.inputs.build(plan, self._prev_sampled)
+        logits = self.forward(plan, t)
+        return self._sample(logits, t)
+
+    def forward(self, plan, t: StepTensors) -> torch.Tensor:
+        """Logits fp32 [S, V] at the plan's sampled positions."""
+        from ..layers.attention import AttentionMetadata
+
+        pool = self.kv_cache.device_pool
+        meta = AttentionMetadata(
+            query_start_loc=t.query_start_loc, seq_lens=t.seq_lens, page_table=t.page_table,
+            slot_mapping=t.slot_mapping, num_decodes=int(plan.num_decodes),
+            num_decode_tokens=int(plan.num_decode_tokens), max_query_len=int(plan.max_query_len),
+            kv_caches=pool.kv_caches, k_scale=pool.k_scale, v_scale=pool.v_scale)
+        hidden = self.model(t.input_ids, t.positions, meta)
+        return self.model.compute_logits(hidden[t.logits_indices]).float()
+
+    def _sample(self, logits: torch.Tensor, t: StepTensors) -> StepResult:
+        s, slots, h_slots = self.sampling, t.sample_slots, t.h_sample_slots
+        asked = s.h_logprobs[h_slots]
+        logprob_rows = np.nonzero(asked >= 0)[0]
+        raw = logits[torch.from_numpy(logprob_rows).to(self.device)] if logprob_rows.size else None
+        logits = s.process_logits(logits, slots, h_slots)
+        structured_rows = np.nonzero(s.h_structured[h_slots])[0]
+        if structured_rows.size:
+            self.structured.apply(logits, t.h_sample_req_ids, structured_rows)
+        tokens = s.sample(logits, slots, h_slots)
+        s.record(tokens, slots, h_slots)
+        self._prev_sampled = tokens
+        h_tokens = tokens.to(torch.int32).cpu().numpy()
+        if structured_rows.size:
+            self.structured.accept(t.h_sample_req_ids, structured_rows, h_tokens)
+        result = StepResult(h_tokens, t.h_sample_req_ids)
+        if raw is not None:
+            self._logprobs(result, raw, tokens, logprob_rows, asked[logprob_rows])
+        return result
+
+    @staticmethod
+    def _logprobs(result: StepResult, raw: torch.Tensor, tokens: torch.Tensor, rows: np.ndarray,
+                  top_n: np.ndarray) -> None:
+        from lightspeed_kernel import ops
+
+        chosen = tokens[torch.from_numpy(rows).to(tokens.device)]
+        token_lp, top_ids, top_lp = ops.compute_logprobs(raw, chosen, int(top_n.max()))
+        # Rank by raw logits (monotone in logprob): 1 + how many tokens are strictly more likely.
+        ranks = (raw > raw.gather(1, chosen[:, None])).sum(dim=-1) + 1
+        result.logprob_rows, result.top_n = rows, top_n
+        result.token_logprobs = token_lp.float().cpu().numpy()
+        result.ranks = ranks.cpu().numpy()
+        result.top_ids = top_ids.cpu().numpy()
+        result.top_logprobs = top_lp.float().cpu().numpy()
+
+
+def _no_tokenizer() -> Any:
+    raise ValueError("structured output needs the model's tokenizer, and none is available")

@@ -1,0 +1,160 @@
+"""Per-request sampling state as tensors with one row per scheduler slot (`plan.req_slots`).
+
+Design: a request's parameters are written into row `slot` once, when the request first shows up
+in a plan (`bind`); every step then gathers the rows of the sampled positions with one index per
+tensor, so sampling a batch costs the same whatever its mix of parameters. Host mirrors (numpy)
+of the few flags that choose a code path (greedy? penalties? bias? min_tokens?) let the step skip
+work without reading the device.
+
+Optional state is allocated on first use: output-token counts and prompt masks `[slots, V]` only
+once a request with penalties arrives, logit-bias tables only once a request carries a bias.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..core.messages import SamplingSpec
+
+_MIX = 0x9E3779B97F4A7C15
+
+
+def derive_seed(engine_seed: int, req_id: int) -> int:
+    """Seed of a request that set none: a fixed function of the engine seed and the request's id."""
+    x = (engine_seed * _MIX + req_id * 0xBF58476D1CE4E5B9 + 1) & 0xFFFFFFFFFFFFFFFF
+    x ^= x >> 31
+    return x & 0x7FFFFFFFFFFFFFFF
+
+
+class SamplingState:
+    """Rows of sampling parameters indexed by slot, on the model's device."""
+
+    def __init__(self, max_num_seqs: int, vocab_size: int, device: torch.device, engine_seed: int = 0):
+        n, dev = max_num_seqs, device
+        self.vocab_size, self.device, self.engine_seed = vocab_size, dev, engine_seed
+        self.temperature = torch.zeros(n, dtype=torch.float32, device=dev)
+        self.top_k = torch.zeros(n, dtype=torch.int32, device=dev)
+        self.top_p = torch.ones(n, dtype=torch.float32, device=dev)
+        self.min_p = torch.zeros(n, dtype=torch.float32, device=dev)
+        self.seeds = torch.zeros(n, dtype=torch.int64, device=dev)
+        self.offsets = torch.zeros(n, dtype=torch.int64, device=dev)  # tokens sampled so far (the RNG counter)
+        self.presence = torch.zeros(n, dtype=torch.float32, device=dev)
+        self.frequency = torch.zeros(n, dtype=torch.float32, device=dev)
+        self.repetition = torch.ones(n, dtype=torch.float32, device=dev)
+        # Host mirrors that pick code paths.
+        self.h_greedy = np.ones(n, dtype=bool)
+        self.h_penalties = np.zeros(n, dtype=bool)
+        self.h_bias = np.zeros(n, dtype=bool)
+        self.h_min_tokens = np.zeros(n, dtype=np.int64)
+        self.h_num_outputs = np.zeros(n, dtype=np.int64)
+        self.h_logprobs = np.full(n, -1, dtype=np.int64)  # top-n asked; -1 = none
+        self.h_structured = np.zeros(n, dtype=bool)
+        # Lazily allocated.
+        self.output_counts: torch.Tensor | None = None  # int32 [slots, V]
+        self.prompt_mask: torch.Tensor | None = None    # bool [slots, V]
+        self.bias_ids: torch.Tensor | None = None       # int64 [slots, K] (pad: token 0 with value 0)
+        self.bias_vals: torch.Tensor | None = None      # fp32 [slots, K]
+        self.stop_ids: torch.Tensor | None = None       # int64 [slots, K] ids masked before min_tokens (pad: -1)
+        self._max_slots = n
+
+    # -- admission (once per request, not on the per-step path) --------------------------------
+    def bind(self, slot: int, req_id: int, spec: SamplingSpec, prompt_ids: list[int], num_outputs: int) -> None:
+        """Write a request's parameters into `slot`; `num_outputs` > 0 when a retracted request returns."""
+        self.temperature[slot] = spec.temperature
+        self.top_k[slot] = spec.top_k if spec.top_k > 0 else 0
+        self.top_p[slot] = spec.top_p
+        self.min_p[slot] = spec.min_p
+        self.seeds[slot] = spec.seed if spec.seed is not None else derive_seed(self.engine_seed, req_id)
+        self.offsets[slot] = num_outputs
+        self.h_greedy[slot] = spec.temperature == 0.0
+        self.h_num_outputs[slot] = num_outputs
+        self.h_logprobs[slot] = -1 if spec.logprobs is None else spec.logprobs
+        self.h_structured[slot] = spec.structured_kind is not None
+        self._bind_penalties(slot, spec, prompt_ids)
+        self._bind_bias(slot, spec.logit_bias)
+        self._bind_min_tokens(slot, spec)
+
+    def _bind_penalties(self, slot: int, spec: SamplingSpec, prompt_ids: list[int]) -> None:
+        on = spec.presence_penalty != 0.0 or spec.frequency_penalty != 0.0 or spec.repetition_penalty != 1.0
+        self.h_penalties[slot] = on
+        self.presence[slot] = spec.presence_penalty
+        self.frequency[slot] = spec.frequency_penalty
+        self.repetition[slot] = spec.repetition_penalty
+        if not on:
+            return
+        if self.output_counts is None:
+            shape = (self._max_slots, self.vocab_size)
+            self.output_counts = torch.zeros(shape, dtype=torch.int32, device=self.device)
+            self.prompt_mask = torch.zeros(shape, dtype=torch.bool, device=self.device)
+        self.output_counts[slot].zero_()
+        self.prompt_mask[slot].zero_()
+        self.prompt_mask[slot, torch.as_tensor(prompt_ids, dtype=torch.int64, device=self.device)] = True
+
+    def _bind_bias(self, slot: int, logit_bias: dict[int, float] | None) -> None:
+        self.h_bias[slot] = bool(logit_bias)
+        if not logit_bias:
+            return
+        width = len(logit_bias)
+        if self.bias_ids is None or self.bias_ids.shape[1] < width:
+            ids = torch.zeros((self._max_slots, width), dtype=torch.int64, device=self.device)
+            vals = torch.zeros((self._max_slots, width), dtype=torch.float32, device=self.device)
+            if self.bias_ids is not None:
+                ids[:, : self.bias_ids.shape[1]] = self.bias_ids
+                vals[:, : self.bias_vals.shape[1]] = self.bias_vals
+            self.bias_ids, self.bias_vals = ids, vals
+        self.bias_ids[slot].zero_()
+        self.bias_vals[slot].zero_()
+        self.bias_ids[slot, :width] = torch.tensor(list(logit_bias.keys()), dtype=torch.int64)
+        self.bias_vals[slot, :width] = torch.tensor(list(logit_bias.values()), dtype=torch.float32)
+
+    def _bind_min_tokens(self, slot: int, spec: SamplingSpec) -> None:
+        self.h_min_tokens[slot] = spec.min_tokens
+        if spec.min_tokens <= 0:
+            return
+        banned = sorted(set(spec.stop_token_ids) | (set() if spec.ignore_eos else set(spec.eos_token_ids)))
+        width = max(1, len(banned))
+        if self.stop_ids is None or self.stop_ids.shape[1] < width:
+            grown = torch.full((self._max_slots, width), -1, dtype=torch.int64, device=self.device)
+            if self.stop_ids is not None:
+                grown[:, : self.stop_ids.shape[1]] = self.stop_ids
+            self.stop_ids = grown
+        self.stop_ids[slot].fill_(-1)
+        if banned:
+            self.stop_ids[slot, : len(banned)] = torch.tensor(banned, dtype=torch.int64)
+
+    # -- per step ------------------------------------------------------------------------------
+    def process_logits(self, logits: torch.Tensor, slots: torch.Tensor, h_slots: np.ndarray) -> torch.Tensor:
+        """Penalties, logit bias and min_tokens masking on logits [S, V] fp32 (in place)."""
+        if self.h_penalties[h_slots].any():
+            from lightspeed_kernel import ops
+
+            ops.apply_penalties(logits, self.output_counts[slots], self.prompt_mask[slots],
+                                self.presence[slots], self.frequency[slots], self.repetition[slots])
+        if self.h_bias[h_slots].any():
+            logits.scatter_add_(1, self.bias_ids[slots], self.bias_vals[slots])
+        blocked = self.h_num_outputs[h_slots] < self.h_min_tokens[h_slots]
+        if blocked.any():
+            rows = torch.from_numpy(np.nonzero(blocked)[0]).to(logits.device)
+            ids = self.stop_ids[slots[rows]]                             # [R, K], -1 = pad
+            valid = ids >= 0
+            r = rows[:, None].expand_as(ids)[valid]
+            logits[r, ids[valid]] = float("-inf")
+        return logits
+
+    def sample(self, logits: torch.Tensor, slots: torch.Tensor, h_slots: np.ndarray) -> torch.Tensor:
+        """Token ids int64 [S]: argmax when every row is greedy, else the batched seeded sampler."""
+        if self.h_greedy[h_slots].all():
+            return logits.argmax(dim=-1)
+        from lightspeed_kernel import ops
+
+        return ops.sample(logits, self.temperature[slots], self.top_k[slots], self.top_p[slots],
+                          self.min_p[slots], self.seeds[slots], self.offsets[slots])
+
+    def record(self, tokens: torch.Tensor, slots: torch.Tensor, h_slots: np.ndarray) -> None:
+        """Advance RNG counters and penalty counts after sampling `tokens` [S] for `slots` [S]."""
+        self.offsets.index_add_(0, slots, torch.ones_like(slots))
+        np.add.at(self.h_num_outputs, h_slots, 1)
+        if self.output_counts is not None and self.h_penalties[h_slots].any():
+            self.output_counts.index_put_((slots, tokens), torch.ones_like(tokens, dtype=torch.int32),
+                                          accumulate=True)
