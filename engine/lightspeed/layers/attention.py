@@ -1,0 +1,91 @@
+"""Paged attention over the KV cache, and the per-step metadata every attention layer reads.
+
+A batch holds decode rows first (1..16 query tokens each, e.g. speculative drafts), then prefill
+rows (a chunk of a prompt, possibly after a cached prefix). Each layer writes the K/V of all new
+tokens into its cache first, then runs the decode kernel on the decode rows and the prefill
+kernel on the rest, each seeing its new tokens as the last `q_len` tokens of its sequence.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+from lightspeed_kernel import ops
+from torch import nn
+
+
+@dataclass
+class AttentionMetadata:
+    """What the runner hands every attention layer for one forward step.
+
+    Decode rows come first: rows `[:num_decodes]` own tokens `[:num_decode_tokens]`.
+    """
+
+    query_start_loc: torch.Tensor  # int32 [B+1]: row b owns tokens [qsl[b], qsl[b+1])
+    seq_lens: torch.Tensor  # int32 [B]: tokens in the cache after this step, new ones included
+    page_table: torch.Tensor  # int32 [B, P]: page ids of each row's sequence, in order
+    slot_mapping: torch.Tensor  # int64 [T]: page·page_size + offset of each new token; -1 = skip
+    num_decodes: int  # decode rows (first in the batch)
+    num_decode_tokens: int  # tokens of the decode rows (first in the batch)
+    max_query_len: int  # longest row's new-token count (an upper bound is fine)
+    kv_caches: Sequence[tuple[torch.Tensor, torch.Tensor]]  # per layer (k, v): [num_pages, page_size, Hkv, D]
+    k_scale: torch.Tensor | float | None = None  # fp8 caches: stored value = k / k_scale
+    v_scale: torch.Tensor | float | None = None
+    # Prefill rows' query_start_loc rebased to 0, computed once per step (not per layer).
+    _prefill_query_start_loc: torch.Tensor | None = field(default=None, repr=False)
+
+    @property
+    def num_prefills(self) -> int:
+        return self.seq_lens.shape[0] - self.num_decodes
+
+    def prefill_query_start_loc(self) -> torch.Tensor:
+        if self._prefill_query_start_loc is None:
+            self._prefill_query_start_loc = self.query_start_loc[self.num_decodes:] - self.num_decode_tokens
+        return self._prefill_query_start_loc
+
+
+class Attention(nn.Module):
+    """Multi-head / grouped-query attention of one layer over its paged KV cache.
+
+    forward(q [T, Hq, D], k [T, Hkv, D], v [T, Hkv, D], meta) -> [T, Hq, D]. Heads are this
+    rank's heads (the projections are already tensor-parallel); placement Shard(heads) → same.
+    """
+
+    def __init__(self, num_heads: int, head_dim: int, num_kv_heads: int, layer_idx: int,
+                 scale: float | None = None, soft_cap: float | None = None):
+        super().__init__()
+        if num_heads % num_kv_heads:
+            raise ValueError(f"{num_heads} query heads do not group over {num_kv_heads} KV heads")
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.layer_idx = layer_idx
+        self.scale = head_dim**-0.5 if scale is None else scale
+        self.soft_cap = soft_cap
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        k_cache, v_cache = meta.kv_caches[self.layer_idx]
+        ops.store_kv(k, v, k_cache, v_cache, meta.slot_mapping, k_scale=meta.k_scale, v_scale=meta.v_scale)
+        nd, ndt = meta.num_decodes, meta.num_decode_tokens
+        common = dict(scale=self.scale, soft_cap=self.soft_cap, k_scale=meta.k_scale, v_scale=meta.v_scale)
+        if meta.num_prefills == 0:
+            return self._decode(q, k_cache, v_cache, meta, common)
+        if nd == 0:
+            return ops.attention_prefill(q, k_cache, v_cache, meta.page_table, meta.query_start_loc,
+                                         meta.seq_lens, max_query_len=meta.max_query_len, **common)
+        out = torch.empty_like(q)
+        self._decode(q[:ndt], k_cache, v_cache, meta, common, out=out[:ndt])
+        ops.attention_prefill(q[ndt:], k_cache, v_cache, meta.page_table[nd:], meta.prefill_query_start_loc(),
+                              meta.seq_lens[nd:], max_query_len=meta.max_query_len, out=out[ndt:], **common)
+        return out
+
+    @staticmethod
+    def _decode(q, k_cache, v_cache, meta: AttentionMetadata, common: dict, out=None) -> torch.Tensor:
+        nd, ndt = meta.num_decodes, meta.num_decode_tokens
+        # Every decode row has >= 1 token, so none exceeds ndt - (nd - 1): a bound without a sync.
+        max_decode_len = min(meta.max_query_len, ndt - nd + 1)
+        return ops.attention_decode(q, k_cache, v_cache, meta.page_table[:nd], meta.query_start_loc[: nd + 1],
+                                    meta.seq_lens[:nd], max_query_len=max_decode_len, out=out, **common)
+
+    def extra_repr(self) -> str:
+        return f"heads={self.num_heads}, kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, layer={self.layer_idx}"

@@ -1,0 +1,15 @@
+"""Model loading: Hugging Face directories (safetensors), GGUF files (dequantised) and dummy weights."""
+
+from .files import LOAD_FORMATS, ModelFiles, resolve_model_files
+from .loader import init_dummy_weights, load_hf_config, load_model
+from .tokenizer import load_tokenizer
+
+__all__ = [
+    "LOAD_FORMATS",
+    "ModelFiles",
+    "init_dummy_weights",
+    "load_hf_config",
+    "load_model",
+    "load_tokenizer",
+    "resolve_model_files",
+]

@@ -1,0 +1,163 @@
+"""GGUF (llama.cpp) files: metadata → HF-style config, tensors → dequantised HF-named weights.
+
+llama.cpp's converter permutes the rows of Llama's q/k projections (it pairs rotary features
+(i, i+D/2) as adjacent rows); we undo that so the weights match the HF (neox-style) layout.
+Qwen2/Qwen3 are converted without the permutation.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+
+_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_LAYER_NAMES = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.bias": "self_attn.v_proj.bias",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "attn_q_norm.weight": "self_attn.q_norm.weight",
+    "attn_k_norm.weight": "self_attn.k_norm.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+_LAYER = re.compile(r"^blk\.(\d+)\.(.+)$")
+
+
+def open_gguf(path: Path):
+    """A `gguf.GGUFReader` over `path`; ValueError naming the file when it is not valid GGUF."""
+    from gguf import GGUFReader
+
+    try:
+        return GGUFReader(str(path))
+    except Exception as e:  # the reader raises ValueError/IndexError/struct errors on bad bytes
+        raise ValueError(f"{path}: not a valid (or a truncated) GGUF file ({type(e).__name__}: {e})") from None
+
+
+def _field(reader, key: str, default: Any = None) -> Any:
+    f = reader.fields.get(key)
+    return default if f is None else f.contents()
+
+
+def gguf_hf_config(reader, path: Path) -> dict[str, Any]:
+    """An HF `config.json`-style dict from the GGUF metadata."""
+    arch = _field(reader, "general.architecture")
+    if arch not in _ARCHITECTURES:
+        raise ValueError(f"{path}: GGUF architecture {arch!r} is not supported "
+                         f"(supported: {', '.join(sorted(_ARCHITECTURES))})")
+    if _field(reader, f"{arch}.expert_count", 0):
+        raise ValueError(f"{path}: mixture-of-experts GGUF files are not supported")
+
+    def meta(key: str, default: Any = None) -> Any:
+        return _field(reader, f"{arch}.{key}", default)
+
+    hidden, heads = int(meta("embedding_length")), int(meta("attention.head_count"))
+    head_dim = int(meta("attention.key_length", hidden // heads))
+    rot_dim = int(meta("rope.dimension_count", head_dim))
+    if rot_dim != head_dim:
+        raise ValueError(f"{path}: partial rotary ({rot_dim} of {head_dim} features) is not supported")
+    tokens = _field(reader, "tokenizer.ggml.tokens")
+    vocab = int(meta("vocab_size", len(tokens) if tokens is not None else 0))
+    tensor_names = {t.name for t in reader.tensors}
+    config = {
+        "architectures": [_ARCHITECTURES[arch]],
+        "model_type": arch,
+        "vocab_size": vocab,
+        "hidden_size": hidden,
+        "intermediate_size": int(meta("feed_forward_length")),
+        "num_hidden_layers": int(meta("block_count")),
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(meta("attention.head_count_kv", heads)),
+        "head_dim": head_dim,
+        "max_position_embeddings": int(meta("context_length", 4096)),
+        "rms_norm_eps": float(meta("attention.layer_norm_rms_epsilon", 1e-6)),
+        "rope_theta": float(meta("rope.freq_base", 10000.0)),
+        "rope_scaling": _rope_scaling(reader, arch, path),
+        "tie_word_embeddings": "output.weight" not in tensor_names,
+        "bos_token_id": _field(reader, "tokenizer.ggml.bos_token_id"),
+        "eos_token_id": _field(reader, "tokenizer.ggml.eos_token_id"),
+        "pad_token_id": _field(reader, "tokenizer.ggml.padding_token_id"),
+        # Weights are dequantised to float32; pass dtype= to load_model for another.
+        "torch_dtype": "float32",
+    }
+    if "rope_freqs.weight" in tensor_names:
+        raise ValueError(f"{path}: per-frequency rope factors (rope_freqs.weight, Llama 3.1 GGUF) are not supported")
+    return config
+
+
+def _rope_scaling(reader, arch: str, path: Path) -> dict[str, Any] | None:
+    kind = _field(reader, f"{arch}.rope.scaling.type", "none")
+    factor = _field(reader, f"{arch}.rope.scaling.factor")
+    if kind in ("none", None) or not factor:
+        return None
+    if kind == "linear":
+        return {"rope_type": "linear", "factor": float(factor)}
+    if kind == "yarn":
+        original = _field(reader, f"{arch}.rope.scaling.original_context_length")
+        return {"rope_type": "yarn", "factor": float(factor), "original_max_position_embeddings": int(original)}
+    raise ValueError(f"{path}: rope scaling {kind!r} is not supported")
+
+
+def _unpermute(weight: np.ndarray, num_heads: int) -> np.ndarray:
+    """Inverse of llama.cpp's `permute`: [H·D, ...] rows (interleaved pairs) → HF half-split order."""
+    shape = weight.shape
+    return weight.reshape(num_heads, shape[0] // num_heads // 2, 2, *shape[1:]).swapaxes(1, 2).reshape(shape)
+
+
+def dequantize_tensor(tensor, path: Path) -> np.ndarray:
+    """float32 array in HF layout ([out, in] for matrices) from one GGUF tensor."""
+    from gguf import GGMLQuantizationType, quants
+
+    try:
+        values = quants.dequantize(tensor.data, tensor.tensor_type)
+    except NotImplementedError:
+        name = GGMLQuantizationType(tensor.tensor_type).name
+        raise ValueError(f"{path}: tensor {tensor.name!r} uses quantisation {name}, which cannot be dequantised") from None
+    shape = tuple(int(d) for d in reversed(tensor.shape))  # GGUF lists dims fastest-first
+    return np.asarray(values, dtype=np.float32).reshape(shape)
+
+
+def iterate_gguf_weights(reader, config: dict[str, Any], path: Path,
+                         progress: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield `(hf_name, float32 tensor)` for every tensor of the file."""
+    permute = config["model_type"] == "llama"
+    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
+    for tensor in tqdm(reader.tensors, desc="Loading GGUF", unit="tensor", disable=not progress, leave=False):
+        name = _hf_name(tensor.name, path)
+        if name is None:
+            continue
+        values = dequantize_tensor(tensor, path)
+        if permute and name.endswith("q_proj.weight"):
+            values = _unpermute(values, heads)
+        elif permute and name.endswith("k_proj.weight"):
+            values = _unpermute(values, kv_heads)
+        yield name, torch.from_numpy(np.ascontiguousarray(values))
+
+
+def _hf_name(gguf_name: str, path: Path) -> str | None:
+    if gguf_name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[gguf_name]
+    match = _LAYER.match(gguf_name)
+    if match and match.group(2) in _LAYER_NAMES:
+        return f"model.layers.{match.group(1)}.{_LAYER_NAMES[match.group(2)]}"
+    if gguf_name == "rope_freqs.weight":
+        return None
+    raise ValueError(f"{path}: unexpected GGUF tensor {gguf_name!r}")

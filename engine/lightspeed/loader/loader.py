@@ -1,0 +1,103 @@
+"""`load_model`: resolve files → `ModelConfig` → build the model on its device → fill its weights."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ..layers import ParallelContext
+from ..models import ModelConfig, build_model, preset_config
+from .files import ModelFiles, resolve_model_files
+from .gguf_weights import gguf_hf_config, iterate_gguf_weights, open_gguf
+from .safetensors_weights import iterate_safetensors
+
+
+def load_hf_config(path: str | Path) -> ModelConfig:
+    """The `ModelConfig` of a HF directory / config.json, or of a GGUF file (or directory with one)."""
+    files = resolve_model_files(path)
+    if files.load_format == "gguf":
+        reader = open_gguf(files.gguf_file)
+        return ModelConfig.from_hf_dict(gguf_hf_config(reader, files.gguf_file), name=str(files.gguf_file))
+    return ModelConfig.from_pretrained(files.root)
+
+
+def load_model(model: str | Path | None, *, load_format: str = "auto", dtype: str | torch.dtype = "auto",
+               device: str | torch.device = "cpu", seed: int = 0, parallel: ParallelContext | None = None,
+               progress: bool = True) -> tuple[nn.Module, ModelConfig]:
+    """Build and load a model; returns `(model in eval mode, its ModelConfig)`.
+
+    `model`: a HF directory, a .gguf file (or directory holding one), or for `load_format="dummy"`
+    a config.json / directory / preset name; None = the default model (SmolLM2-135M-Instruct).
+    `dtype="auto"` keeps the checkpoint's dtype (float32 for GGUF); the returned config's
+    `torch_dtype` is the dtype actually loaded. Bad or truncated files raise ValueError.
+    """
+    if model is None:
+        from ..default_model import default_model
+
+        model = default_model()
+    files = resolve_model_files(model, load_format)
+    reader = open_gguf(files.gguf_file) if files.load_format == "gguf" else None
+    config = _config_of(files, reader)
+    dtype = config.torch_dtype if dtype == "auto" else _as_dtype(dtype)
+    config = dataclasses.replace(config, torch_dtype=dtype)
+    device = torch.device(device)
+    with torch.device(device), _default_dtype(dtype):
+        net = build_model(config, parallel)
+    if files.load_format == "dummy":
+        init_dummy_weights(net, seed)
+    else:
+        if files.load_format == "gguf":
+            weights = iterate_gguf_weights(reader, gguf_hf_config(reader, files.gguf_file), files.gguf_file, progress)
+        else:
+            weights = iterate_safetensors(files.weight_files, sum(files.tensor_counts), progress)
+        loaded = net.load_weights(weights)
+        missing = sorted(set(dict(net.named_parameters())) - loaded)
+        if missing:
+            shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+            raise ValueError(f"{files.weight_files[0].parent}: checkpoint lacks weights for {shown}")
+    return net.eval(), config
+
+
+def _config_of(files: ModelFiles, reader) -> ModelConfig:
+    if files.preset is not None:
+        return preset_config(files.preset)
+    if files.load_format == "gguf":
+        return ModelConfig.from_hf_dict(gguf_hf_config(reader, files.gguf_file), name=str(files.gguf_file))
+    return ModelConfig.from_pretrained(files.config_path)
+
+
+def _as_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    aliases = {"float": torch.float32, "half": torch.float16, "bf16": torch.bfloat16, "fp16": torch.float16,
+               "fp32": torch.float32}
+    resolved = aliases.get(dtype, getattr(torch, str(dtype), None))
+    if not isinstance(resolved, torch.dtype) or not resolved.is_floating_point:
+        raise ValueError(f"dtype must be 'auto' or a floating torch dtype name, got {dtype!r}")
+    return resolved
+
+
+@contextlib.contextmanager
+def _default_dtype(dtype: torch.dtype):
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+@torch.no_grad()
+def init_dummy_weights(model: nn.Module, seed: int = 0, std: float = 0.02) -> None:
+    """Random weights for benchmarks: N(0, std) matrices and biases, norm weights 1 (deterministic per seed)."""
+    for name, param in model.named_parameters():
+        generator = torch.Generator(device=param.device).manual_seed(seed)
+        seed += 1
+        if param.dim() == 1 and name.endswith("norm.weight"):
+            param.fill_(1.0)
+        else:
+            param.normal_(0.0, std, generator=generator)

@@ -1,0 +1,150 @@
+"""Llama (Llama 2/3.x incl. rope scaling, SmolLM2): the base decoder the other families extend."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from ..layers import (
+    Attention,
+    AttentionMetadata,
+    MergedColumnParallelLinear,
+    ParallelContext,
+    ParallelLMHead,
+    QKVParallelLinear,
+    RMSNorm,
+    RotaryEmbedding,
+    RowParallelLinear,
+    SiluAndMul,
+    VocabParallelEmbedding,
+)
+from .config import ModelConfig
+from .weights import LLAMA_STACKED_PARAMS, load_stacked_weights
+
+
+class LlamaMLP(nn.Module):
+    """SwiGLU: `down(silu(gate(x)) * up(x))`. Replicate → Replicate (column- then row-parallel)."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, bias: bool, parallel: ParallelContext):
+        super().__init__()
+        self.gate_up_proj = MergedColumnParallelLinear(hidden_size, [intermediate_size] * 2, bias, parallel)
+        self.act_fn = SiluAndMul()
+        self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias, parallel)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, H] -> [T, H]
+        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+
+
+class LlamaAttention(nn.Module):
+    """Self-attention: fused QKV, RoPE, paged attention, output projection. Replicate → Replicate."""
+
+    o_proj_bias: bool | None = None  # None: same as the q/k/v bias (Llama); Qwen2 sets False
+
+    def __init__(self, config: ModelConfig, layer_idx: int, parallel: ParallelContext,
+                 rotary_emb: RotaryEmbedding):
+        super().__init__()
+        d = config.head_dim
+        self.qkv_proj = QKVParallelLinear(config.hidden_size, d, config.num_attention_heads,
+                                          config.num_key_value_heads, config.attention_bias, parallel)
+        o_bias = config.attention_bias if self.o_proj_bias is None else self.o_proj_bias
+        self.o_proj = RowParallelLinear(config.num_attention_heads * d, config.hidden_size, o_bias, parallel)
+        self.num_heads, self.num_kv_heads, self.head_dim = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads, d
+        self.rotary_emb = rotary_emb  # shared by all layers: one cos/sin cache
+        self.attn = Attention(self.num_heads, d, self.num_kv_heads, layer_idx)
+
+    def qk_norm(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-head normalisation before RoPE; none in Llama."""
+        return q, k
+
+    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        num_tokens = hidden.shape[0]
+        qkv = self.qkv_proj(hidden)  # [T, (Hq + 2·Hkv)·D]
+        q, k, v = qkv.split([self.qkv_proj.q_size, self.qkv_proj.kv_size, self.qkv_proj.kv_size], dim=-1)
+        q = q.reshape(num_tokens, self.num_heads, self.head_dim)
+        k = k.reshape(num_tokens, self.num_kv_heads, self.head_dim)
+        v = v.reshape(num_tokens, self.num_kv_heads, self.head_dim)
+        q, k = self.qk_norm(q, k)
+        q, k = self.rotary_emb(positions, q, k)
+        out = self.attn(q, k, v, meta)  # [T, Hq, D]
+        return self.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim))
+
+
+class LlamaDecoderLayer(nn.Module):
+    """Pre-norm block; carries the residual stream separately so norms fuse the residual add."""
+
+    attention_cls: type[nn.Module] = LlamaAttention
+
+    def __init__(self, config: ModelConfig, layer_idx: int, parallel: ParallelContext,
+                 rotary_emb: RotaryEmbedding):
+        super().__init__()
+        self.self_attn = self.attention_cls(config, layer_idx, parallel, rotary_emb)
+        self.mlp = self.build_mlp(config, layer_idx, parallel)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def build_mlp(self, config: ModelConfig, layer_idx: int, parallel: ParallelContext) -> nn.Module:
+        return LlamaMLP(config.hidden_size, config.intermediate_size, config.mlp_bias, parallel)
+
+    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None,
+                meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            residual = hidden
+            hidden = self.input_layernorm(hidden)
+        else:
+            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.self_attn(positions, hidden, meta)
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        return self.mlp(hidden), residual
+
+
+class LlamaModel(nn.Module):
+    """Embedding, decoder layers, final norm: `(input_ids [T], positions [T], meta) -> [T, H]`."""
+
+    def __init__(self, config: ModelConfig, parallel: ParallelContext, layer_cls: type[LlamaDecoderLayer]):
+        super().__init__()
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, parallel)
+        self.rotary_emb = RotaryEmbedding(config.head_dim, config.max_position_embeddings, config.rope_theta,
+                                          config.rope_scaling)
+        self.layers = nn.ModuleList(layer_cls(config, i, parallel, self.rotary_emb)
+                                    for i in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        hidden = self.embed_tokens(input_ids)
+        residual = None
+        for layer in self.layers:
+            hidden, residual = layer(positions, hidden, residual, meta)
+        hidden, _ = self.norm(hidden, residual)
+        return hidden
+
+
+class LlamaForCausalLM(nn.Module):
+    """The engine's model interface (engine/README.md):
+
+    - `forward(input_ids int64 [T], positions int64 [T], meta) -> hidden [T, H]`
+    - `compute_logits(hidden [S, H]) -> float32 [S, V]`
+    - `load_weights(Iterable[(hf_name, tensor)]) -> set of parameter names loaded`
+    """
+
+    layer_cls: type[LlamaDecoderLayer] = LlamaDecoderLayer
+    stacked_params = LLAMA_STACKED_PARAMS
+
+    def __init__(self, config: ModelConfig, parallel: ParallelContext | None = None):
+        super().__init__()
+        self.config = config
+        self.parallel = parallel or ParallelContext()
+        self.model = LlamaModel(config, self.parallel, self.layer_cls)
+        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, self.parallel)
+        if config.tie_word_embeddings:
+            self.lm_head.tie_to(self.model.embed_tokens)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        return self.model(input_ids, positions, meta)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        return load_stacked_weights(self, weights, self.stacked_params, self.config.tie_word_embeddings)

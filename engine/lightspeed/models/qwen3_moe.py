@@ -1,0 +1,75 @@
+"""Qwen3-MoE (e.g. Qwen3-30B-A3B): Qwen3 attention with sparse MoE feed-forward blocks.
+
+Checkpoints name experts one by one (`mlp.experts.{e}.{gate,up,down}_proj.weight`, as saved by
+transformers and published on the hub); transformers 5 holds them stacked in memory
+(`mlp.experts.gate_up_proj [E, 2I, H]`, `mlp.experts.down_proj [E, H, I]`). Both load.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from ..layers import FusedMoE, ParallelContext, ReplicatedLinear
+from .config import ModelConfig
+from .llama import LlamaMLP
+from .qwen3 import Qwen3DecoderLayer, Qwen3ForCausalLM
+from .weights import load_stacked_weights
+
+_PER_EXPERT = re.compile(r"^(.*\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
+_STACKED_EXPERTS = re.compile(r"^(.*\.mlp\.experts)\.(gate_up_proj|down_proj)$")
+_SHARD_OF = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2", "gate_up_proj": "w13"}
+
+
+class Qwen3MoeSparseMoeBlock(nn.Module):
+    """Router (`gate`, replicated) + fused experts. Replicate → Replicate."""
+
+    def __init__(self, config: ModelConfig, parallel: ParallelContext):
+        super().__init__()
+        self.gate = ReplicatedLinear(config.hidden_size, config.num_experts, bias=False)
+        self.experts = FusedMoE(config.num_experts, config.num_experts_per_tok, config.hidden_size,
+                                config.moe_intermediate_size, renormalize=config.norm_topk_prob,
+                                parallel=parallel)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, H] -> [T, H]
+        return self.experts(x, self.gate(x))
+
+
+class Qwen3MoeDecoderLayer(Qwen3DecoderLayer):
+    """MoE feed-forward on sparse layers, a dense SwiGLU MLP on `mlp_only_layers`."""
+
+    def build_mlp(self, config: ModelConfig, layer_idx: int, parallel: ParallelContext) -> nn.Module:
+        if config.is_moe_layer(layer_idx):
+            return Qwen3MoeSparseMoeBlock(config, parallel)
+        return LlamaMLP(config.hidden_size, config.intermediate_size, config.mlp_bias, parallel)
+
+
+class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
+    """Same interface as `LlamaForCausalLM`."""
+
+    layer_cls = Qwen3MoeDecoderLayer
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        params = dict(self.named_parameters())
+        loaded: set[str] = set()
+
+        def dense_weights():
+            for name, tensor in weights:
+                per_expert = _PER_EXPERT.match(name)
+                stacked = None if per_expert else _STACKED_EXPERTS.match(name)
+                if per_expert is None and stacked is None:
+                    yield name, tensor
+                    continue
+                prefix, proj = (per_expert or stacked).group(1), (per_expert or stacked).groups()[-1]
+                target = f"{prefix}.{'w2' if proj == 'down_proj' else 'w13'}_weight"
+                if target not in params:
+                    raise ValueError(f"checkpoint tensor {name!r} matches no model parameter")
+                expert_id = int(per_expert.group(2)) if per_expert else None
+                params[target].weight_loader(params[target], tensor, _SHARD_OF[proj], expert_id)
+                loaded.add(target)
+
+        loaded |= load_stacked_weights(self, dense_weights(), self.stacked_params, self.config.tie_word_embeddings)
+        return loaded
