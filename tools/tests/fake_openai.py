@@ -44,6 +44,7 @@ class Script:
     report_cached: bool = True  # include usage.prompt_tokens_details
     metrics: bool = True  # serve /metrics
     tokenize: bool = True  # serve /tokenize
+    reject_fields: set[str] = field(default_factory=set)  # body fields answered with HTTP 400
 
 
 class FakeOpenAI:
@@ -51,7 +52,8 @@ class FakeOpenAI:
 
     def __init__(self, script: Script | None = None):
         self.script = script or Script()
-        self.requests: list[dict[str, Any]] = []
+        self.requests: list[dict[str, Any]] = []  # completion requests, in arrival order
+        self.probes: list[dict[str, Any]] = []  # max_tokens == 1 requests (the tool's probe)
         self.tokenize_calls = 0
         self.hit_tokens = 0
         self.prompt_tokens = 0
@@ -59,6 +61,7 @@ class FakeOpenAI:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._server: asyncio.AbstractServer | None = None
+        self._handlers: set[asyncio.Task] = set()
         self.port = 0
 
     @property
@@ -77,13 +80,19 @@ class FakeOpenAI:
     def __exit__(self, *exc: object) -> None:
         async def stop() -> None:
             self._server.close()
+            for task in self._handlers:  # idle keep-alive connections
+                task.cancel()
+            await asyncio.gather(*self._handlers, return_exceptions=True)
 
         asyncio.run_coroutine_threadsafe(stop(), self._loop).result(timeout=10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10)
+        self._loop.close()
 
     # --- HTTP plumbing -------------------------------------------------------------------
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        self._handlers.add(task)
         try:
             while True:
                 line = await reader.readline()
@@ -97,15 +106,16 @@ class FakeOpenAI:
                 body = await reader.readexactly(int(headers.get("content-length", 0)))
                 if not await self._route(method, path, body, writer):
                     return
-        except (ConnectionError, asyncio.IncompleteReadError):
+        except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
             return
         finally:
+            self._handlers.discard(task)
             writer.close()
 
     @staticmethod
     def _json(writer: asyncio.StreamWriter, status: int, obj: Any, ctype: str = "application/json") -> None:
         payload = obj.encode() if isinstance(obj, str) else json.dumps(obj).encode()
-        reason = {200: "OK", 404: "Not Found", 500: "Internal Server Error"}[status]
+        reason = {200: "OK", 400: "Bad Request", 404: "Not Found", 500: "Internal Server Error"}[status]
         writer.write(f"HTTP/1.1 {status} {reason}\r\nContent-Type: {ctype}\r\n"
                      f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload)
 
@@ -150,6 +160,18 @@ class FakeOpenAI:
         return best
 
     async def _complete(self, req: dict[str, Any], chat: bool, writer: asyncio.StreamWriter) -> bool:
+        rejected = sorted(self.script.reject_fields & set(req))
+        if rejected:
+            self._json(writer, 400, {"error": {"message": f"unknown field: {rejected[0]}", "type": "invalid_request"}})
+            await writer.drain()
+            return True
+        if req.get("max_tokens") == 1:
+            self.probes.append(req)
+            choice = {"index": 0, "delta": {"content": "ok"}} if chat else {"index": 0, "text": "ok"}
+            self._json(writer, 200, f"data: {json.dumps({'choices': [choice]})}\n\ndata: [DONE]\n\n",
+                       "text/event-stream")
+            await writer.drain()
+            return True
         index = len(self.requests)
         self.requests.append(req)
         loop = asyncio.get_running_loop()

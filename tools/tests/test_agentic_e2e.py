@@ -192,6 +192,20 @@ def test_trace_replay(tmp_path):
     assert run["levels"][0]["requests"] == 4 and run["levels"][0]["error_count"] == 0
 
 
+def test_rejected_extension_fields_are_dropped(tmp_path):
+    with FakeOpenAI(Script(ttft_s=0.01, tpot_s=0.002, reject_fields={"ignore_eos"})) as srv:
+        run = _run(srv, tmp_path, "--concurrency", "1", "--turns", "2", "--num-conversations", "1")
+        assert srv.requests and all("ignore_eos" not in b and b["min_tokens"] == OUT for b in srv.requests)
+        assert len(srv.probes) == 1
+    assert run["request_fields"]["ignore_eos"] is False and run["levels"][0]["error_count"] == 0
+
+
+def test_unusable_server_fails_before_the_sweep(tmp_path):
+    with FakeOpenAI(Script(fail={0})) as srv, pytest.raises(SystemExit, match="probe"):
+        srv.script.reject_fields = {"stream"}
+        _run(srv, tmp_path, "--concurrency", "1")
+
+
 def test_random_mode_has_no_shared_prefix(tmp_path):
     with FakeOpenAI(Script(ttft_s=0.01, tpot_s=0.002)) as srv:
         run = _run(srv, tmp_path, "--concurrency", "2", "--mode", "random", "--input-tokens", "100",

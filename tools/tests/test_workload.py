@@ -8,8 +8,14 @@ from lightspeed_bench.runner import common_prefix_len
 from lightspeed_bench.textgen import sized_text
 from lightspeed_bench.tokenizer import TokenCounter, crude_count
 from lightspeed_bench.workload import (
-    AgenticSpec, agentic_conversations, calibrate, load_trace, random_conversations,
-    render_completion_prompt, salted, system_prompt,
+    AgenticSpec,
+    agentic_conversations,
+    calibrate,
+    load_trace,
+    random_conversations,
+    render_completion_prompt,
+    salted,
+    system_prompt,
 )
 
 WORDS = TokenCounter("words", lambda text: len(text.split()))
@@ -112,8 +118,10 @@ def test_salt_only_touches_the_first_message():
 
 def test_common_prefix_len_matches_brute_force():
     rng = random.Random(0)
-    for _ in range(200):
-        a = "".join(rng.choice("ab") for _ in range(rng.randrange(0, 40)))
+    for _ in range(300):
+        size = rng.choice((40, 3000))  # short strings and ones long enough to gallop
+        a = "".join(rng.choice("ab") for _ in range(rng.randrange(0, size)))
         b = a[: rng.randrange(0, len(a) + 1)] + "".join(rng.choice("ab") for _ in range(rng.randrange(0, 5)))
+        a, b = (a, b) if rng.random() < 0.5 else (b, a)
         brute = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
         assert common_prefix_len(a, b) == brute

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import datetime as dt
 import json
 import secrets
@@ -134,6 +135,24 @@ def _server_info(client: httpx.Client, model: str | None) -> tuple[str, dict[str
     return model, info
 
 
+def probe_options(client: httpx.Client, options: RequestOptions) -> RequestOptions:
+    """One 1-token request before the sweep: fail early when the server cannot serve, and drop
+    the ignore_eos / min_tokens extensions when the server rejects them by name."""
+    for _ in range(3):
+        prompt = [{"role": "user", "content": "Say OK."}] if options.endpoint == "chat" else "Say OK."
+        resp = client.post(options.path, json=options.body(prompt, 1))
+        if resp.status_code == 200:
+            return options
+        detail = resp.text
+        if resp.status_code in (400, 422) and options.ignore_eos and "ignore_eos" in detail:
+            options = dataclasses.replace(options, ignore_eos=False)
+        elif resp.status_code in (400, 422) and options.min_tokens and "min_tokens" in detail:
+            options = dataclasses.replace(options, min_tokens=False)
+        else:
+            break
+    raise SystemExit(f"error: probe request to {options.path} failed: HTTP {resp.status_code}: {detail[:300]}")
+
+
 def _workload(args: argparse.Namespace, counter: TokenCounter) -> tuple[Any, dict[str, Any]]:
     """A level -> conversations factory, and the workload's description for the report."""
     desc: dict[str, Any] = {"mode": args.mode, "tokenizer": counter.name}
@@ -171,16 +190,17 @@ def cmd_agentic(args: argparse.Namespace) -> int:
     if args.mode == "trace" and not args.trace:
         raise SystemExit("error: --mode trace needs --trace FILE.jsonl")
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
-    with httpx.Client(base_url=args.base_url, headers=headers, timeout=30.0) as sync_client:
+    with httpx.Client(base_url=args.base_url, headers=headers, timeout=args.request_timeout) as sync_client:
         model, server = _server_info(sync_client, args.model)
+        options = RequestOptions(model, args.endpoint, args.ignore_eos, args.min_tokens, args.temperature,
+                                 args.extra_body)
+        options = probe_options(sync_client, options)
     counter = (TokenCounter("unused", len) if args.mode == "trace"
                else choose_counter(args.tokenizer, args.base_url, model, headers))
     factory, workload = _workload(args, counter)
     salt = secrets.token_hex(4) if args.salt is None else args.salt
     cfg = SweepConfig(args.concurrency, args.warmup_requests, args.max_duration, args.request_timeout,
                       args.num_gpus, salt)
-    options = RequestOptions(model, args.endpoint, args.ignore_eos, args.min_tokens, args.temperature,
-                             args.extra_body)
     date = utc_now()
     stem = Path(args.output_dir) / (args.name or f"agentic_{dt.datetime.now(dt.timezone.utc):%Y%m%d-%H%M%S}")
 
@@ -197,6 +217,8 @@ def cmd_agentic(args: argparse.Namespace) -> int:
         "date": date, "git_commit": git_commit(), "server": server, "model": model,
         "flags": {k: v for k, v in vars(args).items() if k not in ("api_key", "func")},
         "workload": workload, "salt": salt,
+        "request_fields": {"endpoint": options.endpoint, "ignore_eos": options.ignore_eos,
+                           "min_tokens": options.min_tokens, "temperature": options.temperature},
         "levels": [lvl["summary"] for lvl in levels],
         "requests": [rec.to_json() for lvl in levels for rec in lvl["records"]],
     }

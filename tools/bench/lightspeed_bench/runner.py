@@ -44,11 +44,22 @@ class SweepConfig:
 
 
 def common_prefix_len(a: str, b: str) -> int:
-    """Length of the common prefix, by binary search over C-speed comparisons."""
-    lo, hi = 0, min(len(a), len(b))
+    """Length of the common prefix, in time proportional to it (not to the strings).
+
+    Runs on the event loop between requests, so it must not stall other streams' timestamps:
+    an extension of a previous prompt is one `startswith`; otherwise gallop then bisect.
+    """
+    short, long = (a, b) if len(a) <= len(b) else (b, a)
+    if long.startswith(short):
+        return len(short)
+    lo, step, limit = 0, 256, len(short)
+    while lo + step <= limit and short[lo:lo + step] == long[lo:lo + step]:
+        lo += step
+        step *= 2
+    hi = min(lo + step, limit)  # the first mismatch lies in [lo, hi)
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if a[lo:mid] == b[lo:mid]:
+        if short[lo:mid] == long[lo:mid]:
             lo = mid
         else:
             hi = mid - 1
