@@ -12,6 +12,7 @@ from lightspeed_gateway.parsers.tools import (
     HermesToolParser,
     JsonStreamToolParser,
     Llama3JsonToolParser,
+    NamedToolParser,
     make_tool_parser,
 )
 
@@ -26,6 +27,7 @@ __all__ = [
     "HermesToolParser",
     "Llama3JsonToolParser",
     "JsonStreamToolParser",
+    "NamedToolParser",
     "TOOL_PARSERS",
     "REASONING_PARSERS",
     "make_tool_parser",

@@ -142,3 +142,30 @@ def make_tool_parser(name: str, new_call_id: Callable[[], str] = random_call_id)
         return TOOL_PARSERS[name](new_call_id)
     except KeyError:
         raise ValueError(f"unknown tool-call parser {name!r}; choose from {sorted(TOOL_PARSERS)}") from None
+
+
+class NamedToolParser(ToolParser):
+    """tool_choice names one function: the whole (grammar-constrained) output is its arguments."""
+
+    def __init__(self, name: str, new_call_id: Callable[[], str] = random_call_id) -> None:
+        self._name = name
+        self._id = new_call_id()
+        self._arguments: list[str] = []
+
+    def feed(self, text: str) -> ParsedDelta:
+        from lightspeed_gateway.parsers.base import ToolCallDelta
+
+        first = not self._arguments
+        self._arguments.append(text)
+        if first:
+            return ParsedDelta(tool_calls=[ToolCallDelta(0, self._id, self._name, text)])
+        return ParsedDelta(tool_calls=[ToolCallDelta(0, arguments=text)]) if text else ParsedDelta()
+
+    def finish(self) -> ParsedDelta:
+        if not self._arguments:
+            return self.feed("")
+        return ParsedDelta()
+
+    @property
+    def tool_calls(self) -> list[dict]:
+        return [{"id": self._id, "name": self._name, "arguments": "".join(self._arguments)}]

@@ -1,0 +1,67 @@
+"""ServerConfig: the gateway's own knobs (HTTP, auth, parsers, limits), a frozen dataclass.
+
+A field's ``metadata["help"]`` is its `lightspeed serve` flag help; the engine's flags come from
+`lightspeed.EngineConfig` the same way (see `cli/args.py`), so no flag is written twice.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from lightspeed_gateway.parsers import REASONING_PARSERS, TOOL_PARSERS
+
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+
+
+def _f(default: Any, help: str, choices: tuple | None = None) -> Any:
+    meta: dict[str, Any] = {"help": help}
+    if choices is not None:
+        meta["choices"] = choices
+    return field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """How the HTTP server runs. Immutable; validated in __post_init__."""
+
+    host: str = _f("127.0.0.1", "Address to listen on (0.0.0.0 exposes the server to the network).")
+    port: int = _f(8000, "TCP port to listen on (0 picks a free one).")
+    api_key: str | None = _f(None, "API key clients must send as 'Authorization: Bearer KEY' on /v1 routes "
+                             "(default: env LIGHTSPEED_API_KEY; none = no auth).")
+    served_model_name: str | None = _f(None, "Model name clients use and /v1/models lists (default: the "
+                                       "model file's stem).")
+    chat_template: str | None = _f(None, "Jinja chat template (a file path or the template text); default: "
+                                   "the tokenizer's.")
+    tool_call_parser: str = _f("hermes", "How tool calls are read from the model's output.", tuple(TOOL_PARSERS))
+    reasoning_parser: str | None = _f(None, "Split <think>...</think> reasoning into reasoning_content.",
+                                      tuple(REASONING_PARSERS))
+    log_level: str = _f("info", "Log level of the server.", LOG_LEVELS)
+    max_request_body_bytes: int = _f(16 * 1024 * 1024, "Largest accepted request body in bytes (413 above).")
+    max_waiting_requests: int = _f(1024, "Requests that may wait for their first token at once; more get "
+                                   "429 with Retry-After.")
+    retry_after_s: int = _f(1, "Retry-After seconds sent with 429 and 503 answers.")
+    health_check_interval_s: float = _f(0.25, "How often the server checks that the engine core is alive.")
+    access_log: bool = _f(False, "Log every HTTP request (uvicorn access log).")
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be in [0, 65535], got {self.port}")
+        if self.tool_call_parser not in TOOL_PARSERS:
+            raise ValueError(f"tool_call_parser={self.tool_call_parser!r}: choose from {sorted(TOOL_PARSERS)}")
+        if self.reasoning_parser is not None and self.reasoning_parser not in REASONING_PARSERS:
+            raise ValueError(f"reasoning_parser={self.reasoning_parser!r}: choose from {sorted(REASONING_PARSERS)}")
+        if self.log_level not in LOG_LEVELS:
+            raise ValueError(f"log_level={self.log_level!r}: choose from {LOG_LEVELS}")
+        if self.max_request_body_bytes < 1:
+            raise ValueError("max_request_body_bytes must be positive")
+        if self.max_waiting_requests < 0:
+            raise ValueError("max_waiting_requests must be >= 0")
+        if self.retry_after_s < 0 or self.health_check_interval_s <= 0:
+            raise ValueError("retry_after_s must be >= 0 and health_check_interval_s > 0")
+        if self.api_key == "":
+            object.__setattr__(self, "api_key", None)
+
+    def replace(self, **changes: Any) -> ServerConfig:
+        return dataclasses.replace(self, **changes)

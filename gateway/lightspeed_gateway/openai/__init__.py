@@ -1,0 +1,1 @@
+"""The OpenAI-compatible protocol: request/response models and the endpoint handlers."""

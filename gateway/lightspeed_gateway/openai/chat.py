@@ -1,0 +1,265 @@
+"""POST /v1/chat/completions: template → tokens → engine → parsers → JSON or SSE."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.requests import Request
+
+from lightspeed_gateway.openai.errors import APIError, bad_request
+from lightspeed_gateway.openai.protocol import ChatCompletionRequest, NamedToolChoice, new_id
+from lightspeed_gateway.openai.serving import (
+    SSE_DONE,
+    GatewayState,
+    TokenText,
+    cancel_on_disconnect,
+    sampling_params,
+    sse,
+    sse_error,
+    structured_output,
+    token_logprobs,
+    usage_dict,
+)
+from lightspeed_gateway.parsers import (
+    REASONING_PARSERS,
+    JsonStreamToolParser,
+    NamedToolParser,
+    ParsedDelta,
+    make_tool_parser,
+)
+from lightspeed_gateway.server.engine import EngineDead, RequestTiming
+
+
+class ChoiceParser:
+    """Reasoning parser, then tool parser, over one choice's text deltas."""
+
+    def __init__(self, state: GatewayState, tool_mode: str | None, tool_name: str | None,
+                 starts_in_reasoning: bool) -> None:
+        name = state.config.reasoning_parser
+        self.reasoning = REASONING_PARSERS[name](starts_in_reasoning) if name else None
+        self.tools = None
+        if tool_mode == "auto":
+            self.tools = make_tool_parser(state.config.tool_call_parser)
+        elif tool_mode == "required":
+            self.tools = JsonStreamToolParser()
+        elif tool_mode == "named":
+            self.tools = NamedToolParser(tool_name)
+
+    def feed(self, text: str) -> ParsedDelta:
+        return self._through_tools(self.reasoning.feed(text) if self.reasoning else ParsedDelta(content=text))
+
+    def finish(self) -> ParsedDelta:
+        out = self._through_tools(self.reasoning.finish()) if self.reasoning else ParsedDelta()
+        if self.tools is not None:
+            tail = self.tools.finish()
+            out.content += tail.content
+            out.tool_calls += tail.tool_calls
+        return out
+
+    def _through_tools(self, step: ParsedDelta) -> ParsedDelta:
+        if self.tools is None or not step.content:
+            return step
+        parsed = self.tools.feed(step.content)
+        parsed.reasoning = step.reasoning
+        return parsed
+
+    @property
+    def tool_calls(self) -> list[dict]:
+        return self.tools.tool_calls if self.tools is not None else []
+
+
+def _tool_mode(req: ChatCompletionRequest) -> tuple[str | None, str | None]:
+    if not req.tools or req.tool_choice == "none":
+        return None, None
+    if isinstance(req.tool_choice, NamedToolChoice):
+        return "named", req.tool_choice.function.name
+    if req.tool_choice == "required":
+        return "required", None
+    return "auto", None
+
+
+def _structured(req: ChatCompletionRequest, tool_mode: str | None, tool_name: str | None) -> Any:
+    if tool_mode == "named":
+        tool = next(t for t in req.tools if t.function.name == tool_name)
+        return structured_output(json_schema=tool.function.parameters or {"type": "object"})
+    if tool_mode == "required":
+        items = [{"type": "object", "properties": {"name": {"const": t.function.name},
+                                                    "parameters": t.function.parameters or {"type": "object"}},
+                  "required": ["name", "parameters"], "additionalProperties": False} for t in req.tools]
+        max_items = {} if req.parallel_tool_calls is not False else {"maxItems": 1}
+        return structured_output(json_schema={"type": "array", "minItems": 1, **max_items,
+                                              "items": {"anyOf": items}})
+    fmt = req.response_format
+    if fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json_object":
+        return structured_output(json_object=True)
+    return structured_output(json_schema=fmt.json_schema.schema_)
+
+
+def _finish_reason(reason: str | None, has_tool_calls: bool) -> str | None:
+    if reason == "stop" and has_tool_calls:
+        return "tool_calls"
+    return reason
+
+
+async def create_chat_completion(state: GatewayState, req: ChatCompletionRequest, raw: Request):
+    state.check_model(req.model)
+    tool_mode, tool_name = _tool_mode(req)
+    try:
+        prompt = state.renderer.render(
+            req.messages, tools=req.tools if tool_mode else None, add_generation_prompt=req.add_generation_prompt,
+            continue_final_message=req.continue_final_message, template_kwargs=req.chat_template_kwargs)
+    except APIError:
+        raise
+    except Exception as e:  # jinja errors, bad message sequences: the client's input
+        raise bad_request(f"cannot apply the chat template: {e}", "messages") from None
+    top_n = (req.top_logprobs or 0) if req.logprobs else None
+    params = sampling_params(state, req, len(prompt.token_ids), req.max_completion_tokens or req.max_tokens, top_n,
+                             _structured(req, tool_mode, tool_name))
+    state.admit()
+    run = _ChatRun(state, req, prompt.token_ids, params, tool_mode, tool_name,
+                   prompt.text.rstrip().endswith("<think>"))
+    if req.stream:
+        return StreamingResponse(run.stream(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    return JSONResponse(await cancel_on_disconnect(raw, run.full()))
+
+
+class _ChatRun:
+    """One chat request in flight."""
+
+    def __init__(self, state: GatewayState, req: ChatCompletionRequest, prompt_ids: list[int], params: Any,
+                 tool_mode: str | None, tool_name: str | None, starts_in_reasoning: bool) -> None:
+        self.state, self.req, self.prompt_ids, self.params = state, req, prompt_ids, params
+        self.request_id = new_id("chatcmpl")
+        self.created = int(time.time())
+        self.timing = RequestTiming()
+        self.parsers = [ChoiceParser(state, tool_mode, tool_name, starts_in_reasoning) for _ in range(req.n)]
+        self.top_n = params.logprobs
+        self.token_text = TokenText(state.engine.tokenizer) if self.top_n is not None else None
+        self.completion_tokens = 0
+        self.cached_tokens = 0
+        self.finish_reasons: list[str | None] = [None] * req.n
+
+    def _logprob_items(self, completion: Any) -> list[dict]:
+        items = []
+        for token_id, entry in zip(completion.token_ids, completion.logprobs or (), strict=False):
+            chosen, top = token_logprobs(entry, token_id, self.top_n, self.token_text)
+            text = self.token_text(token_id)
+            items.append({"token": text, "logprob": chosen, "bytes": list(text.encode()),
+                          "top_logprobs": [{"token": t, "logprob": lp, "bytes": list(t.encode())} for t, lp in top]})
+        return items
+
+    def _observe(self) -> None:
+        self.state.metrics.observe_request(self.timing, len(self.prompt_ids), self.completion_tokens,
+                                           self.cached_tokens, [r for r in self.finish_reasons if r])
+
+    async def full(self) -> dict:
+        texts: list[list[str]] = [[] for _ in range(self.req.n)]
+        logprobs: list[list[dict]] = [[] for _ in range(self.req.n)]
+        try:
+            async for out in self.state.engine.generate(self.prompt_ids, self.params, self.request_id, self.timing):
+                self.cached_tokens = max(self.cached_tokens, out.num_cached_tokens or 0)
+                for c in out.outputs:
+                    texts[c.index].append(c.text)
+                    self.completion_tokens += len(c.token_ids)
+                    if self.top_n is not None:
+                        logprobs[c.index] += self._logprob_items(c)
+                    if c.finish_reason is not None:
+                        self.finish_reasons[c.index] = c.finish_reason
+        except EngineDead as e:
+            raise APIError(503, f"The engine failed while serving this request: {e}", "service_unavailable",
+                           code="engine_dead") from None
+        choices = []
+        for i, parser in enumerate(self.parsers):
+            first, last = parser.feed("".join(texts[i])), parser.finish()
+            content = first.content + last.content
+            reasoning = first.reasoning + last.reasoning
+            calls = parser.tool_calls
+            message = {"role": "assistant", "content": content if content or not calls else None,
+                       "tool_calls": [{"id": c["id"], "type": "function",
+                                       "function": {"name": c["name"], "arguments": c["arguments"]}} for c in calls]}
+            if reasoning:
+                message["reasoning_content"] = reasoning
+            self.finish_reasons[i] = _finish_reason(self.finish_reasons[i], bool(calls))
+            choices.append({"index": i, "message": message, "finish_reason": self.finish_reasons[i],
+                            "logprobs": {"content": logprobs[i]} if self.top_n is not None else None})
+        self._observe()
+        return {"id": self.request_id, "object": "chat.completion", "created": self.created,
+                "model": self.state.model_name, "choices": choices,
+                "usage": usage_dict(len(self.prompt_ids), self.completion_tokens, self.cached_tokens)}
+
+    def _chunk(self, choices: list[dict], usage: Any = ...) -> str:
+        payload = {"id": self.request_id, "object": "chat.completion.chunk", "created": self.created,
+                   "model": self.state.model_name, "choices": choices}
+        options = self.req.stream_options
+        if usage is not ...:
+            payload["usage"] = usage
+        elif options is not None and options.include_usage:
+            payload["usage"] = (usage_dict(len(self.prompt_ids), self.completion_tokens, self.cached_tokens)
+                                if options.continuous_usage_stats else None)
+        return sse(payload)
+
+    def _delta_choice(self, index: int, parsed: ParsedDelta, completion: Any) -> dict | None:
+        delta: dict[str, Any] = {}
+        if parsed.content:
+            delta["content"] = parsed.content
+        if parsed.reasoning:
+            delta["reasoning_content"] = parsed.reasoning
+        if parsed.tool_calls:
+            delta["tool_calls"] = [_tool_call_delta(t) for t in parsed.tool_calls]
+        choice: dict[str, Any] = {"index": index, "delta": delta, "logprobs": None, "finish_reason": None}
+        if self.top_n is not None and completion.logprobs:
+            choice["logprobs"] = {"content": self._logprob_items(completion)}
+        if completion.finish_reason is not None:
+            reason = _finish_reason(completion.finish_reason, bool(self.parsers[index].tool_calls))
+            self.finish_reasons[index] = choice["finish_reason"] = reason
+        elif not delta and choice["logprobs"] is None:
+            return None
+        return choice
+
+    async def stream(self) -> AsyncIterator[str]:
+        try:
+            yield self._chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                                "finish_reason": None} for i in range(self.req.n)])
+            async for out in self.state.engine.generate(self.prompt_ids, self.params, self.request_id, self.timing):
+                self.cached_tokens = max(self.cached_tokens, out.num_cached_tokens or 0)
+                choices = []
+                for c in out.outputs:
+                    self.completion_tokens += len(c.token_ids)
+                    parser = self.parsers[c.index]
+                    parsed = parser.feed(c.text) if c.text else ParsedDelta()
+                    if c.finish_reason is not None:
+                        tail = parser.finish()
+                        parsed.content += tail.content
+                        parsed.reasoning += tail.reasoning
+                        parsed.tool_calls += tail.tool_calls
+                    choice = self._delta_choice(c.index, parsed, c)
+                    if choice is not None:
+                        choices.append(choice)
+                if choices:
+                    yield self._chunk(choices)
+            options = self.req.stream_options
+            if options is not None and options.include_usage:
+                yield self._chunk([], usage_dict(len(self.prompt_ids), self.completion_tokens, self.cached_tokens))
+            self._observe()
+            yield SSE_DONE
+        except EngineDead as e:
+            self.state.metrics.errors.labels(self.state.model_name, "503").inc()
+            yield sse_error(APIError(503, f"The engine failed while serving this request: {e}",
+                                     "service_unavailable", code="engine_dead"))
+            yield SSE_DONE
+
+
+def _tool_call_delta(piece: Any) -> dict:
+    function: dict[str, Any] = {"arguments": piece.arguments}
+    item: dict[str, Any] = {"index": piece.index, "function": function}
+    if piece.id is not None:
+        item["id"], item["type"] = piece.id, "function"
+    if piece.name is not None:
+        function["name"] = piece.name
+    return item

@@ -1,0 +1,184 @@
+"""POST /v1/completions: raw prompts (text or token ids, one or many), echo, logprobs."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.requests import Request
+
+from lightspeed_gateway.openai.errors import APIError, bad_request
+from lightspeed_gateway.openai.protocol import CompletionRequest, new_id
+from lightspeed_gateway.openai.serving import (
+    SSE_DONE,
+    GatewayState,
+    TokenText,
+    cancel_on_disconnect,
+    merge_streams,
+    sampling_params,
+    sse,
+    sse_error,
+    token_logprobs,
+    usage_dict,
+)
+from lightspeed_gateway.server.engine import EngineDead, RequestTiming
+
+
+def _prompts(state: GatewayState, prompt: Any) -> list[tuple[str, list[int]]]:
+    """(text, token ids) per prompt."""
+    tokenizer = state.engine.tokenizer
+    if isinstance(prompt, str):
+        prompt = [prompt]
+    elif prompt and isinstance(prompt[0], int):
+        prompt = [prompt]
+    out = []
+    for item in prompt:
+        if isinstance(item, str):
+            out.append((item, list(tokenizer.encode(item, add_special_tokens=True))))
+        else:
+            bad = [t for t in item if not 0 <= t < state.engine.vocab_size]
+            if bad:
+                raise bad_request(f"prompt token ids out of vocabulary: {bad[:5]}", "prompt")
+            out.append((tokenizer.decode(item), list(item)))
+    if any(not ids for _, ids in out):
+        raise bad_request("prompt is empty", "prompt")
+    return out
+
+
+async def create_completion(state: GatewayState, req: CompletionRequest, raw: Request):
+    state.check_model(req.model)
+    prompts = _prompts(state, req.prompt)
+    if req.echo and req.logprobs is not None:
+        raise bad_request("echo together with logprobs is not supported (no prompt logprobs)", "echo")
+    params = [sampling_params(state, req, len(ids), req.max_tokens if req.max_tokens is not None else 16,
+                              req.logprobs) for _, ids in prompts]
+    state.admit()
+    run = _CompletionRun(state, req, prompts, params)
+    if req.stream:
+        return StreamingResponse(run.stream(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    return JSONResponse(await cancel_on_disconnect(raw, run.full()))
+
+
+class _CompletionRun:
+    def __init__(self, state: GatewayState, req: CompletionRequest, prompts: list[tuple[str, list[int]]],
+                 params: list[Any]) -> None:
+        self.state, self.req, self.prompts, self.params = state, req, prompts, params
+        self.request_id = new_id("cmpl")
+        self.created = int(time.time())
+        self.timings = [RequestTiming() for _ in prompts]
+        self.token_text = TokenText(state.engine.tokenizer) if req.logprobs is not None else None
+        self.completion_tokens = [0] * len(prompts)
+        self.cached_tokens = [0] * len(prompts)
+        self.finish_reasons: list[str | None] = [None] * (len(prompts) * req.n)
+        self.text_offsets = [0] * (len(prompts) * req.n)
+
+    def _streams(self):
+        engine = self.state.engine
+        rid = self.request_id
+        return merge_streams([engine.generate(ids, p, f"{rid}-{i}" if len(self.prompts) > 1 else rid, t)
+                              for i, ((_, ids), p, t) in enumerate(zip(self.prompts, self.params, self.timings,
+                                                                       strict=True))])
+
+    def _logprobs(self, choice: int, completion: Any, echo_text: str) -> dict:
+        out = {"text_offset": [], "token_logprobs": [], "tokens": [], "top_logprobs": []}
+        offset = self.text_offsets[choice] + len(echo_text)
+        for token_id, entry in zip(completion.token_ids, completion.logprobs or (), strict=False):
+            chosen, top = token_logprobs(entry, token_id, self.req.logprobs, self.token_text)
+            text = self.token_text(token_id)
+            out["text_offset"].append(offset)
+            out["token_logprobs"].append(chosen)
+            out["tokens"].append(text)
+            out["top_logprobs"].append(dict(top))
+            offset += len(text)
+        self.text_offsets[choice] = offset
+        return out
+
+    def _usage(self) -> dict:
+        return usage_dict(sum(len(ids) for _, ids in self.prompts), sum(self.completion_tokens),
+                          sum(self.cached_tokens))
+
+    def _observe(self) -> None:
+        n = self.req.n
+        for i, ((_, ids), timing) in enumerate(zip(self.prompts, self.timings, strict=True)):
+            self.state.metrics.observe_request(timing, len(ids), self.completion_tokens[i], self.cached_tokens[i],
+                                               [r for r in self.finish_reasons[i * n:(i + 1) * n] if r])
+
+    async def full(self) -> dict:
+        n = self.req.n
+        texts: list[list[str]] = [[] for _ in self.finish_reasons]
+        logprobs: list[dict | None] = [None] * len(self.finish_reasons)
+        try:
+            async for which, out in self._streams():
+                self.cached_tokens[which] = max(self.cached_tokens[which], out.num_cached_tokens or 0)
+                for c in out.outputs:
+                    choice = which * n + c.index
+                    if not texts[choice] and self.req.echo:
+                        texts[choice].append(self.prompts[which][0])
+                    texts[choice].append(c.text)
+                    self.completion_tokens[which] += len(c.token_ids)
+                    if self.req.logprobs is not None:
+                        piece = self._logprobs(choice, c, "")
+                        if logprobs[choice] is None:
+                            logprobs[choice] = piece
+                        else:
+                            for key, values in piece.items():
+                                logprobs[choice][key] += values
+                    if c.finish_reason is not None:
+                        self.finish_reasons[choice] = c.finish_reason
+        except EngineDead as e:
+            raise APIError(503, f"The engine failed while serving this request: {e}", "service_unavailable",
+                           code="engine_dead") from None
+        self._observe()
+        choices = [{"index": i, "text": "".join(texts[i]), "finish_reason": self.finish_reasons[i],
+                    "logprobs": (logprobs[i] or {"text_offset": [], "token_logprobs": [], "tokens": [],
+                                                 "top_logprobs": []}) if self.req.logprobs is not None else None}
+                   for i in range(len(texts))]
+        return {"id": self.request_id, "object": "text_completion", "created": self.created,
+                "model": self.state.model_name, "choices": choices, "usage": self._usage()}
+
+    def _chunk(self, choices: list[dict], usage: Any = ...) -> str:
+        payload = {"id": self.request_id, "object": "text_completion", "created": self.created,
+                   "model": self.state.model_name, "choices": choices}
+        options = self.req.stream_options
+        if usage is not ...:
+            payload["usage"] = usage
+        elif options is not None and options.include_usage:
+            payload["usage"] = self._usage() if options.continuous_usage_stats else None
+        return sse(payload)
+
+    async def stream(self) -> AsyncIterator[str]:
+        n = self.req.n
+        echoed = [False] * len(self.finish_reasons)
+        try:
+            async for which, out in self._streams():
+                self.cached_tokens[which] = max(self.cached_tokens[which], out.num_cached_tokens or 0)
+                choices = []
+                for c in out.outputs:
+                    choice = which * n + c.index
+                    text = c.text
+                    if self.req.echo and not echoed[choice]:
+                        echoed[choice] = True
+                        text = self.prompts[which][0] + text
+                    self.completion_tokens[which] += len(c.token_ids)
+                    if c.finish_reason is not None:
+                        self.finish_reasons[choice] = c.finish_reason
+                    if not text and c.finish_reason is None and self.req.logprobs is None:
+                        continue
+                    choices.append({"index": choice, "text": text, "finish_reason": c.finish_reason,
+                                    "logprobs": self._logprobs(choice, c, "") if self.req.logprobs is not None
+                                    else None})
+                if choices:
+                    yield self._chunk(choices)
+            options = self.req.stream_options
+            if options is not None and options.include_usage:
+                yield self._chunk([], self._usage())
+            self._observe()
+            yield SSE_DONE
+        except EngineDead as e:
+            self.state.metrics.errors.labels(self.state.model_name, "503").inc()
+            yield sse_error(APIError(503, f"The engine failed while serving this request: {e}",
+                                     "service_unavailable", code="engine_dead"))
+            yield SSE_DONE

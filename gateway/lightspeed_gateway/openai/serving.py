@@ -1,0 +1,225 @@
+"""What the chat and completions handlers share: admission, sampling params, logprobs, SSE."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.requests import Request
+
+from lightspeed_gateway.config import ServerConfig
+from lightspeed_gateway.openai.errors import APIError, bad_request, engine_unavailable, model_not_found, overloaded
+from lightspeed_gateway.openai.protocol import SamplingFields
+from lightspeed_gateway.server.engine import EngineClient
+from lightspeed_gateway.server.metrics import GatewayMetrics
+from lightspeed_gateway.template import ChatRenderer
+
+
+@dataclass
+class GatewayState:
+    """Everything a handler needs; built once at startup, stored on `app.state.gateway`."""
+
+    config: ServerConfig
+    engine: EngineClient
+    renderer: ChatRenderer
+    model_name: str
+    model_root: str
+    metrics: GatewayMetrics
+
+    def check_model(self, name: str | None) -> None:
+        if name is not None and name != self.model_name and name != self.model_root:
+            raise model_not_found(name)
+
+    def admit(self) -> None:
+        if self.engine.dead or not self.engine.check_alive():
+            raise engine_unavailable(self.config.retry_after_s)
+        if self.engine.num_waiting >= self.config.max_waiting_requests:
+            raise overloaded(self.config.retry_after_s)
+
+
+def token_budget(state: GatewayState, prompt_len: int, requested: int | None) -> int:
+    limit = state.engine.max_model_len
+    if prompt_len >= limit:
+        raise bad_request(f"This model's maximum context length is {limit} tokens; the prompt has "
+                          f"{prompt_len} tokens.", "messages")
+    if requested is None:
+        return limit - prompt_len
+    if prompt_len + requested > limit:
+        raise bad_request(f"This model's maximum context length is {limit} tokens. However, you requested "
+                          f"{prompt_len + requested} tokens ({prompt_len} in the prompt, {requested} for the "
+                          "completion). Please reduce the prompt or max_tokens.", "max_tokens")
+    return requested
+
+
+def sampling_params(state: GatewayState, req: SamplingFields, prompt_len: int, max_tokens: int | None,
+                    logprobs: int | None, structured: Any = None) -> Any:
+    budget = token_budget(state, prompt_len, max_tokens)
+    vocab = state.engine.vocab_size
+    logit_bias = None
+    if req.logit_bias:
+        logit_bias = {}
+        for key, bias in req.logit_bias.items():
+            if not key.lstrip("-").isdigit() or not 0 <= int(key) < vocab:
+                raise bad_request(f"logit_bias key {key!r} is not a token id in [0, {vocab})", "logit_bias")
+            logit_bias[int(key)] = bias
+    for token in req.stop_token_ids or ():
+        if token >= vocab:
+            raise bad_request(f"stop_token_ids: {token} is not a token id in [0, {vocab})", "stop_token_ids")
+    kwargs = dict(
+        n=req.n, max_tokens=budget, temperature=1.0 if req.temperature is None else req.temperature,
+        top_p=1.0 if req.top_p is None else req.top_p, top_k=req.top_k or 0,
+        min_p=req.min_p or 0.0, seed=req.seed, stop=req.stop, stop_token_ids=req.stop_token_ids,
+        ignore_eos=req.ignore_eos, presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
+        repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+        logit_bias=logit_bias, logprobs=logprobs, min_tokens=min(req.min_tokens, budget),
+        include_stop_str_in_output=req.include_stop_str_in_output,
+        skip_special_tokens=req.skip_special_tokens,
+    )
+    if structured is not None:
+        kwargs["structured_output"] = structured
+    try:
+        return state.engine.make_sampling_params(**kwargs)
+    except ValueError as e:
+        raise bad_request(str(e)) from None
+
+
+def structured_output(json_schema: dict | None = None, json_object: bool = False) -> Any:
+    from lightspeed import StructuredOutputParams
+
+    try:
+        if json_object:
+            return StructuredOutputParams(json_object=True)
+        return StructuredOutputParams(json_schema=json_schema)
+    except ValueError as e:
+        raise bad_request(str(e), "response_format") from None
+
+
+# -- logprobs --------------------------------------------------------------------------------------
+class TokenText:
+    """Token id -> its text, cached (the vocabulary is finite, streaming asks for the same ids often)."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._tokenizer = tokenizer
+        self._cache: dict[int, str] = {}
+
+    def __call__(self, token_id: int) -> str:
+        text = self._cache.get(token_id)
+        if text is None:
+            text = self._tokenizer.decode([token_id])
+            self._cache[token_id] = text
+        return text
+
+
+def _finite(value: float) -> float:
+    return value if math.isfinite(value) else -9999.0
+
+
+def token_logprobs(entry: dict, token_id: int, top_n: int, token_text: TokenText) -> tuple[float, list[tuple[str, float]]]:
+    """(logprob of the sampled token, top-n [(text, logprob)]) from one engine logprob dict."""
+    chosen = entry.get(token_id)
+    chosen_lp = _finite(_lp(chosen)) if chosen is not None else -9999.0
+    ranked = sorted(entry.items(), key=lambda kv: (_rank(kv[1]), -_lp(kv[1])))
+    top = [(_text(lp, tid, token_text), _finite(_lp(lp))) for tid, lp in ranked if _in_top(lp, top_n)][:top_n]
+    return chosen_lp, top
+
+
+def _lp(value: Any) -> float:
+    return float(getattr(value, "logprob", value))
+
+
+def _rank(value: Any) -> int:
+    rank = getattr(value, "rank", None)
+    return rank if rank is not None else 1 << 30
+
+
+def _in_top(value: Any, top_n: int) -> bool:
+    rank = getattr(value, "rank", None)
+    return rank is None or rank <= top_n
+
+
+def _text(value: Any, token_id: int, token_text: TokenText) -> str:
+    decoded = getattr(value, "decoded_token", None)
+    return decoded if decoded is not None else token_text(token_id)
+
+
+# -- SSE and disconnects ---------------------------------------------------------------------------
+def sse(payload: dict) -> str:
+    return f"data: {json.dumps(payload, ensure_ascii=False, separators=(',', ':'))}\n\n"
+
+
+SSE_DONE = "data: [DONE]\n\n"
+
+
+def sse_error(error: APIError) -> str:
+    return sse(error.body())
+
+
+async def cancel_on_disconnect(request: Request, work: Awaitable[Any]) -> Any:
+    """Run a non-streaming handler body; if the client goes away first, cancel it (which aborts the
+    request in the engine through the generator's cleanup)."""
+    task = asyncio.ensure_future(work)
+
+    async def wait_disconnect() -> None:
+        while True:
+            message = await request.receive()
+            if message["type"] == "http.disconnect":
+                return
+
+    watcher = asyncio.ensure_future(wait_disconnect())
+    try:
+        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if task in done:
+            return task.result()
+        task.cancel()
+        with_suppressed = asyncio.gather(task, return_exceptions=True)
+        await with_suppressed
+        raise asyncio.CancelledError("client disconnected")
+    finally:
+        watcher.cancel()
+
+
+async def merge_streams(streams: list[AsyncIterator[Any]]) -> AsyncIterator[tuple[int, Any]]:
+    """Interleave several async iterators as items arrive: (which stream, item)."""
+    if len(streams) == 1:
+        async for item in streams[0]:
+            yield 0, item
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+    done_marker = object()
+
+    async def pump(i: int, stream: AsyncIterator[Any]) -> None:
+        try:
+            async for item in stream:
+                await queue.put((i, item))
+            await queue.put((i, done_marker))
+        except BaseException as e:  # forwarded to the consumer
+            await queue.put((i, e))
+
+    tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
+    remaining = len(streams)
+    try:
+        while remaining:
+            i, item = await queue.get()
+            if item is done_marker:
+                remaining -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield i, item
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def usage_dict(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
+
+
+Handler = Callable[..., Awaitable[Any]]

@@ -1,0 +1,1 @@
+"""The HTTP server: FastAPI app, engine adapter, metrics, health."""

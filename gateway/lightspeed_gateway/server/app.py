@@ -1,0 +1,196 @@
+"""The FastAPI application: routes, error shapes, lifespan (engine start/stop, health monitor)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from lightspeed_gateway.config import ServerConfig
+from lightspeed_gateway.openai import chat, completions
+from lightspeed_gateway.openai.errors import APIError, bad_request
+from lightspeed_gateway.openai.protocol import (
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    CompletionRequest,
+    CompletionResponse,
+    DetokenizeRequest,
+    DetokenizeResponse,
+    ErrorResponse,
+    ModelCard,
+    ModelList,
+    TokenizeChatRequest,
+    TokenizeCompletionRequest,
+    TokenizeResponse,
+)
+from lightspeed_gateway.openai.serving import GatewayState
+from lightspeed_gateway.server.engine import EngineClient
+from lightspeed_gateway.server.metrics import GatewayMetrics
+from lightspeed_gateway.server.middleware import GuardMiddleware
+from lightspeed_gateway.template import ChatRenderer, load_chat_template
+
+log = logging.getLogger("lightspeed.gateway")
+
+_ERRORS = {code: {"model": ErrorResponse, "description": text} for code, text in (
+    (400, "Invalid request"), (401, "Invalid or missing API key"), (404, "Unknown model"),
+    (413, "Request body too large"), (429, "Too many waiting requests (see Retry-After)"),
+    (503, "Engine not running (see Retry-After)"))}
+_STREAM = {"text/event-stream": {"schema": {"type": "string"}}}
+
+
+def model_name_of(model_path: str | None, served_model_name: str | None) -> str:
+    if served_model_name:
+        return served_model_name
+    if not model_path:
+        return "default"
+    path = Path(model_path)
+    return path.stem if path.suffix == ".gguf" else path.name
+
+
+def _version(dist: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def build_app(config: ServerConfig, make_engine: Callable[[], Any], model_path: str | None = None) -> FastAPI:
+    """An app whose lifespan starts the engine with `make_engine()` (an AsyncLLM-like object)."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        llm = make_engine()
+        engine = EngineClient(llm)
+        name = model_name_of(getattr(llm, "model_path", None) or model_path, config.served_model_name)
+        state = GatewayState(config=config, engine=engine,
+                             renderer=ChatRenderer(engine.tokenizer, load_chat_template(config.chat_template)),
+                             model_name=name, model_root=str(getattr(llm, "model_path", None) or model_path or name),
+                             metrics=GatewayMetrics(name, engine.stats))
+        app.state.gateway = state
+        monitor = asyncio.ensure_future(_watch_engine(engine, config.health_check_interval_s))
+        try:
+            yield
+        finally:
+            monitor.cancel()
+            with contextlib.suppress(BaseException):
+                await monitor
+            engine.shutdown()
+
+    app = FastAPI(title="Lightspeed", version=_version("lightspeed-gateway"), lifespan=lifespan,
+                  description="OpenAI-compatible API of the Lightspeed inference engine.")
+    app.add_middleware(GuardMiddleware, api_key=config.api_key, max_body_bytes=config.max_request_body_bytes)
+    _install_error_handlers(app)
+    _add_routes(app)
+    return app
+
+
+async def _watch_engine(engine: EngineClient, interval_s: float) -> None:
+    while engine.check_alive():
+        await asyncio.sleep(interval_s)
+
+
+def _state(request: Request) -> GatewayState:
+    return request.app.state.gateway
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(APIError)
+    async def api_error(request: Request, exc: APIError):
+        with contextlib.suppress(AttributeError):
+            _state(request).metrics.errors.labels(_state(request).model_name, str(exc.status)).inc()
+        return exc.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError):
+        errors = exc.errors()
+        first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
+        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+        message = first.get("msg", "invalid request")
+        if first.get("type") == "json_invalid":
+            message = "The request body is not valid JSON."
+        elif first.get("type") == "extra_forbidden":
+            message = f"Unrecognized request argument supplied: {'.'.join(loc)}"
+        elif loc:
+            message = f"{'.'.join(loc)}: {message}"
+        return await api_error(request, bad_request(message, ".".join(loc) or None))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException):
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return JSONResponse({"error": {"message": str(exc.detail), "type": kind, "param": None,
+                                       "code": exc.status_code}}, status_code=exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, exc: Exception):
+        log.exception("unhandled error")
+        return JSONResponse({"error": {"message": f"internal error: {type(exc).__name__}", "type": "internal_error",
+                                       "param": None, "code": 500}}, status_code=500)
+
+
+def _add_routes(app: FastAPI) -> None:
+    @app.post("/v1/chat/completions", response_model=ChatCompletionResponse,
+              responses={200: {"content": _STREAM}, **_ERRORS})
+    async def chat_completions(body: ChatCompletionRequest, request: Request):
+        return await chat.create_chat_completion(_state(request), body, request)
+
+    @app.post("/v1/completions", response_model=CompletionResponse, responses={200: {"content": _STREAM}, **_ERRORS})
+    async def text_completions(body: CompletionRequest, request: Request):
+        return await completions.create_completion(_state(request), body, request)
+
+    @app.get("/v1/models", response_model=ModelList, responses=_ERRORS)
+    async def models(request: Request):
+        state = _state(request)
+        return ModelList(data=[ModelCard(id=state.model_name, root=state.model_root,
+                                         max_model_len=state.engine.max_model_len)])
+
+    @app.post("/tokenize", response_model=TokenizeResponse, responses=_ERRORS)
+    async def tokenize(body: TokenizeCompletionRequest | TokenizeChatRequest, request: Request):
+        state = _state(request)
+        state.check_model(body.model)
+        if isinstance(body, TokenizeChatRequest):
+            try:
+                ids = state.renderer.render(body.messages, tools=body.tools,
+                                            add_generation_prompt=body.add_generation_prompt).token_ids
+            except Exception as e:
+                raise bad_request(f"cannot apply the chat template: {e}", "messages") from None
+        else:
+            ids = list(state.engine.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens))
+        return TokenizeResponse(count=len(ids), max_model_len=state.engine.max_model_len, tokens=ids)
+
+    @app.post("/detokenize", response_model=DetokenizeResponse, responses=_ERRORS)
+    async def detokenize(body: DetokenizeRequest, request: Request):
+        state = _state(request)
+        state.check_model(body.model)
+        bad = [t for t in body.tokens if t >= state.engine.vocab_size]
+        if bad:
+            raise bad_request(f"token ids out of vocabulary: {bad[:5]}", "tokens")
+        return DetokenizeResponse(prompt=state.engine.tokenizer.decode(body.tokens))
+
+    @app.get("/health", responses={200: {"description": "The engine is serving"}, 503: _ERRORS[503]})
+    async def health(request: Request):
+        state = _state(request)
+        if state.engine.check_alive():
+            return Response(status_code=200)
+        return JSONResponse({"error": {"message": f"engine down: {state.engine.dead_reason}",
+                                       "type": "service_unavailable", "param": None, "code": "engine_dead"}},
+                            status_code=503, headers={"Retry-After": str(state.config.retry_after_s)})
+
+    @app.get("/metrics", response_class=Response,
+             responses={200: {"content": {CONTENT_TYPE_LATEST: {"schema": {"type": "string"}}}}})
+    async def metrics(request: Request):
+        return Response(generate_latest(_state(request).metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/version")
+    async def version() -> dict[str, str]:
+        return {"version": _version("lightspeed-gateway"), "engine": _version("lightspeed")}

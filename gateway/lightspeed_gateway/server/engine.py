@@ -1,0 +1,175 @@
+"""EngineClient: the gateway's one view of `lightspeed.AsyncLLM`.
+
+It normalises what the engine yields to delta outputs (only new text, tokens and logprobs per
+CompletionOutput), tracks in-flight requests for admission control and engine-death handling, and
+reads liveness and the stats snapshot the metrics need.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+log = logging.getLogger("lightspeed.gateway")
+
+
+class EngineDead(Exception):
+    """The engine core is gone; the request cannot complete."""
+
+
+@dataclass
+class RequestTiming:
+    arrival: float = field(default_factory=time.monotonic)
+    first_token: float | None = None
+    last_token: float | None = None
+    gaps: list[float] = field(default_factory=list)  # seconds between consecutive outputs
+
+
+def _engine_dead_types() -> tuple[type[BaseException], ...]:
+    try:
+        from lightspeed import EngineDeadError
+    except ImportError:
+        return (EngineDead,)
+    return (EngineDead, EngineDeadError)
+
+
+class EngineClient:
+    """Wraps an AsyncLLM-like object (`generate`, `abort`, `shutdown`, `get_tokenizer`)."""
+
+    def __init__(self, llm: Any, tokenizer: Any | None = None) -> None:
+        self.llm = llm
+        self.tokenizer = tokenizer if tokenizer is not None else llm.get_tokenizer()
+        info = llm.engine_info  # the core's Ready message: effective limits of this engine
+        self.max_model_len: int = int(info.max_model_len)
+        self.page_size: int = int(info.page_size)
+        # Ids the tokenizer can decode and the LM head can produce (added tokens may exceed either).
+        self.vocab_size: int = min(int(info.vocab_size), len(self.tokenizer))
+        self.engine_pid: int | None = getattr(llm, "engine_pid", None)
+        self.dead_reason: str | None = None
+        self.num_waiting = 0  # admitted requests that have not produced their first token
+        self.inflight: set[asyncio.Task] = set()
+        self._dead_errors = _engine_dead_types()
+        self._delta_kind = _delta_output_kind()
+
+    # -- liveness --------------------------------------------------------------------------
+    @property
+    def dead(self) -> bool:
+        return self.dead_reason is not None
+
+    def check_alive(self) -> bool:
+        """Poll the engine; on the first failure remember why and fail every in-flight request."""
+        if self.dead:
+            return False
+        reason = _engine_failure(self.llm)
+        if reason is None:
+            return True
+        self.mark_dead(reason)
+        return False
+
+    def mark_dead(self, reason: str) -> None:
+        if self.dead:
+            return
+        self.dead_reason = reason
+        log.error("engine core is down: %s", reason)
+        for task in list(self.inflight):
+            task.cancel(msg="engine dead")
+
+    def stats(self) -> dict[str, Any]:
+        """The engine's latest stats snapshot (AsyncLLM.stats(): running, waiting, kv usage, ...)."""
+        return self.llm.stats()
+
+    # -- requests --------------------------------------------------------------------------
+    def make_sampling_params(self, **kwargs: Any) -> Any:
+        from lightspeed import SamplingParams
+
+        if self._delta_kind is not None:
+            kwargs["output_kind"] = self._delta_kind
+        return SamplingParams(**kwargs)
+
+    async def generate(self, prompt_token_ids: list[int], params: Any, request_id: str,
+                       timing: RequestTiming) -> AsyncIterator[Any]:
+        """Delta RequestOutputs; aborts the request in the engine if the consumer stops early."""
+        if self.dead:
+            raise EngineDead(self.dead_reason)
+        task = asyncio.current_task()
+        self.inflight.add(task)
+        self.num_waiting += 1
+        started = finished = False
+        previous: dict[int, tuple[int, int, int]] = {}  # index -> (text, tokens, logprobs) seen
+        try:
+            async for out in self.llm.generate(prompt_token_ids, params, request_id=request_id):
+                now = time.monotonic()
+                if not started:
+                    started, timing.first_token = True, now
+                    self.num_waiting -= 1
+                else:
+                    timing.gaps.append(now - timing.last_token)
+                timing.last_token = now
+                if self._delta_kind is None:
+                    out = _to_delta(out, previous)
+                finished = bool(out.finished)
+                yield out
+            finished = True
+        except asyncio.CancelledError:
+            if self.dead:
+                raise EngineDead(self.dead_reason) from None
+            raise
+        except self._dead_errors as e:
+            self.mark_dead(str(e) or type(e).__name__)
+            raise EngineDead(self.dead_reason) from None
+        finally:
+            self.inflight.discard(task)
+            if not started:
+                self.num_waiting -= 1
+            if not finished and not self.dead:
+                await self.abort(request_id)
+
+    async def abort(self, request_id: str) -> None:
+        with contextlib.suppress(Exception):
+            result = self.llm.abort(request_id)
+            if inspect.isawaitable(result):
+                await result
+
+    def shutdown(self) -> None:
+        self.llm.shutdown()
+
+
+def _delta_output_kind() -> Any:
+    try:
+        from lightspeed.api.sampling_params import RequestOutputKind
+    except ImportError:
+        return None
+    return RequestOutputKind.DELTA
+
+
+def _engine_failure(llm: Any) -> str | None:
+    """Why the engine is down, or None while it is healthy (`errored` checks the core process)."""
+    if llm.errored:
+        pid = getattr(llm, "engine_pid", "?")
+        return f"engine core process (pid {pid}) is not running"
+    return None
+
+
+def _to_delta(out: Any, previous: dict[int, tuple[int, int, int]]) -> Any:
+    """Turn a cumulative RequestOutput into a delta one (engines that cannot emit deltas)."""
+    import copy
+
+    delta = copy.copy(out)
+    delta.outputs = []
+    for completion in out.outputs:
+        seen_text, seen_tokens, seen_logprobs = previous.get(completion.index, (0, 0, 0))
+        piece = copy.copy(completion)
+        piece.text = completion.text[seen_text:]
+        piece.token_ids = list(completion.token_ids[seen_tokens:])
+        if completion.logprobs is not None:
+            piece.logprobs = completion.logprobs[seen_logprobs:]
+        previous[completion.index] = (len(completion.text), len(completion.token_ids),
+                                      len(completion.logprobs or ()))
+        delta.outputs.append(piece)
+    return delta
