@@ -123,8 +123,8 @@ class KernelSpec:
     features: frozenset[str] = frozenset()
     """Optional abilities (e.g. "fp8_kv", "soft_cap"); a request for features needs all of them."""
     traits: Mapping[str, Any] = field(default_factory=dict)
-    """Shape/layout facts (e.g. page_size=64, head_dim=(64, 128)); a request's trait must equal the
-    value, or be in it when the value is a tuple/list/set."""
+    """Shape/layout limits (e.g. page_size=64, head_dim=(64, 128)); a requested trait must equal
+    the value, or be in it when the value is a tuple/list/set. An undeclared trait matches any value."""
     tags: frozenset[str] = frozenset()
     """Free-form labels; an ``objective`` of select_kernel ranks kernels tagged with it first."""
     impl: Callable[..., Any] | None = field(default=None, compare=False, repr=False)
@@ -158,7 +158,7 @@ class KernelSpec:
             return f"lacks features {sorted(missing)}"
         for trait, wanted in traits.items():
             if trait not in self.traits:
-                return f"does not declare trait {trait}"
+                continue  # a kernel that does not declare a trait handles any value of it
             have = self.traits[trait]
             ok = wanted in have if isinstance(have, (tuple, list, set, frozenset)) else wanted == have
             if not ok:
