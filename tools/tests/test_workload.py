@@ -125,3 +125,22 @@ def test_common_prefix_len_matches_brute_force():
         a, b = (a, b) if rng.random() < 0.5 else (b, a)
         brute = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
         assert common_prefix_len(a, b) == brute
+
+
+def test_local_tokenizer_json(tmp_path):
+    tokenizers = pytest.importorskip("tokenizers")
+    from lightspeed_bench.tokenizer import choose_counter
+
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel({"[UNK]": 0, "a": 1}, unk_token="[UNK]"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
+    path = tmp_path / "tokenizer.json"
+    tok.save(str(path))
+    counter = choose_counter(str(path), "http://127.0.0.1:9", "m", {})
+    assert counter.name.startswith("tokenizers:") and counter("a b c\n  d") == 4
+
+
+def test_crude_counter_is_chosen_explicitly_without_a_server():
+    from lightspeed_bench.tokenizer import choose_counter
+
+    counter = choose_counter("crude", "http://127.0.0.1:9", "m", {})
+    assert counter.name == "crude-estimate" and counter("def f(x):\n    return x") > 3

@@ -12,25 +12,28 @@ from collections.abc import Callable
 
 import httpx
 
-_PIECE = re.compile(r"[A-Za-z]+|\d|[^\sA-Za-z\d]|\n|[ \t]{2,}")
+_PIECE = re.compile(r" ?[A-Za-z]+|\d|[^\sA-Za-z\d]+|\n|[ \t]+")
 
 
 def crude_count(text: str) -> int:
-    """A tokenizer-free estimate for code: letters in runs of ~4, digits and symbols one each.
+    """A tokenizer-free estimate for code: a word (with its leading space) per 6 letters, a
+    symbol run per 2 characters, a digit or a whitespace run one each, scaled by 0.92.
 
-    Within ~25% of BPE tokenizers (Llama, Qwen, SmolLM) on the generator's text; used only
-    when nothing better is reachable, and the report says so.
+    Fitted to SmolLM2's BPE (49K vocabulary) on this generator's text and on Python sources:
+    within about 12% there; larger vocabularies (Llama 3, Qwen) give fewer tokens still. Used
+    only when neither the server nor a local tokenizer is reachable; the report says so.
     """
     count = 0
     for match in _PIECE.finditer(text):
         piece = match.group(0)
-        if piece[0].isalpha():
-            count += (len(piece) + 3) // 4
-        elif piece[0] in " \t":
-            count += (len(piece) + 3) // 4
-        else:
+        stripped = piece.strip()
+        if not stripped:
             count += 1
-    return count
+        elif stripped[0].isalpha():
+            count += (len(stripped) + 5) // 6
+        else:
+            count += (len(piece) + 1) // 2
+    return round(count * 0.92)
 
 
 class TokenCounter:
@@ -61,7 +64,15 @@ def server_counter(base_url: str, model: str, headers: dict[str, str], timeout: 
 
 
 def local_counter(path: str) -> TokenCounter:
-    """A Hugging Face tokenizer from a local directory or tokenizer.json (no hub access)."""
+    """A Hugging Face tokenizer from a local directory, tokenizer.json or GGUF file (no hub access)."""
+    if path.endswith(".gguf"):
+        from pathlib import Path
+
+        from transformers import AutoTokenizer  # optional dependency
+
+        gguf = Path(path)
+        tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name, local_files_only=True)
+        return TokenCounter(f"transformers:{path}", lambda text: len(tok.encode(text, add_special_tokens=False)))
     if path.endswith(".json"):
         from tokenizers import Tokenizer  # optional dependency
 
@@ -74,7 +85,8 @@ def local_counter(path: str) -> TokenCounter:
 
 
 def choose_counter(spec: str, base_url: str, model: str, headers: dict[str, str]) -> TokenCounter:
-    """spec: "auto" (server, else crude), "server", "crude", or a local tokenizer path."""
+    """spec: "auto" (server, else crude), "server", "crude", or a local tokenizer path
+    (a directory, tokenizer.json or .gguf; needs the optional tokenizers/transformers)."""
     if spec == "crude":
         return TokenCounter("crude-estimate", crude_count)
     if spec in ("auto", "server"):
