@@ -74,6 +74,14 @@ def engine_config_from_args(engine_cls: type, values: dict[str, Any], model: str
     """EngineConfig through its own string-aware constructor when it has one."""
     names = {f.name for f in dataclasses.fields(engine_cls)}
     picked = {k: v for k, v in values.items() if k in names and k != "model"}
-    if hasattr(engine_cls, "from_cli"):
+    if not hasattr(engine_cls, "from_cli"):
+        return config_from_args(engine_cls, picked, model=model)
+    try:
         return engine_cls.from_cli(model=model, **picked)
-    return config_from_args(engine_cls, picked, model=model)
+    except ValueError as error:
+        for name, value in picked.items():  # name the flag whose value is unreadable
+            try:
+                engine_cls.from_cli(**{name: value})
+            except ValueError as e:
+                raise ValueError(f"{flag_of(name)} {value}: {e}") from None
+        raise error

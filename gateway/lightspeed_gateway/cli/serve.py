@@ -62,16 +62,20 @@ def run(args: argparse.Namespace) -> int:
     return serve(server_config, engine_config)
 
 
-def serve(server_config: ServerConfig, engine_config) -> int:
+def serve(server_config: ServerConfig, engine_config, make_engine=None) -> int:
+    """Run until SIGINT/SIGTERM. `make_engine(model_path)` builds the AsyncLLM (tests swap it)."""
     import uvicorn
 
     from lightspeed import AsyncLLM, default_model
     from lightspeed_gateway.server.app import build_app
 
     model_path = engine_config.model or default_model()
+    if make_engine is None:
+        engine_config = engine_config.replace(model=model_path)
+        make_engine = lambda path: AsyncLLM(config=engine_config)  # noqa: E731
     started = time.monotonic()
     print(f"Lightspeed: loading {model_path} ...", flush=True)
-    app = build_app(server_config, lambda: AsyncLLM(config=engine_config), model_path=model_path)
+    app = build_app(server_config, lambda: make_engine(model_path), model_path=model_path)
     config = uvicorn.Config(app, host=server_config.host, port=server_config.port, loop="uvloop",
                             http="httptools", log_level=server_config.log_level,
                             access_log=server_config.access_log, timeout_graceful_shutdown=5)
