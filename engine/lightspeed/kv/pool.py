@@ -89,10 +89,19 @@ def copy_pages(src: KVPool, dst: KVPool, src_pages: torch.Tensor, dst_pages: tor
         return
     if src_pages.shape != dst_pages.shape:
         raise ValueError(f"page lists differ in length: {tuple(src_pages.shape)} vs {tuple(dst_pages.shape)}")
-    gathered = src.buffer.index_select(1, src_pages.to(src.device, non_blocking=True))
+    # Copy raw bits through a same-width integer view: exact, and fp8 has no CPU index_copy.
+    src_bits, dst_bits = _bits(src.buffer), _bits(dst.buffer)
+    gathered = src_bits.index_select(1, src_pages.to(src.device, non_blocking=True))
     if gathered.device != dst.device:
         gathered = gathered.to(dst.device, non_blocking=dst.device.type == "cuda")
-    dst.buffer.index_copy_(1, dst_pages.to(dst.device, non_blocking=True), gathered)
+    dst_bits.index_copy_(1, dst_pages.to(dst.device, non_blocking=True), gathered)
+
+
+_INT_OF_WIDTH = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(_INT_OF_WIDTH[t.element_size()])
 
 
 class KVCache:

@@ -1,0 +1,100 @@
+"""Build a ModelRunner from an EngineConfig: device, dtype, model, KV pools sized to the budget."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from ..config import EngineConfig
+from ..kv import KVCache, KVLayout, device_kv_budget, resolve_kv_dtype
+from .model_runner import ModelRunner
+
+log = logging.getLogger("lightspeed.runner")
+
+_DTYPE_NAMES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16", "fp16": "float16",
+                "half": "float16", "float32": "float32", "fp32": "float32", "float": "float32"}
+_CPU_HOST_CACHE_DEFAULT = 256 << 20
+
+
+@dataclass
+class BuiltRunner:
+    runner: ModelRunner
+    model_config: object              # lightspeed.models.ModelConfig
+    max_model_len: int
+    num_device_pages: int
+    num_host_pages: int
+    device: torch.device
+    dtype: torch.dtype
+    kv_dtype: torch.dtype
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    resolved = torch.device(device)
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={device!r} but no CUDA GPU is available")
+    return resolved
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> str:
+    """"auto" -> bfloat16 on GPU, float32 on CPU (the CPU references are exact in fp32)."""
+    if dtype == "auto":
+        return "bfloat16" if device.type == "cuda" else "float32"
+    return _DTYPE_NAMES[dtype]
+
+
+def build_model_runner(config: EngineConfig, *, num_outputs_of: Callable[[int], int] | None = None,
+                       load_tokenizer: Callable[[], object] | None = None) -> BuiltRunner:
+    from ..loader import load_model
+
+    device = resolve_device(config.device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dtype_name = resolve_dtype(config.dtype, device)
+    load_format = "hf" if config.load_format == "safetensors" else config.load_format
+    model, model_config = load_model(config.model, load_format=load_format, dtype=dtype_name, device=device,
+                                     seed=config.seed, progress=False)
+    max_model_len = config.max_model_len or model_config.max_position_embeddings
+    if max_model_len > model_config.max_position_embeddings:
+        raise ValueError(f"max_model_len={max_model_len} exceeds the model's max_position_embeddings="
+                         f"{model_config.max_position_embeddings}")
+    kv_dtype = resolve_kv_dtype(config.kv_cache_dtype, model_config.torch_dtype)
+    layout = KVLayout(model_config.num_hidden_layers, model_config.num_key_value_heads, model_config.head_dim,
+                      config.page_size, kv_dtype)
+    # Activations + logits of the largest step stay outside the KV budget on GPU.
+    reserve = (config.max_num_batched_tokens * model_config.hidden_size * 24
+               + config.max_num_seqs * model_config.vocab_size * 4 * 4 + (512 << 20))
+    budget = device_kv_budget(device, config.gpu_memory_utilization, config.kv_cache_memory, reserve)
+    pages_per_seq = -(-max_model_len // config.page_size)
+    # More pages than every slot at full length could ever use would only waste memory.
+    num_device_pages = min(layout.pages_for(budget), config.max_num_seqs * pages_per_seq + 1)
+    if num_device_pages < pages_per_seq + 1:
+        max_fit = (num_device_pages - 1) * config.page_size
+        if config.max_model_len is not None or max_fit < config.page_size:
+            raise ValueError(f"the KV cache budget ({budget / 2**20:.0f} MiB, {num_device_pages} pages of "
+                             f"{layout.bytes_per_page} bytes) cannot hold one sequence of max_model_len="
+                             f"{max_model_len}; raise kv_cache_memory / gpu_memory_utilization or lower max_model_len")
+        max_model_len = max_fit  # the model's default length does not fit: cap it to what the cache holds
+    host_budget = config.host_cache_memory
+    if host_budget is None:
+        host_budget = 2 * budget if device.type == "cuda" else _CPU_HOST_CACHE_DEFAULT
+    num_host_pages = max(2, layout.pages_for(host_budget))
+    kv_cache = KVCache(layout, num_device_pages, num_host_pages, device)
+    log.info("model %s on %s (%s); KV cache %d device pages, %d host pages of %d tokens (%s); max_model_len %d",
+             model_config.name, device, dtype_name, num_device_pages, num_host_pages, config.page_size, kv_dtype,
+             max_model_len)
+    if load_tokenizer is None:
+        def load_tokenizer():
+            from ..frontend.tokenizer import load_tokenizer as load
+
+            return load(config.tokenizer or config.model)
+
+    runner = ModelRunner(model, kv_cache, max_num_seqs=config.max_num_seqs, vocab_size=model_config.vocab_size,
+                         device=device, engine_seed=config.seed, load_tokenizer=load_tokenizer,
+                         num_outputs_of=num_outputs_of)
+    return BuiltRunner(runner, model_config, max_model_len, num_device_pages, num_host_pages, device,
+                       model_config.torch_dtype, kv_dtype)

@@ -1,0 +1,53 @@
+import dataclasses
+
+import pytest
+
+from lightspeed.config import EngineConfig, engine_arg_specs, parse_bytes
+
+
+def test_parse_bytes_units():
+    assert parse_bytes("2GiB") == 2 * 1024**3
+    assert parse_bytes("512MB") == 512 * 1000**2
+    assert parse_bytes("1.5KiB") == 1536
+    assert parse_bytes(1024) == 1024
+    for bad in ("lots", "2XB", "", True):
+        with pytest.raises(ValueError):
+            parse_bytes(bad)
+
+
+def test_from_cli_converts_strings_and_is_frozen():
+    c = EngineConfig.from_cli(kv_cache_memory="64MiB", max_num_seqs="8", enable_prefix_cache="false",
+                              gpu_memory_utilization="0.5", max_model_len=None)
+    assert c.kv_cache_memory == 64 << 20 and c.max_num_seqs == 8 and c.enable_prefix_cache is False
+    assert c.gpu_memory_utilization == 0.5 and c.max_model_len is None
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        c.max_num_seqs = 4
+    with pytest.raises(ValueError, match="unknown engine argument"):
+        EngineConfig.from_cli(nonsense="1")
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"max_num_seqs": 0}, "max_num_seqs"),
+    ({"page_size": 12}, "power of two"),
+    ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization"),
+    ({"kv_cache_dtype": "int4"}, "kv_cache_dtype"),
+    ({"policy": "random"}, "policy"),
+    ({"device": "tpu"}, "device"),
+    ({"dtype": "int8"}, "dtype"),
+    ({"max_model_len": -3}, "max_model_len"),
+    ({"kv_cache_memory": "0B"}, "kv_cache_memory"),
+    ({"tensor_parallel_size": 2}, "tensor_parallel_size"),
+])
+def test_validation_errors(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        EngineConfig(**kwargs)
+
+
+def test_every_field_has_cli_help():
+    specs = engine_arg_specs()
+    assert [s.name for s in specs] == [f.name for f in dataclasses.fields(EngineConfig)]
+    for s in specs:
+        assert s.help and s.flag == "--" + s.name.replace("_", "-")
+    by_name = {s.name: s for s in specs}
+    assert "fp8" in by_name["kv_cache_dtype"].choices
+    assert by_name["max_num_seqs"].default == 256

@@ -1,0 +1,49 @@
+from types import SimpleNamespace
+
+import pytest
+
+from lightspeed.frontend.detokenizer import IncrementalDetokenizer, StopStringChecker
+from lightspeed.frontend.tokenizer import apply_chat_template, eos_token_ids, load_tokenizer
+
+
+@pytest.fixture(scope="module")
+def tokenizer(default_model_path):
+    return load_tokenizer(default_model_path)
+
+
+def test_incremental_detokenizer_matches_full_decode(tokenizer):
+    prompt = tokenizer("Translate:").input_ids
+    text = " Héllo wörld 😀 日本語, naïve café!\n\tTabs  and  spaces."
+    ids = tokenizer(text, add_special_tokens=False).input_ids
+    detok = IncrementalDetokenizer(tokenizer, prompt)
+    streamed = "".join(detok.step([t]) for t in ids)
+    assert streamed == tokenizer.decode(ids)
+
+
+def test_slow_path_window_decoding(tokenizer):
+    # A tokenizer without a fast backend goes through the window algorithm.
+    slow = SimpleNamespace(decode=tokenizer.decode)
+    ids = tokenizer(" multi-byte 😀 and 日本", add_special_tokens=False).input_ids
+    detok = IncrementalDetokenizer(slow, [])
+    assert "".join(detok.step([t]) for t in ids) == tokenizer.decode(ids)
+
+
+def test_stop_strings():
+    chk = StopStringChecker(["STOP", "\n\n"], include_stop_str_in_output=False)
+    assert chk.check("hello ST", 2) is None
+    assert chk.check("hello STOP and more", 12) == ("hello ", "STOP")
+    assert chk.check("a\n\nb", 1) == ("a", "\n\n")
+    inc = StopStringChecker(["STOP"], include_stop_str_in_output=True)
+    assert inc.check("xxSTOPyy", 4) == ("xxSTOP", "STOP")
+    assert chk.safe_len("abcdefST", finished=False) == len("abcdefST") - 3
+    assert chk.safe_len("abc", finished=True) == 3
+    assert StopStringChecker([], False).check("anything", 3) is None
+
+
+def test_chat_template_and_eos(tokenizer, default_model_path):
+    ids = apply_chat_template(tokenizer, [{"role": "user", "content": "hi"}])
+    text = tokenizer.decode(ids)
+    assert text.startswith("<|im_start|>") and text.rstrip().endswith("<|im_start|>assistant")
+    assert tokenizer.eos_token_id in eos_token_ids(tokenizer, default_model_path)
+    with pytest.raises(ValueError):
+        load_tokenizer("/nonexistent/model")
