@@ -103,6 +103,9 @@ class FakeAsyncLLM:
         states = []
         for i in range(params.n):
             ids, reason = self._script(prompt_text, params.max_tokens)
+            cut = next((k for k, t in enumerate(ids) if t in params.stop_token_ids), None)
+            if cut is not None:
+                ids, reason = ids[: cut + 1], "stop"
             states.append({"ids": ids, "reason": reason, "pos": 0, "text": ""})
         try:
             while True:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import signal
 import sys
 import time
 
@@ -80,6 +81,9 @@ def serve(server_config: ServerConfig, engine_config, make_engine=None) -> int:
                             http="httptools", log_level=server_config.log_level,
                             access_log=server_config.access_log, timeout_graceful_shutdown=5)
     server = uvicorn.Server(config)
+    # uvicorn handles SIGINT/SIGTERM (graceful stop, then the lifespan stops the engine core) and
+    # re-raises the signal afterwards; by then shutdown is complete, so exit 0 instead of dying by it.
+    signal.signal(signal.SIGTERM, lambda signum, frame: None)
     try:
         asyncio.run(_serve_and_announce(server, started))
     except KeyboardInterrupt:
