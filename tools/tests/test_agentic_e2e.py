@@ -40,9 +40,11 @@ def test_scripted_timings_are_measured(agentic_run):
     for lvl in run["levels"]:
         assert lvl["error_count"] == 0
         assert lvl["requests_measured"] == lvl["requests"] - lvl["concurrency"]  # warm-up = one per agent
-        assert 48 <= lvl["ttft_ms"]["p50"] <= 90
-        assert 9.8 <= lvl["tpot_ms"]["mean"] <= 11.5
-        assert 9.0 <= lvl["itl_ms"]["p50"] <= 12.0
+        # A scripted delay can only be overshot (and by a lot on a loaded 2-core CI box), so the
+        # lower bounds are tight and the upper ones loose.
+        assert 49.5 <= lvl["ttft_ms"]["p50"] <= 150
+        assert 9.9 <= lvl["tpot_ms"]["mean"] <= 13.0
+        assert 8.0 <= lvl["itl_ms"]["p50"] <= 15.0
         assert lvl["tokens_per_s_per_user"] == pytest.approx(1000 / lvl["tpot_ms"]["mean"])
         assert lvl["tokens_per_s_per_user_p10"] <= lvl["tokens_per_s_per_user"] * 1.01
         assert lvl["output_tokens"] == OUT * lvl["requests_measured"]
@@ -51,7 +53,7 @@ def test_scripted_timings_are_measured(agentic_run):
         assert not lvl["duration_limited"]
     # two agents in parallel roughly double the throughput of one
     ratio = run["levels"][1]["output_tokens_per_min_per_gpu"] / run["levels"][0]["output_tokens_per_min_per_gpu"]
-    assert 1.5 <= ratio <= 2.3
+    assert 1.4 <= ratio <= 2.3
 
 
 def test_request_bodies(agentic_run):

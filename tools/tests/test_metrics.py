@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 from lightspeed_bench.client import RequestRecord
-from lightspeed_bench.metrics import summarize_level
+from lightspeed_bench.metrics import best_at_floor, summarize_level
 
 
 def _rec(conv, turn, start, chunks, end, prompt, cached, ideal, warmup=False, error=None):
@@ -80,3 +80,14 @@ def test_tpot_uses_usage_token_count_when_chunks_carry_several_tokens():
     rec.completion_tokens = 9  # 3 chunks of 3 tokens each, as usage reports
     assert rec.tpot == pytest.approx(0.2 / 8)
     assert np.allclose(rec.itls, [0.1, 0.1])
+
+
+def test_best_at_floor_uses_the_p10_user():
+    levels = [
+        {"concurrency": 1, "tokens_per_s_per_user_p10": 120.0, "output_tokens_per_min_per_gpu": 5000.0},
+        {"concurrency": 4, "tokens_per_s_per_user_p10": 75.0, "output_tokens_per_min_per_gpu": 15000.0},
+        {"concurrency": 16, "tokens_per_s_per_user_p10": 40.0, "output_tokens_per_min_per_gpu": 30000.0},
+    ]
+    assert best_at_floor(levels, 70)["concurrency"] == 4
+    assert best_at_floor(levels, 100)["output_tokens_per_min_per_gpu"] == 5000.0
+    assert best_at_floor(levels, 500) is None

@@ -16,6 +16,7 @@ import httpx
 
 from . import __version__
 from .client import RequestOptions
+from .metrics import best_at_floor
 from .plot import plot_runs
 from .progress import Progress
 from .report import format_table, git_commit, load_run, utc_now, write_run
@@ -94,7 +95,9 @@ def _add_agentic(sub: argparse._SubParsersAction) -> None:
     out.add_argument("--name", help="file stem (default: agentic_<UTC date-time>)")
     out.add_argument("--label", help="legend label (default: model @ server)")
     out.add_argument("--no-plot", dest="plot", action="store_false")
-    out.add_argument("--floor", type=float, help="draw a tokens/s/user floor on the plot")
+    out.add_argument("--floor", type=float,
+                     help="tokens/s/user floor: drawn on the plot; the run reports the best level whose "
+                          "p10 user stays above it")
     out.add_argument("--no-progress", dest="progress", action="store_false")
     out.add_argument("--quiet", action="store_true", help="no table on stdout")
 
@@ -220,6 +223,8 @@ def cmd_agentic(args: argparse.Namespace) -> int:
         "request_fields": {"endpoint": options.endpoint, "ignore_eos": options.ignore_eos,
                            "min_tokens": options.min_tokens, "temperature": options.temperature},
         "levels": [lvl["summary"] for lvl in levels],
+        "best_at_floor": None if args.floor is None else best_at_floor([lvl["summary"] for lvl in levels],
+                                                                        args.floor),
         "requests": [rec.to_json() for lvl in levels for rec in lvl["records"]],
     }
     json_path, csv_path = write_run(run, stem)
@@ -228,6 +233,10 @@ def cmd_agentic(args: argparse.Namespace) -> int:
         written.append(plot_runs([run], stem.with_suffix(".png"), floor=args.floor))
     if not args.quiet:
         print(format_table(run["levels"]))
+        if run["best_at_floor"]:
+            b = run["best_at_floor"]
+            print(f"best above {b['floor_tokens_per_s_per_user']:g} tok/s/user (p10): c={b['concurrency']}, "
+                  f"{b['output_tokens_per_min_per_gpu']:.0f} output tok/min/GPU")
         print("wrote " + ", ".join(str(p) for p in written))
     return 0
 

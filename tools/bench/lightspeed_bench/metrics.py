@@ -95,3 +95,14 @@ def summarize_level(records: list[RequestRecord], concurrency: int, num_gpus: in
         "ideal_cached_fraction": _ratio(sum(r.ideal_cached_tokens for r in ideal),
                                         sum(r.prompt_tokens for r in ideal)),
     }
+
+
+def best_at_floor(levels: list[dict[str, Any]], floor: float) -> dict[str, Any] | None:
+    """The level with the most output tokens/min/GPU whose p10 user still gets `floor` tokens/s."""
+    ok = [lvl for lvl in levels if (lvl.get("tokens_per_s_per_user_p10") or 0) >= floor]
+    if not ok:
+        return None
+    best = max(ok, key=lambda lvl: lvl["output_tokens_per_min_per_gpu"])
+    return {"floor_tokens_per_s_per_user": floor, "concurrency": best["concurrency"],
+            "output_tokens_per_min_per_gpu": best["output_tokens_per_min_per_gpu"],
+            "tokens_per_s_per_user_p10": best["tokens_per_s_per_user_p10"]}

@@ -28,6 +28,12 @@ class Progress:
             return
         self._bar = tqdm(total=total, desc=label, unit="req", file=sys.stderr, leave=True)
 
+    def note(self, message: str) -> None:
+        """A one-off status line (e.g. while a level's workload is generated)."""
+        if self.enabled:
+            sys.stderr.write(message + "\n")
+            sys.stderr.flush()
+
     def update(self, ok: bool) -> None:
         self._done += 1
         self._errors += 0 if ok else 1

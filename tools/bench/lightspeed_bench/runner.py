@@ -135,6 +135,7 @@ async def run_sweep(
     levels = []
     anchors: list[str] = []
     for level_index, concurrency in enumerate(cfg.concurrencies):
+        progress.note(f"c={concurrency}: preparing the level's conversations")
         conversations = make_conversations(level_index, concurrency)
         level = _Level(concurrency, conversations, cfg, anchors)
         progress.start_level(f"c={concurrency}", sum(len(c.turns) for c in conversations))
