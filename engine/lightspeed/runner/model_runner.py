@@ -14,12 +14,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
-from ..core.messages import SamplingSpec
+if TYPE_CHECKING:  # the runner never needs msgspec at run time (GPU benchmarks drive it directly)
+    from ..core.messages import SamplingSpec
+
 from ..kv import KVCache
 from .inputs import InputBuilder, StepTensors
 from .sampling_state import SamplingState

@@ -12,10 +12,14 @@ once a request with penalties arrives, logit-bias tables only once a request car
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import torch
 
-from ..core.messages import SamplingSpec
+if TYPE_CHECKING:  # the runner never needs msgspec at run time (GPU benchmarks drive it directly)
+    from ..core.messages import SamplingSpec
+
 
 _MIX = 0x9E3779B97F4A7C15
 
