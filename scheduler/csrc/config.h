@@ -1,0 +1,44 @@
+// Scheduler configuration and request description: plain values, validated in one place.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace lightspeed {
+
+enum class Policy : uint8_t {
+  kDecodeFirst,   // every running decode gets its tokens; prefill chunks fill the remaining budget
+  kPrefillFirst,  // a step with prefill work runs only prefill chunks; decodes run in the others
+};
+
+struct SchedulerConfig {
+  int32_t page_size = 16;                 // tokens per KV page
+  int32_t num_device_pages = 1024;        // device pool size, page 0 (padding) included
+  int32_t num_host_pages = 4096;          // host pool size, page 0 included; 2+ pages
+  int32_t max_num_seqs = 256;             // rows per step, and requests holding a slot
+  int32_t max_num_batched_tokens = 8192;  // tokens per step
+  int32_t chunked_prefill_size = 2048;    // prefill tokens per request per step
+  int32_t max_model_len = 32768;          // prompt + output tokens
+  std::string policy = "decode_first";    // "decode_first" or "prefill_first"
+  bool enable_prefix_cache = true;
+  int32_t max_num_draft_tokens = 15;      // largest RequestSpec.num_draft_tokens accepted
+
+  // Throws std::invalid_argument with a message naming the bad field.
+  void validate() const;
+  Policy parsed_policy() const;
+  int32_t max_pages_per_seq() const;
+};
+
+struct RequestSpec {
+  std::string rid;                      // caller's id; unique among live requests
+  std::vector<int32_t> token_ids;       // prompt
+  int32_t max_new_tokens = 16;
+  std::vector<int32_t> eos_token_ids;   // stop unless ignore_eos
+  std::vector<int32_t> stop_token_ids;  // stop always
+  bool ignore_eos = false;
+  int32_t priority = 0;                 // larger runs first and is retracted last
+  int32_t num_draft_tokens = 0;         // speculative tokens per decode step (0: none)
+};
+
+}  // namespace lightspeed

@@ -1,0 +1,94 @@
+// Request events as functions from a state (taken by rvalue) to the states it may become.
+//
+// A transition that the lifecycle does not allow has no overload, so it does not compile (the
+// compile-fail test checks one). Resources move from the old state into the new one or are
+// released by the old state's destructor; nothing is copied, so no page can be owned twice.
+#pragma once
+
+#include <concepts>
+#include <utility>
+#include <variant>
+
+#include "fsm/states.h"
+
+namespace lightspeed::fsm {
+
+// ---- admission -------------------------------------------------------------------------------
+// The whole matched prefix is on device (or nothing matched): compute the rest.
+inline Prefilling admit(Waiting&&, kv::PageList device_pages, int32_t num_cached) {
+  return Prefilling{std::move(device_pages), num_cached};
+}
+// Part of the prefix is on host: wait for host->device copies first.
+inline LoadingPrefix admit_loading(Waiting&&, kv::PageList device_pages, kv::PageList host_pages,
+                                   int32_t num_cached) {
+  return LoadingPrefix{std::move(device_pages), std::move(host_pages), num_cached};
+}
+// A swapped-out request loads its KV back; its host pages stay pinned until the copy is acked.
+inline LoadingPrefix readmit(Retracted&& state, kv::PageList device_pages) {
+  return LoadingPrefix{std::move(device_pages), std::move(state.host_pages), state.num_saved};
+}
+
+// ---- copies acknowledged ---------------------------------------------------------------------
+inline Prefilling copy_done(LoadingPrefix&& state) {
+  return Prefilling{std::move(state.device_pages), state.num_computed};  // host pins released
+}
+inline Retracted copy_done(Retracting&& state) {
+  return Retracted{std::move(state.host_pages), state.num_saved};
+}
+inline Finished copy_done(WritingBack&& state) { return Finished{state.reason}; }
+
+// ---- compute progress ------------------------------------------------------------------------
+// A prefill chunk was scheduled: it stays Prefilling, or becomes Decoding when the chunk reaches
+// the end of the known tokens (that chunk samples the first new token).
+inline std::variant<Prefilling, Decoding> chunk_scheduled(Prefilling&& state, int32_t chunk,
+                                                          int32_t num_tokens) {
+  state.num_computed += chunk;
+  if (state.num_computed < num_tokens) return std::move(state);
+  return Decoding{std::move(state.device_pages), state.num_computed};
+}
+
+// ---- retraction ------------------------------------------------------------------------------
+// KV goes to host: device pages are released now (the copies run before the next forward).
+template <class S>
+  requires std::same_as<S, Prefilling> || std::same_as<S, Decoding>
+inline Retracting retract_to_host(S&& state, kv::PageList host_pages, int32_t num_saved) {
+  state.device_pages.clear();
+  return Retracting{std::move(host_pages), num_saved};
+}
+// No room on host: KV is dropped and will be recomputed (the prefix cache may still hold it).
+template <class S>
+  requires std::same_as<S, Prefilling> || std::same_as<S, Decoding>
+inline Waiting retract_drop(S&&) {
+  return Waiting{};
+}
+
+// ---- finishing -------------------------------------------------------------------------------
+// A decode finished; its prefix pages are copied to host before they are let go.
+inline WritingBack finish_writing_back(Decoding&&, kv::PageList held_device_pages, FinishReason reason) {
+  return WritingBack{std::move(held_device_pages), reason};
+}
+// A request finishes outright. Besides Decoding, a request retracted while its last sample was
+// still in flight (overlap) can learn it finished in any of the retraction states.
+template <class S>
+  requires std::same_as<S, Decoding> || std::same_as<S, Retracting> || std::same_as<S, Retracted> ||
+           std::same_as<S, Waiting>
+inline Finished finish(S&&, FinishReason reason) {
+  return Finished{reason};
+}
+
+// ---- abort -----------------------------------------------------------------------------------
+// Any live state: everything it owns is released at once.
+template <class S>
+  requires(!std::same_as<S, Finished> && !std::same_as<S, Aborted> && !std::same_as<S, WritingBack> &&
+           std::is_rvalue_reference_v<S &&>)
+inline Aborted abort(S&&) {
+  return Aborted{};
+}
+
+// Assigns a narrower variant's alternative into the full RequestState.
+template <class... Ts>
+inline void assign(RequestState& state, std::variant<Ts...>&& next) {
+  std::visit([&](auto&& alternative) { state = std::move(alternative); }, std::move(next));
+}
+
+}  // namespace lightspeed::fsm

@@ -1,0 +1,48 @@
+#include "plan.h"
+
+namespace lightspeed {
+
+Plan::Plan(const SchedulerConfig& config) {
+  capacity_tokens = config.max_num_batched_tokens;
+  capacity_rows = config.max_num_seqs;
+  capacity_pages_per_row = config.max_pages_per_seq();
+  const size_t tokens = capacity_tokens, rows_cap = capacity_rows;
+  req_ids.resize(rows_cap);
+  req_slots.resize(rows_cap);
+  input_ids.resize(tokens);
+  positions.resize(tokens);
+  query_start_loc.resize(rows_cap + 1);
+  seq_lens.resize(rows_cap);
+  cached_lens.resize(rows_cap);
+  page_table.resize(rows_cap * capacity_pages_per_row);
+  slot_mapping.resize(tokens);
+  logits_indices.resize(tokens);
+  sample_batch_rows.resize(tokens);
+  deferred_input_mask.resize(tokens);
+  deferred_src_index.resize(tokens);
+  // A plan copies at most every device page once per direction, plus, on write-back, pages a
+  // finished request shares with a retracted one: twice the pool bounds both lists.
+  load_back.reserve(2 * static_cast<size_t>(config.num_device_pages));
+  write_back.reserve(4 * static_cast<size_t>(config.num_device_pages));
+  rows.resize(rows_cap);
+  row_pages.resize(rows_cap);
+  write_back_nodes.reserve(config.num_device_pages);
+  copy_waiters.reserve(rows_cap + config.num_device_pages);
+  table_row_owner.assign(rows_cap, -1);
+  table_row_epoch.assign(rows_cap, 0);
+  table_row_pages.assign(rows_cap, 0);
+}
+
+void Plan::reset(int64_t step) {
+  step_id = step;
+  in_flight = false;
+  num_rows = num_tokens = num_samples = pages_per_row = 0;
+  num_prefills = num_decodes = num_decode_tokens = max_query_len = 0;
+  query_start_loc[0] = 0;
+  load_back.clear();
+  write_back.clear();
+  write_back_nodes.clear();
+  copy_waiters.clear();
+}
+
+}  // namespace lightspeed

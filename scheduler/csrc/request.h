@@ -1,0 +1,45 @@
+// A request's record: what it asked for, what it produced, and its lifecycle state.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "fsm/states.h"
+
+namespace lightspeed {
+
+struct Request {
+  int64_t req_id = -1;  // unique for the scheduler's lifetime, never reused
+  std::string rid;
+  std::vector<int32_t> tokens;  // prompt, then accepted output tokens; capacity reserved at submit
+  int32_t num_prompt_tokens = 0;
+  int32_t max_new_tokens = 0;
+  std::vector<int32_t> eos_token_ids;
+  std::vector<int32_t> stop_token_ids;
+  bool ignore_eos = false;
+  int32_t priority = 0;
+  int32_t num_draft_tokens = 0;
+  uint64_t arrival = 0;  // submit order; ties in priority go to the earlier arrival
+
+  int32_t slot = -1;               // row for per-request GPU state, held from admission to finish
+  bool admitted_once = false;
+  int32_t num_cached_tokens = 0;   // prefix-cache hit at first admission
+  std::vector<int32_t> cache_path; // prefix-cache nodes backing this request's leading device pages
+
+  // Overlap bookkeeping: samples not yet returned by advance(), and where the latest one lands in
+  // its plan's sampled-token array (a decode in the next plan reads its input from there).
+  int32_t pending_samples = 0;
+  int64_t last_sample_step = -1;
+  int32_t last_sample_index = -1;
+  int64_t scheduled_step = -1;  // latest plan with a row for this request
+  // Bumped whenever the device page list changes other than by appending (dedup swap, truncation,
+  // retraction, readmission): plan page-table rows are reused only while it is unchanged.
+  uint32_t page_epoch = 0;
+
+  fsm::RequestState state;
+
+  int32_t num_output_tokens() const { return static_cast<int32_t>(tokens.size()) - num_prompt_tokens; }
+};
+
+}  // namespace lightspeed

@@ -1,0 +1,255 @@
+// Request table: submit, abort, lookups, statistics and the invariant check.
+#include "scheduler.h"
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+#include "fsm/transitions.h"
+
+namespace lightspeed {
+
+namespace {
+[[noreturn]] void bad_input(const std::string& message) { throw std::invalid_argument(message); }
+}  // namespace
+
+Scheduler::Scheduler(SchedulerConfig config)
+    : config_((config.validate(), std::move(config))),
+      policy_(config_.parsed_policy()),
+      page_size_(config_.page_size),
+      max_pages_per_seq_(config_.max_pages_per_seq()),
+      device_(config_.num_device_pages),
+      host_(config_.num_host_pages),
+      cache_(device_, host_, config_.page_size) {
+  slot_record_.assign(config_.max_num_seqs, -1);
+  for (int32_t slot = config_.max_num_seqs - 1; slot >= 0; --slot) free_slots_.push_back(slot);
+  plans_[0] = std::make_unique<Plan>(config_);
+  plans_[1] = std::make_unique<Plan>(config_);
+  running_.reserve(config_.max_num_seqs);
+  retracted_.reserve(config_.max_num_seqs);
+  loading_.reserve(config_.max_num_seqs);
+  pending_write_back_.reserve(2 * static_cast<size_t>(config_.num_device_pages));
+  pending_write_back_nodes_.reserve(config_.num_device_pages);
+  pending_copy_waiters_.reserve(config_.num_device_pages);
+  finished_.reserve(config_.max_num_seqs + 64);
+  reclaim_.reserve(config_.max_num_seqs + 64);
+  match_path_.reserve(max_pages_per_seq_);
+  order_.reserve(config_.max_num_seqs);
+}
+
+int64_t Scheduler::submit(const RequestSpec& spec) {
+  const auto prompt_len = static_cast<int64_t>(spec.token_ids.size());
+  if (prompt_len == 0) bad_input("submit(): request '" + spec.rid + "' has an empty prompt");
+  if (prompt_len > config_.max_model_len)
+    bad_input("submit(): request '" + spec.rid + "' has a prompt of " + std::to_string(prompt_len) +
+              " tokens, longer than max_model_len=" + std::to_string(config_.max_model_len));
+  if (spec.max_new_tokens < 1)
+    bad_input("submit(): max_new_tokens must be >= 1, got " + std::to_string(spec.max_new_tokens));
+  if (spec.num_draft_tokens < 0 || spec.num_draft_tokens > config_.max_num_draft_tokens)
+    bad_input("submit(): num_draft_tokens must be in [0, " + std::to_string(config_.max_num_draft_tokens) +
+              "], got " + std::to_string(spec.num_draft_tokens));
+  if (std::any_of(spec.token_ids.begin(), spec.token_ids.end(), [](int32_t t) { return t < 0; }))
+    bad_input("submit(): request '" + spec.rid + "' has a negative token id");
+  const int64_t pages_needed = (prompt_len + 1 + page_size_ - 1) / page_size_;
+  if (pages_needed > device_.num_usable())
+    bad_input("submit(): request '" + spec.rid + "' needs " + std::to_string(pages_needed) +
+              " KV pages, more than the device pool's " + std::to_string(device_.num_usable()));
+  if (live_rids_.count(spec.rid) != 0) bad_input("submit(): duplicate live rid '" + spec.rid + "'");
+
+  int32_t record;
+  if (!free_records_.empty()) {
+    record = free_records_.back();
+    free_records_.pop_back();
+  } else {
+    record = static_cast<int32_t>(records_.size());
+    records_.emplace_back();
+  }
+  Request& r = records_[record];
+  r.req_id = next_req_id_++;
+  r.rid = spec.rid;
+  // Reserved up front so that appending outputs never reallocates on the step path.
+  r.tokens.reserve(std::min<int64_t>(prompt_len + spec.max_new_tokens, config_.max_model_len) + 1);
+  r.tokens.assign(spec.token_ids.begin(), spec.token_ids.end());
+  r.num_prompt_tokens = static_cast<int32_t>(prompt_len);
+  r.max_new_tokens = spec.max_new_tokens;
+  r.eos_token_ids = spec.eos_token_ids;
+  r.stop_token_ids = spec.stop_token_ids;
+  r.ignore_eos = spec.ignore_eos;
+  r.priority = spec.priority;
+  r.num_draft_tokens = spec.num_draft_tokens;
+  r.arrival = next_arrival_++;
+  r.slot = -1;
+  r.admitted_once = false;
+  r.num_cached_tokens = 0;
+  r.cache_path.clear();
+  r.cache_path.reserve(max_pages_per_seq_);
+  r.pending_samples = 0;
+  r.last_sample_step = r.scheduled_step = -1;
+  r.last_sample_index = -1;
+  r.page_epoch = 0;
+  r.state = fsm::Waiting{};
+  record_of_[r.req_id] = record;
+  live_rids_[r.rid] = r.req_id;
+  insert_sorted(waiting_, record);
+  return r.req_id;
+}
+
+void Scheduler::abort(int64_t req_id) {
+  Request& r = lookup(req_id, "abort");
+  const int32_t record = record_of_.at(req_id);
+  if (std::holds_alternative<fsm::WritingBack>(r.state) || std::holds_alternative<fsm::Finished>(r.state) ||
+      std::holds_alternative<fsm::Aborted>(r.state))
+    bad_input("abort(): request " + std::to_string(req_id) + " has already finished");
+  erase_from(waiting_, record);
+  erase_from(running_, record);
+  erase_from(retracted_, record);
+  erase_from(loading_, record);
+  std::visit(
+      [&](auto&& state) {
+        using S = std::decay_t<decltype(state)>;
+        if constexpr (!std::is_same_v<S, fsm::WritingBack> && !std::is_same_v<S, fsm::Finished> &&
+                      !std::is_same_v<S, fsm::Aborted>)
+          r.state = fsm::abort(std::move(state));
+      },
+      std::move(r.state));
+  release_slot(r);
+  live_rids_.erase(r.rid);
+  pending_abort_reports_.push_back(req_id);
+}
+
+Request& Scheduler::lookup(int64_t req_id, const char* caller) {
+  auto it = record_of_.find(req_id);
+  if (it == record_of_.end())
+    bad_input(std::string(caller) + "(): unknown request id " + std::to_string(req_id));
+  return records_[it->second];
+}
+
+const Request& Scheduler::lookup(int64_t req_id, const char* caller) const {
+  return const_cast<Scheduler*>(this)->lookup(req_id, caller);
+}
+
+bool Scheduler::before(int32_t a, int32_t b) const {
+  const Request& x = records_[a];
+  const Request& y = records_[b];
+  return x.priority != y.priority ? x.priority > y.priority : x.arrival < y.arrival;
+}
+
+void Scheduler::insert_sorted(std::vector<int32_t>& list, int32_t record) {
+  auto at = std::upper_bound(list.begin(), list.end(), record,
+                             [this](int32_t a, int32_t b) { return before(a, b); });
+  list.insert(at, record);
+}
+
+void Scheduler::erase_from(std::vector<int32_t>& list, int32_t record) {
+  auto it = std::find(list.begin(), list.end(), record);
+  if (it != list.end()) list.erase(it);
+}
+
+void Scheduler::release_slot(Request& r) {
+  if (r.slot < 0) return;
+  slot_record_[r.slot] = -1;
+  free_slots_.push_back(r.slot);
+  r.slot = -1;
+}
+
+void Scheduler::recycle(int32_t record) {
+  Request& r = records_[record];
+  record_of_.erase(r.req_id);
+  r.req_id = -1;
+  r.state = fsm::Waiting{};
+  free_records_.push_back(record);
+}
+
+RequestStats Scheduler::request_stats(int64_t req_id) const {
+  const Request& r = lookup(req_id, "request_stats");
+  return RequestStats{r.num_prompt_tokens, r.num_cached_tokens, r.num_output_tokens(), fsm::state_name(r.state)};
+}
+
+std::span<const int32_t> Scheduler::output_token_ids(int64_t req_id) const {
+  const Request& r = lookup(req_id, "output_token_ids");
+  return std::span<const int32_t>(r.tokens).subspan(r.num_prompt_tokens);
+}
+
+int32_t Scheduler::num_unfinished() const {
+  return static_cast<int32_t>(waiting_.size() + running_.size() + retracted_.size() + loading_.size() +
+                              pending_abort_reports_.size());
+}
+
+SchedulerStats Scheduler::stats() const {
+  SchedulerStats s{};
+  s.free_device_pages = device_.num_free();
+  s.free_host_pages = host_.num_free();
+  s.num_device_pages = device_.num_pages();
+  s.num_host_pages = host_.num_pages();
+  s.num_waiting = static_cast<int32_t>(waiting_.size());
+  s.num_running = static_cast<int32_t>(running_.size());
+  s.num_retracted = static_cast<int32_t>(retracted_.size());
+  s.num_loading = static_cast<int32_t>(loading_.size());
+  s.num_writing_back = num_writing_back_;
+  s.cached_device_pages = cache_.num_device_resident();
+  s.cached_host_pages = cache_.num_host_resident();
+  s.num_in_flight_plans = num_in_flight_;
+  s.prefix_hit_tokens = prefix_hit_tokens_;
+  s.prefix_query_tokens = prefix_query_tokens_;
+  s.num_retractions = num_retractions_;
+  s.num_steps = next_step_;
+  return s;
+}
+
+void Scheduler::check_invariants() const {
+  auto fail = [](const std::string& what) { throw std::logic_error("scheduler invariant: " + what); };
+  cache_.check_invariants();
+  std::vector<int32_t> device_refs(device_.num_pages(), 0), host_refs(host_.num_pages(), 0);
+  device_refs[0] = host_refs[0] = 1;  // the padding pages
+  cache_.for_each_device_ref([&](int32_t p) { ++device_refs[p]; });
+  cache_.for_each_host_ref([&](int32_t p) { ++host_refs[p]; });
+  auto count = [](std::vector<int32_t>& refs, const kv::PageList& list) {
+    for (int32_t p : list.pages()) ++refs[p];
+  };
+  size_t live = 0;
+  for (size_t i = 0; i < records_.size(); ++i) {
+    const Request& r = records_[i];
+    if (r.req_id < 0) continue;
+    std::visit(
+        [&](const auto& s) {
+          using S = std::decay_t<decltype(s)>;
+          if constexpr (std::is_same_v<S, fsm::LoadingPrefix>) {
+            count(device_refs, s.device_pages);
+            count(host_refs, s.host_pages);
+          } else if constexpr (std::is_same_v<S, fsm::Prefilling> || std::is_same_v<S, fsm::Decoding> ||
+                               std::is_same_v<S, fsm::WritingBack>) {
+            count(device_refs, s.device_pages);
+          } else if constexpr (std::is_same_v<S, fsm::Retracting> || std::is_same_v<S, fsm::Retracted>) {
+            count(host_refs, s.host_pages);
+          }
+        },
+        r.state);
+    const bool in_waiting = std::count(waiting_.begin(), waiting_.end(), int32_t(i)) == 1;
+    const bool in_running = std::count(running_.begin(), running_.end(), int32_t(i)) == 1;
+    const bool in_retracted = std::count(retracted_.begin(), retracted_.end(), int32_t(i)) == 1;
+    const bool in_loading = std::count(loading_.begin(), loading_.end(), int32_t(i)) == 1;
+    const size_t idx = r.state.index();
+    if (in_waiting != (idx == 0) || in_loading != (idx == 1) || in_running != (idx == 2 || idx == 3) ||
+        in_retracted != (idx == 4 || idx == 5))
+      fail("request " + std::to_string(r.req_id) + " is in the wrong list for state " + fsm::state_name(r.state));
+    if (idx <= 5) ++live;
+    if (r.slot >= 0 && slot_record_[r.slot] != int32_t(i)) fail("slot table disagrees with a request");
+    if (idx >= 6 && r.slot >= 0) fail("a finished request holds a slot");
+  }
+  if (live != waiting_.size() + running_.size() + retracted_.size() + loading_.size())
+    fail("request lists hold unknown records");
+  auto compare = [&](const kv::PagePool& pool, const std::vector<int32_t>& refs, const char* tier) {
+    int32_t free_pages = 0;
+    for (int32_t p = 0; p < pool.num_pages(); ++p) {
+      if (pool.refcount(p) != refs[p])
+        fail(std::string(tier) + " page " + std::to_string(p) + " has refcount " +
+             std::to_string(pool.refcount(p)) + " but " + std::to_string(refs[p]) + " owners");
+      free_pages += refs[p] == 0;
+    }
+    if (free_pages != pool.num_free()) fail(std::string(tier) + " free list size != unowned pages");
+  };
+  compare(device_, device_refs, "device");
+  compare(host_, host_refs, "host");
+}
+
+}  // namespace lightspeed

@@ -1,0 +1,157 @@
+// The scheduler: owns requests, KV pages and the prefix cache; builds one plan per step.
+//
+// Protocol: submit()/abort() at any time; next_plan() returns a plan; advance(plan, samples)
+// consumes it. At most one plan may be in flight when next_plan() is called (overlap): decodes in
+// the new plan then read their input token from the in-flight plan's samples, on the GPU. Plans
+// must be advanced in the order they were made. Copies (load_back, write_back) of a plan run on
+// the engine's stream before that plan's forward, and plans run in order; the scheduler relies on
+// that to reuse pages a plan frees as soon as the next plan.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "config.h"
+#include "fsm/states.h"
+#include "kv/page_pool.h"
+#include "plan.h"
+#include "prefix/radix_cache.h"
+#include "request.h"
+
+namespace lightspeed {
+
+struct FinishedRequest {
+  int64_t req_id;
+  fsm::FinishReason reason;
+};
+
+struct RequestStats {
+  int32_t num_prompt_tokens;
+  int32_t num_cached_tokens;
+  int32_t num_output_tokens;
+  const char* state;
+};
+
+struct SchedulerStats {
+  int32_t free_device_pages, free_host_pages, num_device_pages, num_host_pages;
+  int32_t num_waiting, num_running, num_retracted, num_loading, num_writing_back;
+  int32_t cached_device_pages, cached_host_pages, num_in_flight_plans;
+  int64_t prefix_hit_tokens, prefix_query_tokens, num_retractions, num_steps;
+};
+
+class Scheduler {
+ public:
+  explicit Scheduler(SchedulerConfig config);
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  // Queues a request; returns its id. Throws std::invalid_argument on bad input (nothing changes).
+  int64_t submit(const RequestSpec& spec);
+  // Frees everything the request holds now; the next advance() reports it with reason "abort".
+  void abort(int64_t req_id);
+  Plan& next_plan();
+  // Consumes the oldest in-flight plan. `sampled` has one token per sampled position; for a
+  // speculative decode row, accepted_counts[row] (1..k+1) of its k+1 samples are kept. An empty
+  // accepted_counts means 1 everywhere. Returns requests that finished (valid until the next call).
+  const std::vector<FinishedRequest>& advance(Plan& plan, std::span<const int32_t> sampled,
+                                              std::span<const int32_t> accepted_counts = {});
+
+  RequestStats request_stats(int64_t req_id) const;
+  std::span<const int32_t> output_token_ids(int64_t req_id) const;
+  SchedulerStats stats() const;
+  bool has_unfinished() const { return num_unfinished() > 0; }
+  int32_t num_unfinished() const;
+  const SchedulerConfig& config() const { return config_; }
+
+  // Recounts every page reference and list membership; throws std::logic_error on a mismatch.
+  // O(pages + requests): for tests.
+  void check_invariants() const;
+
+ private:
+  struct Budget {
+    int32_t tokens;
+    int32_t rows;
+  };
+
+  // --- scheduler.cpp: request table
+  Request& lookup(int64_t req_id, const char* caller);
+  const Request& lookup(int64_t req_id, const char* caller) const;
+  bool before(int32_t a, int32_t b) const;  // scheduling order: priority desc, then arrival
+  void insert_sorted(std::vector<int32_t>& list, int32_t record);
+  static void erase_from(std::vector<int32_t>& list, int32_t record);
+  void release_slot(Request& r);
+  void recycle(int32_t record);
+
+  // --- scheduler_plan.cpp: building a plan
+  void schedule_decodes(Plan& plan, Budget& budget);
+  void schedule_prefills(Plan& plan, Budget& budget);
+  bool schedule_chunk(Plan& plan, Budget& budget, int32_t record);
+  void readmit_retracted(Plan& plan);
+  void admit_waiting(Plan& plan, Budget& budget);
+  bool grow_pages(Plan& plan, int32_t record, kv::PageList& pages, int32_t num_tokens, bool may_retract_decodes);
+  bool retract_victim(Plan& plan, int32_t record, bool decodes_too);
+  void retract(Plan& plan, int32_t record);
+  bool ensure_device_free(int32_t pages, bool for_copy);
+  void emit_row(Plan& plan, Request& r, const kv::PageList& pages, int32_t kv_start, int32_t num_tokens,
+                int32_t num_samples);
+  void finalize(Plan& plan);
+
+  // --- scheduler_advance.cpp: consuming a plan
+  void validate_advance(const Plan& plan, std::span<const int32_t> sampled,
+                        std::span<const int32_t> accepted_counts) const;
+  void ack_copies(Plan& plan);
+  void apply_row(const Plan& plan, int32_t row, std::span<const int32_t> sampled, int32_t accepted);
+  bool append_token(Request& r, int32_t token, fsm::FinishReason* reason) const;
+  void finish(int32_t record, fsm::FinishReason reason);
+  void insert_into_cache(Request& r, kv::PageList& pages, int32_t num_valid_tokens);
+
+  SchedulerConfig config_;
+  Policy policy_;
+  int32_t page_size_;
+  int32_t max_pages_per_seq_;
+  kv::PagePool device_;
+  kv::PagePool host_;
+  prefix::RadixCache cache_;
+
+  std::vector<Request> records_;           // grows only at submit; records are recycled
+  std::vector<int32_t> free_records_;
+  std::unordered_map<int64_t, int32_t> record_of_;  // req_id -> record; off the per-step path
+  std::unordered_map<std::string, int64_t> live_rids_;
+  std::vector<int32_t> slot_record_;       // slot -> record, or -1
+  std::vector<int32_t> free_slots_;
+
+  // Lists of records, each in scheduling order.
+  std::vector<int32_t> waiting_;    // Waiting
+  std::vector<int32_t> running_;    // Prefilling, Decoding
+  std::vector<int32_t> retracted_;  // Retracting, Retracted
+  std::vector<int32_t> loading_;    // LoadingPrefix
+  int32_t num_writing_back_ = 0;
+
+  std::array<std::unique_ptr<Plan>, 2> plans_;  // double buffer: plan N stays valid while N+1 exists
+  int64_t next_step_ = 0;
+  int32_t num_in_flight_ = 0;
+  int64_t next_req_id_ = 0;
+  uint64_t next_arrival_ = 0;
+
+  // Write-backs decided in advance() (finished requests), emitted by the next plan.
+  std::vector<int32_t> pending_write_back_;
+  std::vector<int32_t> pending_write_back_nodes_;
+  std::vector<int64_t> pending_copy_waiters_;
+
+  std::vector<FinishedRequest> finished_;      // advance()'s result
+  std::vector<int64_t> pending_abort_reports_; // aborted, reported by the next advance()
+  std::vector<int32_t> reclaim_;               // records to recycle at the next advance()
+  std::vector<int32_t> match_path_;            // scratch for prefix matching
+  std::vector<int32_t> order_;                 // scratch: running_ snapshot while scheduling
+
+  int64_t prefix_hit_tokens_ = 0;
+  int64_t prefix_query_tokens_ = 0;
+  int64_t num_retractions_ = 0;
+};
+
+}  // namespace lightspeed

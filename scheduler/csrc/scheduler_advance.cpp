@@ -1,0 +1,206 @@
+// Consuming a plan: acknowledging its copies, appending sampled tokens, finishing requests.
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+#include "fsm/transitions.h"
+#include "scheduler.h"
+
+namespace lightspeed {
+
+namespace {
+int32_t ceil_div(int32_t a, int32_t b) { return (a + b - 1) / b; }
+bool contains(const std::vector<int32_t>& ids, int32_t token) {
+  return std::find(ids.begin(), ids.end(), token) != ids.end();
+}
+}  // namespace
+
+const std::vector<FinishedRequest>& Scheduler::advance(Plan& plan, std::span<const int32_t> sampled,
+                                                       std::span<const int32_t> accepted_counts) {
+  validate_advance(plan, sampled, accepted_counts);
+  // Finished records stay readable (request_stats) until the advance() after the one reporting them.
+  for (int32_t record : reclaim_) recycle(record);
+  reclaim_.clear();
+  finished_.clear();
+  for (int64_t req_id : pending_abort_reports_) {
+    finished_.push_back({req_id, fsm::FinishReason::kAbort});
+    reclaim_.push_back(record_of_.at(req_id));
+  }
+  pending_abort_reports_.clear();
+  ack_copies(plan);
+  for (int32_t row = 0; row < plan.num_rows; ++row) {
+    const int32_t accepted = row < plan.num_decodes && !accepted_counts.empty() ? accepted_counts[row] : 1;
+    apply_row(plan, row, sampled, accepted);
+  }
+  plan.in_flight = false;
+  --num_in_flight_;
+  return finished_;
+}
+
+void Scheduler::validate_advance(const Plan& plan, std::span<const int32_t> sampled,
+                                 std::span<const int32_t> accepted_counts) const {
+  auto bad = [](const std::string& message) { throw std::invalid_argument("advance(): " + message); };
+  if (!plan.in_flight) bad("plan " + std::to_string(plan.step_id) + " is not in flight (advanced twice?)");
+  const int64_t oldest = next_step_ - num_in_flight_;
+  if (plan.step_id != oldest)
+    bad("plans must be advanced in order: expected step " + std::to_string(oldest) + ", got " +
+        std::to_string(plan.step_id));
+  if (static_cast<int64_t>(sampled.size()) != plan.num_samples)
+    bad("expected " + std::to_string(plan.num_samples) + " sampled token ids (one per logits_indices entry), got " +
+        std::to_string(sampled.size()));
+  for (int32_t token : sampled)
+    if (token < 0) bad("negative sampled token id " + std::to_string(token));
+  if (accepted_counts.empty()) {
+    for (int32_t row = 0; row < plan.num_decodes; ++row)
+      if (plan.rows[row].num_samples > 1)
+        bad("the plan has speculative decode rows: pass accepted_counts[num_decodes]");
+    return;
+  }
+  if (static_cast<int64_t>(accepted_counts.size()) != plan.num_decodes)
+    bad("expected " + std::to_string(plan.num_decodes) + " accepted_counts (one per decode row), got " +
+        std::to_string(accepted_counts.size()));
+  for (int32_t row = 0; row < plan.num_decodes; ++row) {
+    const int32_t accepted = accepted_counts[row];
+    if (accepted < 1 || accepted > plan.rows[row].num_samples)
+      bad("accepted_counts[" + std::to_string(row) + "]=" + std::to_string(accepted) + " is outside [1, " +
+          std::to_string(plan.rows[row].num_samples) + "]");
+  }
+}
+
+void Scheduler::ack_copies(Plan& plan) {
+  for (int32_t node : plan.write_back_nodes) cache_.end_write_back(node);
+  for (int64_t req_id : plan.copy_waiters) {
+    auto it = record_of_.find(req_id);
+    if (it == record_of_.end()) continue;  // aborted and already recycled
+    const int32_t record = it->second;
+    Request& r = records_[record];
+    if (auto* loading = std::get_if<fsm::LoadingPrefix>(&r.state)) {
+      r.state = fsm::copy_done(std::move(*loading));
+      erase_from(loading_, record);
+      insert_sorted(running_, record);
+    } else if (auto* retracting = std::get_if<fsm::Retracting>(&r.state)) {
+      r.state = fsm::copy_done(std::move(*retracting));
+    } else if (auto* writing = std::get_if<fsm::WritingBack>(&r.state)) {
+      r.state = fsm::copy_done(std::move(*writing));
+      --num_writing_back_;
+      reclaim_.push_back(record);
+    }
+    // Any other state: the request was aborted or finished while its copy was in flight.
+  }
+}
+
+void Scheduler::apply_row(const Plan& plan, int32_t row, std::span<const int32_t> sampled, int32_t accepted) {
+  const PlanRow& info = plan.rows[row];
+  const int32_t record = slot_record_[plan.req_slots[row]];
+  // A request that finished or was aborted after this plan was built loses its row.
+  if (record < 0 || records_[record].req_id != plan.req_ids[row]) return;
+  Request& r = records_[record];
+  const int32_t kv_end = info.kv_start + info.num_tokens;
+  if (info.num_samples == 0) {
+    // A mid-prompt chunk is done: share its full pages now, so that concurrent requests with the
+    // same long prompt reuse it while this one is still running.
+    if (auto* prefilling = std::get_if<fsm::Prefilling>(&r.state))
+      insert_into_cache(r, prefilling->device_pages, kv_end);
+    return;
+  }
+  --r.pending_samples;
+  fsm::FinishReason reason = fsm::FinishReason::kStop;
+  bool done = false;
+  for (int32_t j = 0; j < accepted && !done; ++j) done = append_token(r, sampled[info.sample_begin + j], &reason);
+  if (auto* decoding = std::get_if<fsm::Decoding>(&r.state)) {
+    if (info.num_samples > 1) {
+      // Speculative: KV of the accepted prefix stays; the rejected draft tail's pages go back.
+      decoding->kv_len = info.kv_start + accepted;
+      const auto keep = static_cast<size_t>(ceil_div(decoding->kv_len, page_size_));
+      if (decoding->device_pages.size() > keep) {
+        decoding->device_pages.truncate(keep);
+        ++r.page_epoch;
+      }
+    }
+    if (row >= plan.num_decodes) insert_into_cache(r, decoding->device_pages, kv_end);  // prompt completed
+  }
+  if (done) finish(record, reason);
+}
+
+bool Scheduler::append_token(Request& r, int32_t token, fsm::FinishReason* reason) const {
+  r.tokens.push_back(token);
+  if ((!r.ignore_eos && contains(r.eos_token_ids, token)) || contains(r.stop_token_ids, token)) {
+    *reason = fsm::FinishReason::kStop;
+    return true;
+  }
+  if (r.num_output_tokens() >= r.max_new_tokens || static_cast<int32_t>(r.tokens.size()) >= config_.max_model_len) {
+    *reason = fsm::FinishReason::kLength;
+    return true;
+  }
+  return false;
+}
+
+// Releases the request. A decode's pages go to the prefix cache; those of its prefix not yet on
+// host are copied there by the next plan (WritingBack) so they outlive device eviction.
+void Scheduler::finish(int32_t record, fsm::FinishReason reason) {
+  Request& r = records_[record];
+  finished_.push_back({r.req_id, reason});
+  release_slot(r);
+  live_rids_.erase(r.rid);
+  if (auto* decoding = std::get_if<fsm::Decoding>(&r.state)) {
+    erase_from(running_, record);
+    insert_into_cache(r, decoding->device_pages,
+                      std::min(decoding->kv_len, static_cast<int32_t>(r.tokens.size()) - 1));
+    kv::PageList held(device_, 0);
+    if (config_.enable_prefix_cache) {
+      for (int32_t node : r.cache_path) {
+        if (cache_.node(node).host_page >= 0) continue;
+        int32_t host_page = host_.allocate();
+        if (host_page < 0 && cache_.evict_host(1) > 0) host_page = host_.allocate();
+        if (host_page < 0) break;
+        const int32_t device_page = cache_.node(node).device_page;
+        cache_.begin_write_back(node, host_page);
+        pending_write_back_.push_back(device_page);
+        pending_write_back_.push_back(host_page);
+        pending_write_back_nodes_.push_back(node);
+        held.push_shared(device_page);
+      }
+    }
+    if (!held.empty()) {
+      r.state = fsm::finish_writing_back(std::move(*decoding), std::move(held), reason);
+      ++num_writing_back_;
+      pending_copy_waiters_.push_back(r.req_id);
+      return;
+    }
+    r.state = fsm::finish(std::move(*decoding), reason);
+  } else {
+    // Retracted while its last sample was in flight (overlap).
+    erase_from(retracted_, record);
+    erase_from(waiting_, record);
+    std::visit(
+        [&](auto&& s) {
+          using S = std::decay_t<decltype(s)>;
+          if constexpr (std::is_same_v<S, fsm::Retracting> || std::is_same_v<S, fsm::Retracted> ||
+                        std::is_same_v<S, fsm::Waiting>)
+            r.state = fsm::finish(std::move(s), reason);
+          else
+            throw std::logic_error(std::string("finish() from state ") + fsm::state_name(r.state));
+        },
+        std::move(r.state));
+  }
+  reclaim_.push_back(record);
+}
+
+void Scheduler::insert_into_cache(Request& r, kv::PageList& pages, int32_t num_valid_tokens) {
+  if (!config_.enable_prefix_cache) return;
+  const int32_t full = std::min(num_valid_tokens / page_size_, static_cast<int32_t>(pages.size()));
+  for (auto i = static_cast<int32_t>(r.cache_path.size()); i < full; ++i) {
+    const int32_t parent = i == 0 ? prefix::RadixCache::kRoot : r.cache_path[i - 1];
+    int32_t cached_page = -1;
+    const int32_t node = cache_.insert(parent, r.tokens.data() + static_cast<ptrdiff_t>(i) * page_size_, pages[i],
+                                       &cached_page);
+    if (node < 0) return;  // hash collision: the rest of this request stays private
+    if (cached_page != pages[i]) {
+      pages.replace(i, cached_page);  // an identical page is cached already: share it, free ours
+      ++r.page_epoch;
+    }
+    r.cache_path.push_back(node);
+  }
+}
+
+}  // namespace lightspeed
