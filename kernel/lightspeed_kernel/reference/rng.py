@@ -11,7 +11,7 @@ on uint32 gets the same bits.
     row key:   key = mix32(seed_lo ^ 0x9E3779B9); key = mix32(key ^ seed_hi)
                key = mix32(key ^ offset_lo);      key = mix32(key ^ offset_hi)
     token:     bits = mix32(mix32(token ^ key) ^ 0x85EBCA6B)
-    uniform:   u = ((bits >> 8) + 0.5) / 2^24          in (0, 1), exactly representable in fp32
+    uniform:   u = (2 * (bits >> 9) + 1) / 2^24        in (0, 1); 24 significant bits: exact in fp32
 
 ``*_lo`` / ``*_hi`` are the low / high 32 bits of the two's-complement int64.
 """
@@ -57,4 +57,4 @@ def uniform(seeds: torch.Tensor, offsets: torch.Tensor, num_tokens: int) -> torc
     keys = row_keys(seeds, offsets)[:, None]
     tokens = torch.arange(num_tokens, dtype=torch.int64, device=keys.device)[None, :]
     bits = mix32(mix32(tokens ^ keys) ^ TOKEN_SALT)
-    return ((bits >> 8).float() + 0.5) * (1.0 / (1 << 24))
+    return ((bits >> 9) * 2 + 1).float() * (1.0 / (1 << 24))
