@@ -32,7 +32,8 @@ class FakeInfo:
 
 
 class FakeAsyncLLM:
-    def __init__(self, model: str, max_model_len: int = 2048, page_size: int = 16, token_delay_s: float = 0.002):
+    def __init__(self, model: str, max_model_len: int = 2048, page_size: int = 16, token_delay_s: float = 0.002,
+                 max_num_seqs: int = 256):
         self.tokenizer = load_tokenizer(model)
         self.model_name = model
         self.engine_info = FakeInfo(max_model_len, page_size, len(self.tokenizer), 4096)
@@ -45,6 +46,7 @@ class FakeAsyncLLM:
         self._running: dict[str, int] = {}  # request id -> pages held
         self._seen_prefixes: list[list[int]] = []
         self._waiting = 0
+        self._slots = asyncio.Semaphore(max_num_seqs)  # like the scheduler's max_num_seqs
 
     @property
     def errored(self) -> bool:
@@ -97,6 +99,18 @@ class FakeAsyncLLM:
         prompt_text = self.tokenizer.decode(prompt_ids)
         if "DIE" in prompt_text:
             self._dead = EngineDeadError("fake core killed by the test")
+        self._waiting += 1
+        try:
+            await self._slots.acquire()
+        finally:
+            self._waiting -= 1
+        try:
+            async for out in self._run(prompt_ids, prompt_text, params, request_id):
+                yield out
+        finally:
+            self._slots.release()
+
+    async def _run(self, prompt_ids, prompt_text, params, request_id):
         cached = self._cached(prompt_ids)
         pages = math.ceil(len(prompt_ids) / self.engine_info.page_size)
         self._running[request_id] = pages

@@ -11,4 +11,5 @@ if __name__ == "__main__":
     args = build_parser().parse_args(["serve", *sys.argv[1:]])
     server_config, engine_config = build_configs(args)
     sys.exit(serve(server_config, engine_config,
-                   make_engine=lambda model: FakeAsyncLLM(model, max_model_len=engine_config.max_model_len or 2048)))
+                   make_engine=lambda model: FakeAsyncLLM(model, max_model_len=engine_config.max_model_len or 2048,
+                                                        max_num_seqs=engine_config.max_num_seqs, token_delay_s=0.02)))

@@ -32,32 +32,28 @@ class GuardMiddleware:
         if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
             await _send_error(send, too_large(self.max_body_bytes))
             return
-        limit, seen, sent = self.max_body_bytes, 0, False
+        if length is None and scope["method"] in ("POST", "PUT", "PATCH"):
+            # Chunked upload: read it here, up to the limit, then replay it to the app.
+            body, more = [], True
+            size = 0
+            while more:
+                message = await receive()
+                if message["type"] != "http.request":
+                    return  # client went away
+                body.append(message.get("body", b""))
+                size += len(body[-1])
+                more = message.get("more_body", False)
+                if size > self.max_body_bytes:
+                    await _send_error(send, too_large(self.max_body_bytes))
+                    return
+            replay = [{"type": "http.request", "body": b"".join(body), "more_body": False}]
 
-        async def limited_receive():
-            nonlocal seen
-            message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > limit:
-                    raise _BodyTooLarge()
-            return message
+            async def replay_receive():
+                return replay.pop() if replay else await receive()
 
-        async def tracked_send(message):
-            nonlocal sent
-            if message["type"] == "http.response.start":
-                sent = True
-            await send(message)
-
-        try:
-            await self.app(scope, limited_receive, tracked_send)
-        except _BodyTooLarge:
-            if not sent:
-                await _send_error(send, too_large(limit))
-
-
-class _BodyTooLarge(Exception):
-    pass
+            await self.app(scope, replay_receive, send)
+            return
+        await self.app(scope, receive, send)
 
 
 async def _send_error(send, error: APIError) -> None:
