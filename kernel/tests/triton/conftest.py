@@ -1,7 +1,7 @@
 """Triton tests: on a machine without CUDA the kernels run under the Triton interpreter.
 
-TRITON_INTERPRET must be set before triton is first imported, so it is set here, at collection,
-before any test module imports lightspeed_kernel.triton.
+TRITON_INTERPRET must be set before the kernels are decorated, that is before the first
+`import lightspeed_kernel`: kernel/tests/conftest.py (loaded before this file) sets it.
 """
 
 import os
