@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
-import pytest
+import os
 
-import lightspeed_kernel as lk
+import pytest
+import torch
+
+# Triton turns @triton.jit functions into interpreted ones only if TRITON_INTERPRET is set when they
+# are decorated, i.e. before `import lightspeed_kernel` (which imports the Triton kernels); on a
+# machine without a GPU that is the only way they run (kernel/tests/triton).
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import lightspeed_kernel as lk  # noqa: E402
 
 
 @pytest.fixture
