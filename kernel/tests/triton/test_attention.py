@@ -1,0 +1,157 @@
+import math
+
+import pytest
+import torch
+from tk_helpers import TOL, paged_batch, rel_err
+
+from lightspeed_kernel.reference import attention as ref
+from lightspeed_kernel.triton import attention_decode as dec
+from lightspeed_kernel.triton import attention_prefill as pre
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+# p @ V runs on tensor cores in the input dtype (fp32: tf32 on the GPU), so allow a bit more than one rounding
+ATOL = {torch.float32: 2e-3, torch.float16: 4e-3, torch.bfloat16: 2.5e-2}
+
+
+def _args(batch):
+    return (batch["q"], batch["k_cache"], batch["v_cache"], batch["page_table"], batch["query_start_loc"],
+            batch["seq_lens"])
+
+
+def _kw(batch, **extra):
+    d = batch["q"].shape[-1]
+    return {"max_query_len": batch["max_query_len"], "scale": 1.0 / math.sqrt(d), **extra}
+
+
+def _check(got, want, dtype):
+    assert got.shape == want.shape
+    if want.numel():
+        assert rel_err(got, want) < max(TOL[dtype], ATOL[dtype]), rel_err(got, want)
+
+
+# (cached lens, new-token lens) per request: length 1, page boundaries (15/16/17, 63/64/65), mixed
+DECODE_CASES = [
+    ([0], [1]),
+    ([15, 16, 63], [1, 1, 1]),
+    ([16, 64, 1], [1, 1, 3]),
+    ([5, 40], [4, 2]),
+    ([120], [16]),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("page_size", [16, 64])
+@pytest.mark.parametrize("cached,q_lens", DECODE_CASES)
+def test_decode_matches_reference(device, dtype, page_size, cached, q_lens):
+    batch = paged_batch(cached, q_lens, page_size, 4, 2, 32, dtype, device)
+    want = ref.attention_decode(*_args(batch), **_kw(batch))
+    out = torch.full_like(batch["q"], float("nan"))
+    got = dec.attention_decode(*_args(batch), **_kw(batch, out=out))
+    assert got is out
+    _check(got, want, dtype)
+
+
+@pytest.mark.parametrize("num_splits", [1, 2, 5])
+@pytest.mark.parametrize("group", [1, 4, 6])
+def test_decode_split_kv_and_gqa(device, num_splits, group):
+    # 6 query heads per kv head: a group that is not a power of two
+    batch = paged_batch([70, 9, 33], [2, 1, 3], 16, 2 * group, 2, 64, torch.bfloat16, device, seed=num_splits)
+    want = ref.attention_decode(*_args(batch), **_kw(batch))
+    q, k_cache = batch["q"], batch["k_cache"]
+    plan = dec.plan_decode(3, q.shape[1], 2, 64, 16, batch["page_table"].shape[1], batch["max_query_len"],
+                           num_splits=num_splits, block_n=16)
+    workspace = torch.empty(dec.decode_workspace_numel(plan, q.shape[0], q.shape[1], 64), device=device)
+    got = dec.run_decode(plan, *_args(batch), scale=0.125, workspace=workspace)
+    _check(got, want, torch.bfloat16)
+
+
+@pytest.mark.parametrize("soft_cap", [None, 5.0])
+def test_decode_soft_cap_and_fp8(device, soft_cap):
+    batch = paged_batch([30, 3], [1, 2], 16, 8, 2, 32, torch.bfloat16, device, cache_dtype=torch.float8_e4m3fn)
+    kw = _kw(batch, soft_cap=soft_cap, k_scale=0.5, v_scale=torch.tensor(2.0, device=device))
+    _check(dec.attention_decode(*_args(batch), **kw), ref.attention_decode(*_args(batch), **kw), torch.bfloat16)
+
+
+def test_decode_empty_batch(device):
+    batch = paged_batch([], [], 16, 4, 2, 32, torch.float16, device)
+    got = dec.attention_decode(*_args(batch), **_kw(batch, max_query_len=1))
+    assert got.shape == (0, 4, 32)
+
+
+def test_decode_rejects_too_many_query_tokens(device):
+    batch = paged_batch([3], [17], 16, 4, 2, 32, torch.float16, device)
+    with pytest.raises(ValueError):
+        dec.attention_decode(*_args(batch), **_kw(batch))
+
+
+PREFILL_CASES = [
+    ([0], [1]),
+    ([0, 0], [17, 16]),
+    ([16, 5], [33, 1]),
+    ([63, 0, 64], [2, 40, 1]),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("page_size", [16, 64])
+@pytest.mark.parametrize("cached,q_lens", PREFILL_CASES)
+def test_prefill_matches_reference(device, dtype, page_size, cached, q_lens):
+    batch = paged_batch(cached, q_lens, page_size, 4, 2, 32, dtype, device)
+    want = ref.attention_prefill(*_args(batch), **_kw(batch))
+    out = torch.full_like(batch["q"], float("nan"))
+    got = pre.attention_prefill(*_args(batch), **_kw(batch, out=out))
+    assert got is out
+    _check(got, want, dtype)
+
+
+@pytest.mark.parametrize("soft_cap", [None, 20.0])
+def test_prefill_soft_cap_fp8_gqa(device, soft_cap):
+    batch = paged_batch([20, 0], [19, 5], 16, 6, 1, 64, torch.float16, device, cache_dtype=torch.float8_e4m3fn)
+    kw = _kw(batch, soft_cap=soft_cap, k_scale=torch.tensor(0.25, device=device), v_scale=1.5)
+    _check(pre.attention_prefill(*_args(batch), **kw), ref.attention_prefill(*_args(batch), **kw), torch.float16)
+
+
+def test_prefill_with_zero_length_request(device):
+    batch = paged_batch([4, 7, 2], [3, 0, 2], 16, 2, 2, 16, torch.float32, device)
+    _check(pre.attention_prefill(*_args(batch), **_kw(batch)), ref.attention_prefill(*_args(batch), **_kw(batch)),
+           torch.float32)
+
+
+def test_prefill_equals_decode_for_short_queries(device):
+    batch = paged_batch([50, 17], [3, 1], 16, 8, 2, 64, torch.bfloat16, device)
+    a = pre.attention_prefill(*_args(batch), **_kw(batch))
+    b = dec.attention_decode(*_args(batch), **_kw(batch))
+    assert rel_err(a, b) < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("page_size", [16, 64])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_attention_gpu_sizes(page_size, dtype):
+    # Llama-3-8B heads; contexts up to 5K with prefix caching; decode with 1 and 4 query tokens
+    cached = [0, 1000, 4999, 17]
+    batch = paged_batch(cached, [300, 64, 1, 129], page_size, 32, 8, 128, dtype, "cuda", seed=3)
+    _check(pre.attention_prefill(*_args(batch), **_kw(batch)), ref.attention_prefill(*_args(batch), **_kw(batch)),
+           dtype)
+    batch = paged_batch([8191, 33, 2048, 100, 0] * 4, [1, 1, 4, 16, 1] * 4, page_size, 32, 8, 128, dtype, "cuda")
+    _check(dec.attention_decode(*_args(batch), **_kw(batch)), ref.attention_decode(*_args(batch), **_kw(batch)),
+           dtype)
+
+
+@pytest.mark.gpu
+def test_decode_cuda_graph_replay():
+    batch = paged_batch([3000] * 8, [1] * 8, 16, 32, 8, 128, torch.bfloat16, "cuda")
+    q = batch["q"]
+    plan = dec.plan_decode(8, 32, 8, 128, 16, batch["page_table"].shape[1], 1)
+    assert plan.num_splits > 1
+    ws = torch.empty(dec.decode_workspace_numel(plan, q.shape[0], 32, 128), device="cuda")
+    out = torch.empty_like(q)
+    dec.run_decode(plan, *_args(batch), scale=0.088, out=out, workspace=ws)  # compile outside the graph
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        dec.run_decode(plan, *_args(batch), scale=0.088, out=out, workspace=ws)
+    q.copy_(torch.randn_like(q))
+    graph.replay()
+    torch.cuda.synchronize()
+    want = ref.attention_decode(*_args(batch), max_query_len=1, scale=0.088)
+    _check(out, want, torch.bfloat16)
