@@ -60,3 +60,19 @@ def paged_batch(cached_lens, q_lens, page_size, num_q_heads, num_kv_heads, head_
         "page_table": page_table.to(**to), "query_start_loc": qsl.to(**to),
         "seq_lens": torch.tensor(seq_lens, dtype=torch.int32).to(**to), "max_query_len": max(q_lens, default=0),
     }
+
+
+def assert_fp8_codes_match(got: torch.Tensor, want: torch.Tensor) -> None:
+    """e4m3 tensors: equal codes on the GPU (at most 0.1% differ, at rounding ties of differently
+    ordered fp32 math). Under the interpreter its fp32 -> e4m3 cast rounds imperfectly (a neighbouring
+    code) and forgets the exponent carry when rounding up to a power of two (127.7 -> 64, not 128):
+    only those deviations are allowed there."""
+    g, w = got.float(), want.float()
+    differ = g != w
+    if interpreting():
+        gd, wd = g[differ], w[differ]
+        neighbour = (gd - wd).abs() <= wd.abs() * 0.125
+        carry_lost = (wd.abs().log2().frac() == 0) & (gd == wd / 2)
+        assert (neighbour | carry_lost).all()
+    elif g.numel():
+        assert differ.float().mean().item() < 1e-3

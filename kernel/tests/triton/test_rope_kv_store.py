@@ -1,0 +1,95 @@
+import pytest
+import torch
+from tk_helpers import TOL, assert_fp8_codes_match, rel_err
+
+from lightspeed_kernel.reference import kv_store as ref_kv
+from lightspeed_kernel.reference import rope as ref_rope
+from lightspeed_kernel.triton import kv_store, rope
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("is_neox", [True, False])
+@pytest.mark.parametrize("t,hq,hkv,d,rot", [(0, 2, 1, 16, 16), (1, 1, 1, 8, 8), (5, 4, 2, 32, 32), (3, 3, 1, 64, 16)])
+def test_rope_matches_reference(device, dtype, is_neox, t, hq, hkv, d, rot):
+    cache = ref_rope.rope_cos_sin_cache(rot, 64, 10000.0, device=device)
+    pos = torch.randint(0, 64, (t,), device=device)
+    # q as a strided view of a fused qkv projection, as models produce it
+    qkv = torch.randn(t, (hq + 2 * hkv) * d, device=device).to(dtype)
+    q = qkv[:, : hq * d].view(t, hq, d)
+    k = qkv[:, hq * d: (hq + hkv) * d].view(t, hkv, d)
+    rq, rk = ref_rope.apply_rope(pos, q.clone(), k.clone(), cache, is_neox=is_neox)
+    gq, gk = rope.apply_rope(pos, q, k, cache, is_neox=is_neox)
+    assert gq is q and gk is k
+    if t:
+        assert rel_err(gq, rq) < TOL[dtype] and rel_err(gk, rk) < TOL[dtype]
+        assert torch.equal(gq[..., rot:], rq[..., rot:])  # features past rot_dim untouched
+
+
+def test_rope_llama3_scaled_cache(device):
+    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 64}
+    cache = ref_rope.rope_cos_sin_cache(32, 256, 500000.0, scaling, device=device)
+    pos = torch.tensor([0, 1, 255, 100], device=device)
+    q, k = torch.randn(4, 2, 32, device=device), torch.randn(4, 1, 32, device=device)
+    rq, rk = ref_rope.apply_rope(pos, q.clone(), k.clone(), cache)
+    gq, gk = rope.apply_rope(pos, q, k, cache)
+    assert rel_err(gq, rq) < 1e-5 and rel_err(gk, rk) < 1e-5
+
+
+def _slots(t, num_pages, page_size, skip=()):
+    # distinct slots over pages 1.. (page 0 is padding), some tokens skipped with -1
+    slots = torch.randperm((num_pages - 1) * page_size)[:t] + page_size
+    for i in skip:
+        slots[i] = -1
+    return slots
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("page_size", [16, 64])
+@pytest.mark.parametrize("t,skip", [(0, ()), (1, ()), (7, (2,)), (40, (0, 39))])
+def test_store_kv_matches_reference(device, dtype, page_size, t, skip):
+    hkv, d, pages = 2, 32, 4
+    k, v = torch.randn(t, hkv, d).to(dtype), torch.randn(t, hkv, d).to(dtype)
+    slots = _slots(t, pages, page_size, skip)
+    kc, vc = torch.randn(pages, page_size, hkv, d).to(dtype), torch.randn(pages, page_size, hkv, d).to(dtype)
+    rkc, rvc = kc.clone(), vc.clone()
+    ref_kv.store_kv(k, v, rkc, rvc, slots)
+    kc, vc = kc.to(device), vc.to(device)
+    kv_store.store_kv(k.to(device), v.to(device), kc, vc, slots.to(device))
+    assert torch.equal(kc.cpu(), rkc) and torch.equal(vc.cpu(), rvc)
+
+
+@pytest.mark.parametrize("page_size", [16, 64])
+def test_store_kv_fp8_with_scale(device, page_size):
+    t, hkv, d, pages = 9, 2, 16, 3
+    k, v = torch.randn(t, hkv, d, device=device), torch.randn(t, hkv, d, device=device)
+    slots = _slots(t, pages, page_size, (4,)).to(device)
+    kc = torch.zeros(pages, page_size, hkv, d, device=device).to(torch.float8_e4m3fn)
+    vc = kc.clone()
+    rkc, rvc = kc.clone(), vc.clone()
+    ref_kv.store_kv(k, v, rkc, rvc, slots, k_scale=0.05, v_scale=torch.tensor(0.1, device=device))
+    kv_store.store_kv(k, v, kc, vc, slots, k_scale=0.05, v_scale=torch.tensor(0.1, device=device))
+    assert_fp8_codes_match(kc, rkc)
+    assert_fp8_codes_match(vc, rvc)
+
+
+@pytest.mark.gpu
+def test_rope_kv_store_gpu_sizes():
+    t = 8192
+    cache = ref_rope.rope_cos_sin_cache(128, 131072, 500000.0, device="cuda")
+    pos = torch.randint(0, 131072, (t,), device="cuda")
+    q = torch.randn(t, 32, 128, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(t, 8, 128, device="cuda", dtype=torch.bfloat16)
+    rq, rk = ref_rope.apply_rope(pos, q.clone(), k.clone(), cache)
+    rope.apply_rope(pos, q, k, cache)
+    assert rel_err(q, rq) < TOL[torch.bfloat16] and rel_err(k, rk) < TOL[torch.bfloat16]
+    pages = 1024
+    kc = torch.zeros(pages, 16, 8, 128, device="cuda", dtype=torch.bfloat16)
+    vc = torch.zeros_like(kc)
+    slots = (torch.randperm((pages - 1) * 16, device="cuda")[:t] + 16)
+    rkc, rvc = kc.clone(), vc.clone()
+    ref_kv.store_kv(k, k, rkc, rvc, slots)
+    kv_store.store_kv(k, k, kc, vc, slots)
+    assert torch.equal(kc, rkc) and torch.equal(vc, rvc)
