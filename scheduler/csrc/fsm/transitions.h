@@ -30,12 +30,16 @@ inline LoadingPrefix readmit(Retracted&& state, kv::PageList device_pages) {
 
 // ---- copies acknowledged ---------------------------------------------------------------------
 inline Prefilling copy_done(LoadingPrefix&& state) {
-  return Prefilling{std::move(state.device_pages), state.num_computed};  // host pins released
+  kv::PageList host_pins = std::move(state.host_pages);  // released on return: the copy landed
+  return Prefilling{std::move(state.device_pages), state.num_computed};
 }
 inline Retracted copy_done(Retracting&& state) {
   return Retracted{std::move(state.host_pages), state.num_saved};
 }
-inline Finished copy_done(WritingBack&& state) { return Finished{state.reason}; }
+inline Finished copy_done(WritingBack&& state) {
+  WritingBack consumed = std::move(state);  // its pages are released on return
+  return Finished{consumed.reason};
+}
 
 // ---- compute progress ------------------------------------------------------------------------
 // A prefill chunk was scheduled: it stays Prefilling, or becomes Decoding when the chunk reaches
@@ -58,13 +62,15 @@ inline Retracting retract_to_host(S&& state, kv::PageList host_pages, int32_t nu
 // No room on host: KV is dropped and will be recomputed (the prefix cache may still hold it).
 template <class S>
   requires std::same_as<S, Prefilling> || std::same_as<S, Decoding>
-inline Waiting retract_drop(S&&) {
+inline Waiting retract_drop(S&& state) {
+  [[maybe_unused]] S consumed = std::move(state);  // its pages are released on return
   return Waiting{};
 }
 
 // ---- finishing -------------------------------------------------------------------------------
 // A decode finished; its prefix pages are copied to host before they are let go.
-inline WritingBack finish_writing_back(Decoding&&, kv::PageList held_device_pages, FinishReason reason) {
+inline WritingBack finish_writing_back(Decoding&& state, kv::PageList held_device_pages, FinishReason reason) {
+  [[maybe_unused]] Decoding consumed = std::move(state);  // pages not held for the copy go now
   return WritingBack{std::move(held_device_pages), reason};
 }
 // A request finishes outright. Besides Decoding, a request retracted while its last sample was
@@ -72,7 +78,8 @@ inline WritingBack finish_writing_back(Decoding&&, kv::PageList held_device_page
 template <class S>
   requires std::same_as<S, Decoding> || std::same_as<S, Retracting> || std::same_as<S, Retracted> ||
            std::same_as<S, Waiting>
-inline Finished finish(S&&, FinishReason reason) {
+inline Finished finish(S&& state, FinishReason reason) {
+  [[maybe_unused]] S consumed = std::move(state);  // its pages are released on return
   return Finished{reason};
 }
 
@@ -81,7 +88,8 @@ inline Finished finish(S&&, FinishReason reason) {
 template <class S>
   requires(!std::same_as<S, Finished> && !std::same_as<S, Aborted> && !std::same_as<S, WritingBack> &&
            std::is_rvalue_reference_v<S &&>)
-inline Aborted abort(S&&) {
+inline Aborted abort(S&& state) {
+  [[maybe_unused]] S consumed = std::move(state);  // everything it owns is released on return
   return Aborted{};
 }
 

@@ -118,7 +118,8 @@ void RadixCache::touch(int32_t id) {
 }
 
 bool RadixCache::device_evictable(const Node& n) const {
-  if (n.device_page < 0 || device_.refcount(n.device_page) != 1 || n.num_device_children != 0) return false;
+  // A pending host copy is still being read from the device page.
+  if (n.device_page < 0 || n.host_pending || device_.refcount(n.device_page) != 1 || n.num_device_children != 0) return false;
   // Dropping the only copy removes the node, which must then be a leaf.
   return (n.host_page >= 0 && !n.host_pending) || n.num_children == 0;
 }

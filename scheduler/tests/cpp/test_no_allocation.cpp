@@ -1,0 +1,72 @@
+// Steady-state decode steps do no heap allocation: a counting global operator new proves it.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <new>
+
+#include "test_util.h"
+
+namespace {
+std::atomic<bool> g_counting{false};
+std::atomic<int64_t> g_allocations{0};
+}  // namespace
+
+void* operator new(std::size_t size) {
+  if (g_counting.load(std::memory_order_relaxed)) g_allocations.fetch_add(1, std::memory_order_relaxed);
+  if (void* p = std::malloc(size == 0 ? 1 : size)) return p;
+  throw std::bad_alloc();
+}
+void* operator new[](std::size_t size) { return operator new(size); }
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete[](void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
+
+using namespace lightspeed;
+using namespace lightspeed::testing;
+
+namespace {
+
+int64_t allocations_in_decode_steps(bool overlap) {
+  SchedulerConfig config;
+  config.page_size = 16;
+  config.num_device_pages = 8192;
+  config.num_host_pages = 64;
+  config.max_num_seqs = 64;
+  config.max_num_batched_tokens = 8192;
+  config.max_model_len = 8192;
+  Scheduler s(config);
+  for (int i = 0; i < 64; ++i) {
+    auto spec = make_spec("r" + std::to_string(i), iota_tokens(500, 1000 * i + 10), 100000);
+    spec.ignore_eos = true;
+    s.submit(spec);
+  }
+  std::vector<int32_t> sampled(8192, 7);
+  auto run = [&](int steps) {
+    Plan* in_flight = nullptr;
+    for (int i = 0; i < steps; ++i) {
+      Plan& plan = s.next_plan();
+      if (overlap) {
+        if (in_flight) s.advance(*in_flight, std::span<const int32_t>(sampled.data(), in_flight->num_samples));
+        in_flight = &plan;
+      } else {
+        s.advance(plan, std::span<const int32_t>(sampled.data(), plan.num_samples));
+      }
+    }
+    if (in_flight) s.advance(*in_flight, std::span<const int32_t>(sampled.data(), in_flight->num_samples));
+  };
+  run(50);  // admission and prefill allocate; decoding must not
+  g_allocations = 0;
+  g_counting = true;
+  run(300);  // crosses page boundaries: 300 tokens is ~19 pages per request
+  g_counting = false;
+  EXPECT_EQ(s.stats().num_running, 64);
+  return g_allocations.load();
+}
+
+}  // namespace
+
+TEST(NoAllocation, SynchronousDecodeSteps) { EXPECT_EQ(allocations_in_decode_steps(false), 0); }
+
+TEST(NoAllocation, OverlappedDecodeSteps) { EXPECT_EQ(allocations_in_decode_steps(true), 0); }
