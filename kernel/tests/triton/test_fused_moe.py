@@ -1,0 +1,58 @@
+import pytest
+import torch
+from tk_helpers import rel_err
+
+from lightspeed_kernel.reference import moe as ref_moe
+from lightspeed_kernel.triton import fused_moe
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+# fp32 GEMMs run as tf32 on the GPU's tensor cores (about 3e-4 relative)
+MATMUL_TOL = {torch.float32: 2e-3, torch.float16: 4e-3, torch.bfloat16: 3e-2}
+
+
+def _problem(t, e, k, hidden, inter, dtype, device):
+    x = torch.randn(t, hidden, device=device).to(dtype)
+    w13 = (torch.randn(e, 2 * inter, hidden, device=device) / hidden**0.5).to(dtype)
+    w2 = (torch.randn(e, hidden, inter, device=device) / inter**0.5).to(dtype)
+    logits = torch.randn(t, e, device=device)
+    weights, ids = ref_moe.moe_topk(logits, k)
+    return x, w13, w2, weights, ids
+
+
+def test_align_pairs_groups_by_expert(device):
+    ids = torch.tensor([[3, 0], [3, 1], [0, 3]], dtype=torch.int32, device=device)
+    pairs, block_expert = fused_moe.align_pairs(ids, 5, 2)
+    pairs, block_expert = pairs.cpu().tolist(), block_expert.cpu().tolist()
+    flat = ids.reshape(-1).cpu().tolist()
+    for blk, expert in enumerate(block_expert):
+        members = [p for p in pairs[blk * 2: blk * 2 + 2] if p < 6]
+        if expert < 5:
+            assert members and all(flat[p] == expert for p in members)
+        else:
+            assert not members
+    assert sorted(p for p in pairs if p < 6) == list(range(6))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("t,e,k", [(0, 4, 2), (1, 4, 2), (5, 8, 3), (37, 4, 2)])
+def test_fused_experts_matches_reference(device, dtype, t, e, k):
+    x, w13, w2, weights, ids = _problem(t, e, k, 48, 40, dtype, device)
+    want = ref_moe.fused_experts(x, w13, w2, weights, ids)
+    got = fused_moe.fused_experts(x, w13, w2, weights, ids)
+    assert got.shape == (t, 48) and got.dtype == dtype
+    if t:
+        assert rel_err(got, want) < MATMUL_TOL[dtype]
+
+
+def test_fused_experts_gelu(device):
+    x, w13, w2, weights, ids = _problem(6, 4, 2, 32, 16, torch.float32, device)
+    want = ref_moe.fused_experts(x, w13, w2, weights, ids, activation="gelu")
+    assert rel_err(fused_moe.fused_experts(x, w13, w2, weights, ids, activation="gelu"), want) < 2e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("t", [1, 16, 256])
+def test_fused_experts_gpu_qwen3_moe_shapes(t):
+    x, w13, w2, weights, ids = _problem(t, 128, 8, 2048, 768, torch.bfloat16, "cuda")
+    want = ref_moe.fused_experts(x, w13, w2, weights, ids)
+    assert rel_err(fused_moe.fused_experts(x, w13, w2, weights, ids), want) < MATMUL_TOL[torch.bfloat16]
