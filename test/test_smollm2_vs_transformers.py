@@ -3,7 +3,6 @@
 import inspect
 
 import torch
-
 from lightspeed import LLM, SamplingParams
 
 PROMPTS = [
@@ -47,15 +46,15 @@ def test_greedy_matches_transformers_and_prefix_cache_hit(smollm2_path, hf_smoll
         prompts = [llm.engine.apply_chat_template([{"role": "user", "content": p}]) for p in PROMPTS]
         params = SamplingParams(temperature=0.0, max_tokens=NUM_TOKENS, ignore_eos=True)
         outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
-        for prompt, out in zip(prompts, outs):
+        for prompt, out in zip(prompts, outs, strict=False):
             expected = hf_greedy(hf_smollm2, prompt, NUM_TOKENS)
             got = out.outputs[0].token_ids
-            assert got == expected, f"diverged at {next(i for i, (a, b) in enumerate(zip(got, expected)) if a != b)}:" \
+            assert got == expected, f"diverged at {next(i for i, (a, b) in enumerate(zip(got, expected, strict=False)) if a != b)}:" \
                                     f"\n engine: {tok.decode(got)!r}\n hf:     {tok.decode(expected)!r}"
         # The chat template's system prompt is shared: a second pass hits the prefix cache and
         # must produce the same tokens.
         again = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
-        for first, second in zip(outs, again):
+        for first, second in zip(outs, again, strict=False):
             assert second.num_cached_tokens >= 16
             assert second.outputs[0].token_ids == first.outputs[0].token_ids
         assert llm.stats()["prefix_hit_tokens"] > 0

@@ -32,7 +32,12 @@ _EXPORTS = {
     "apply_chat_template": "lightspeed.frontend.tokenizer",
 }
 
-__all__ = [*_EXPORTS, "__version__"]
+__all__ = [
+    "LLM", "AsyncLLM", "SamplingParams", "StructuredOutputParams", "RequestOutputKind", "RequestOutput",
+    "CompletionOutput", "Logprob", "EngineConfig", "engine_arg_specs", "EngineDeadError", "default_model",
+    "load_tokenizer", "apply_chat_template", "__version__",
+]
+assert set(__all__) == {*_EXPORTS, "__version__"}
 
 if TYPE_CHECKING:
     from .api.async_llm import AsyncLLM

@@ -1,13 +1,11 @@
 """End-to-end through the engine core process on a tiny random Llama (SmolLM2's tokenizer)."""
 
 import asyncio
-import json
 import os
 import re
 import time
 
 import pytest
-
 from lightspeed import LLM, EngineDeadError, RequestOutputKind, SamplingParams, StructuredOutputParams
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
@@ -43,7 +41,7 @@ def test_greedy_is_deterministic_and_batch_independent(llm):
     prompts = ["The quick brown fox", "Hello", "One two three four five six seven eight nine ten"]
     alone = [llm.generate(p, GREEDY)[0] for p in prompts]
     batched = llm.generate(prompts, GREEDY)
-    for a, b in zip(alone, batched):
+    for a, b in zip(alone, batched, strict=False):
         assert a.outputs[0].token_ids == b.outputs[0].token_ids
         assert len(a.outputs[0].token_ids) == 12 and a.outputs[0].finish_reason == "length"
         assert a.outputs[0].text == llm.get_tokenizer().decode(a.outputs[0].token_ids, skip_special_tokens=True)
@@ -95,7 +93,7 @@ def test_stop_strings(llm):
 def test_logprobs_and_logit_bias_and_min_tokens(llm):
     out = llm.generate("Hi", SamplingParams(temperature=0.0, max_tokens=5, logprobs=3, ignore_eos=True))[0].outputs[0]
     assert len(out.logprobs) == 5
-    for token, entry in zip(out.token_ids, out.logprobs):
+    for token, entry in zip(out.token_ids, out.logprobs, strict=False):
         assert entry[token].rank == 1 and entry[token].logprob <= 0.0 and len(entry) >= 3
         assert max(e.logprob for e in entry.values()) == entry[token].logprob
     biased = llm.generate("Hi", SamplingParams(temperature=0.0, max_tokens=4, logit_bias={4242: 100.0},

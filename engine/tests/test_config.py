@@ -1,7 +1,6 @@
 import dataclasses
 
 import pytest
-
 from lightspeed.config import EngineConfig, engine_arg_specs, parse_bytes
 
 

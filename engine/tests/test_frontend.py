@@ -1,7 +1,6 @@
 from types import SimpleNamespace
 
 import pytest
-
 from lightspeed.frontend.detokenizer import IncrementalDetokenizer, StopStringChecker
 from lightspeed.frontend.tokenizer import apply_chat_template, eos_token_ids, load_tokenizer
 

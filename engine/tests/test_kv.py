@@ -1,6 +1,5 @@
 import pytest
 import torch
-
 from lightspeed.kv import KVCache, KVLayout, KVPool, copy_pages, device_kv_budget, resolve_kv_dtype
 
 

@@ -1,5 +1,4 @@
 import pytest
-
 from lightspeed import RequestOutputKind, SamplingParams, StructuredOutputParams
 
 

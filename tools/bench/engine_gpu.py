@@ -86,7 +86,7 @@ class InProcessEngine:
             finished = self.scheduler.advance(plan, result.tokens)
             if step_times is not None:
                 step_times.append((int(plan.num_prefills), time.perf_counter() - t0))
-            for rid, tok in zip(result.req_ids.tolist(), result.tokens.tolist()):
+            for rid, tok in zip(result.req_ids.tolist(), result.tokens.tolist(), strict=True):
                 outputs[rid].append(tok)
             for rid, _ in finished:
                 live.discard(rid)
@@ -136,7 +136,7 @@ def run_engine(args, rng: np.random.Generator, report: dict) -> None:
     fast = list(engine.generate([prompt], args.check_len).values())[0]
     with lk.override(**reference_overrides()):
         ref = list(engine.generate([prompt], args.check_len).values())[0]
-    agree = next((i for i, (a, b) in enumerate(zip(fast, ref)) if a != b), len(fast))
+    agree = next((i for i, (a, b) in enumerate(zip(fast, ref, strict=False)) if a != b), len(fast))
     report["greedy_vs_reference"] = {"equal": fast == ref, "tokens": len(fast), "first_divergence": agree,
                                      "fast": fast, "reference": ref}
     print(f"greedy registry == reference: {fast == ref} (agree on first {agree}/{len(fast)} tokens)", flush=True)
@@ -183,9 +183,8 @@ def run_engine(args, rng: np.random.Generator, report: dict) -> None:
 
 @torch.inference_mode()
 def run_transformers(args, rng: np.random.Generator, report: dict) -> None:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     from lightspeed.models import preset_hf_config
+    from transformers import LlamaConfig, LlamaForCausalLM
 
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     hf_config = LlamaConfig(**{k: v for k, v in preset_hf_config(args.model).items() if k != "torch_dtype"})
@@ -215,7 +214,7 @@ def run_transformers(args, rng: np.random.Generator, report: dict) -> None:
         wall = generate(batch, args.output_len)
         report["transformers"][f"output_tok_s_{batch}"] = batch * args.output_len / wall
         print(f"transformers {batch} concurrent: {batch * args.output_len / wall:.1f} output tok/s", flush=True)
-    del model
+    model.to("meta")  # free the weights before the caller goes on
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()

@@ -13,9 +13,7 @@ disconnect) aborts the request in the core and frees its KV pages at once.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
-import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -62,8 +60,13 @@ class AsyncLLM:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._dead: EngineDeadError | None = None
         self._stats: m.EngineStats | None = None
-        self._counter = itertools.count()
         self._closed = False
+        try:  # constructed inside a running loop (gateway, LLM): start listening now, so stats flow
+            asyncio.get_running_loop()
+        except RuntimeError:
+            pass
+        else:
+            self._ensure_output_task()
 
     @staticmethod
     def _load_tokenizer(config: EngineConfig) -> Any | None:
@@ -292,6 +295,3 @@ class AsyncLLM:
         if stopped:
             self._abort_in_core([e for e in stopped if e not in (msg.finished or {})])
 
-
-def _now() -> float:
-    return time.monotonic()

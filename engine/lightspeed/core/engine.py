@@ -11,6 +11,7 @@ import logging
 import time
 
 import numpy as np
+import torch
 
 from ..config import EngineConfig
 from ..runner.factory import build_model_runner
@@ -24,7 +25,12 @@ class Engine:
         from lightspeed_scheduler import Scheduler, SchedulerConfig
 
         self.config = config
-        built = build_model_runner(config, num_outputs_of=self._num_outputs_of)
+        from ..envs import ENVS
+
+        threads = config.num_threads or ENVS.num_threads
+        if threads:
+            torch.set_num_threads(threads)
+        built = build_model_runner(config, output_tokens_of=self._output_tokens_of)
         self.runner, self.model_config, self.max_model_len = built.runner, built.model_config, built.max_model_len
         self.built = built
         self.vocab_size = built.model_config.vocab_size
@@ -66,7 +72,7 @@ class Engine:
         try:
             req_id = self.scheduler.submit(RequestSpec(
                 rid=name, token_ids=prompt, max_new_tokens=max_new, eos_token_ids=list(spec.eos_token_ids),
-                stop_token_ids=list(spec.stop_token_ids), ignore_eos=spec.ignore_eos, priority=msg.priority,
+                stop_token_ids=list(spec.stop_token_ids), ignore_eos=spec.ignore_eos, priority=-msg.priority,
                 num_draft_tokens=0))
         except ValueError as e:
             return str(e)
@@ -98,10 +104,11 @@ class Engine:
         self.runner.remove_request(req_id)
 
     def has_work(self) -> bool:
-        return bool(self._names)
+        # Also step while an abort is unreported: advance() acknowledges it.
+        return bool(self._names) or self.scheduler.has_unfinished()
 
-    def _num_outputs_of(self, req_id: int) -> int:
-        return int(self.scheduler.request_stats(req_id)["num_output_tokens"])
+    def _output_tokens_of(self, req_id: int) -> list[int]:
+        return self.scheduler.output_token_ids(req_id)
 
     # -- the step --------------------------------------------------------------------------------
     def step(self) -> m.StepOutputs:

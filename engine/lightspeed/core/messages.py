@@ -37,7 +37,7 @@ class AddRequest(msgspec.Struct, tag="add", frozen=True):
     request_id: str                 # unique among live requests (the client's id)
     prompt_token_ids: list[int]     # tokenised prompt
     sampling: SamplingSpec
-    priority: int = 0               # lower value = more important (scheduler's priority)
+    priority: int = 0               # vLLM semantics: lower value = scheduled earlier (core negates it)
 
 
 class AbortRequests(msgspec.Struct, tag="abort", frozen=True):

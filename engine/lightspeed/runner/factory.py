@@ -47,7 +47,7 @@ def resolve_dtype(dtype: str, device: torch.device) -> str:
     return _DTYPE_NAMES[dtype]
 
 
-def build_model_runner(config: EngineConfig, *, num_outputs_of: Callable[[int], int] | None = None,
+def build_model_runner(config: EngineConfig, *, output_tokens_of: Callable[[int], list[int]] | None = None,
                        load_tokenizer: Callable[[], object] | None = None) -> BuiltRunner:
     from ..loader import load_model
 
@@ -95,6 +95,6 @@ def build_model_runner(config: EngineConfig, *, num_outputs_of: Callable[[int], 
 
     runner = ModelRunner(model, kv_cache, max_num_seqs=config.max_num_seqs, vocab_size=model_config.vocab_size,
                          device=device, engine_seed=config.seed, load_tokenizer=load_tokenizer,
-                         num_outputs_of=num_outputs_of)
+                         output_tokens_of=output_tokens_of)
     return BuiltRunner(runner, model_config, max_model_len, num_device_pages, num_host_pages, device,
                        model_config.torch_dtype, kv_dtype)

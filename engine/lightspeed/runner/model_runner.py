@@ -45,7 +45,7 @@ class ModelRunner:
 
     def __init__(self, model: torch.nn.Module, kv_cache: KVCache, *, max_num_seqs: int, vocab_size: int,
                  device: torch.device, engine_seed: int = 0, load_tokenizer: Callable[[], Any] | None = None,
-                 num_outputs_of: Callable[[int], int] | None = None):
+                 output_tokens_of: Callable[[int], list[int]] | None = None):
         self.model, self.kv_cache, self.device = model, kv_cache, device
         self.vocab_size = vocab_size
         self.sampling = SamplingState(max_num_seqs, vocab_size, device, engine_seed)
@@ -53,7 +53,7 @@ class ModelRunner:
         self.inputs = InputBuilder(device)
         self._slot_owner = np.full(max_num_seqs, -1, dtype=np.int64)  # req id bound to each state row
         self._requests: dict[int, tuple[SamplingSpec, list[int]]] = {}
-        self._num_outputs_of = num_outputs_of
+        self._output_tokens_of = output_tokens_of
         self._prev_sampled: torch.Tensor | None = None
 
     # -- request lifecycle ---------------------------------------------------------------------
@@ -72,7 +72,8 @@ class ModelRunner:
         for row in new_rows.tolist():  # only requests entering (or re-entering) the batch
             req_id, slot = int(plan.req_ids[row]), int(plan.req_slots[row])
             spec, prompt = self._requests[req_id]
-            done = self._num_outputs_of(req_id) if self._num_outputs_of else 0
+            # A retracted request coming back keeps its RNG counter and penalty counts.
+            done = self._output_tokens_of(req_id) if self._output_tokens_of else []
             self.sampling.bind(slot, req_id, spec, prompt, done)
             self._slot_owner[slot] = req_id
 
@@ -80,10 +81,11 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, plan) -> StepResult:
         self._bind_new_rows(plan)
-        if plan.load_back.shape[0]:
-            self.kv_cache.load_back(plan.load_back)
+        # Write-back first: a device page copied out may be the destination of a load-back.
         if plan.write_back.shape[0]:
             self.kv_cache.write_back(plan.write_back)
+        if plan.load_back.shape[0]:
+            self.kv_cache.load_back(plan.load_back)
         if plan.input_ids.shape[0] == 0:
             return StepResult(np.empty(0, np.int32), np.empty(0, np.int64))
         t = self.inputs.build(plan, self._prev_sampled)

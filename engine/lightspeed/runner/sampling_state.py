@@ -63,8 +63,9 @@ class SamplingState:
         self._max_slots = n
 
     # -- admission (once per request, not on the per-step path) --------------------------------
-    def bind(self, slot: int, req_id: int, spec: SamplingSpec, prompt_ids: list[int], num_outputs: int) -> None:
-        """Write a request's parameters into `slot`; `num_outputs` > 0 when a retracted request returns."""
+    def bind(self, slot: int, req_id: int, spec: SamplingSpec, prompt_ids: list[int], output_ids: list[int]) -> None:
+        """Write a request's parameters into `slot`; `output_ids` is non-empty when a retracted request returns."""
+        num_outputs = len(output_ids)
         self.temperature[slot] = spec.temperature
         self.top_k[slot] = spec.top_k if spec.top_k > 0 else 0
         self.top_p[slot] = spec.top_p
@@ -75,11 +76,11 @@ class SamplingState:
         self.h_num_outputs[slot] = num_outputs
         self.h_logprobs[slot] = -1 if spec.logprobs is None else spec.logprobs
         self.h_structured[slot] = spec.structured_kind is not None
-        self._bind_penalties(slot, spec, prompt_ids)
+        self._bind_penalties(slot, spec, prompt_ids, output_ids)
         self._bind_bias(slot, spec.logit_bias)
         self._bind_min_tokens(slot, spec)
 
-    def _bind_penalties(self, slot: int, spec: SamplingSpec, prompt_ids: list[int]) -> None:
+    def _bind_penalties(self, slot: int, spec: SamplingSpec, prompt_ids: list[int], output_ids: list[int]) -> None:
         on = spec.presence_penalty != 0.0 or spec.frequency_penalty != 0.0 or spec.repetition_penalty != 1.0
         self.h_penalties[slot] = on
         self.presence[slot] = spec.presence_penalty
@@ -94,6 +95,9 @@ class SamplingState:
         self.output_counts[slot].zero_()
         self.prompt_mask[slot].zero_()
         self.prompt_mask[slot, torch.as_tensor(prompt_ids, dtype=torch.int64, device=self.device)] = True
+        if output_ids:
+            outs = torch.as_tensor(output_ids, dtype=torch.int64, device=self.device)
+            self.output_counts[slot].index_add_(0, outs, torch.ones_like(outs, dtype=torch.int32))
 
     def _bind_bias(self, slot: int, logit_bias: dict[int, float] | None) -> None:
         self.h_bias[slot] = bool(logit_bias)

@@ -33,8 +33,8 @@ class StructuredOutputs:
             try:
                 if kind == "json_schema":
                     grammar = self._compiler.compile_json_schema(spec)
-                elif kind == "json_object":
-                    grammar = self._compiler.compile_builtin_json_grammar()
+                elif kind == "json_object":  # any JSON object (as OpenAI's json_object mode)
+                    grammar = self._compiler.compile_json_schema('{"type": "object"}')
                 elif kind == "regex":
                     grammar = self._compiler.compile_regex(spec)
                 elif kind == "grammar":
