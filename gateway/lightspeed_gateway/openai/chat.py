@@ -30,7 +30,7 @@ from lightspeed_gateway.parsers import (
     ParsedDelta,
     make_tool_parser,
 )
-from lightspeed_gateway.server.engine import EngineDead, RequestTiming
+from lightspeed_gateway.server.engine import EngineDead, RequestRejected, RequestTiming
 
 
 class ChoiceParser:
@@ -174,6 +174,8 @@ class _ChatRun:
         except EngineDead as e:
             raise APIError(503, f"The engine failed while serving this request: {e}", "service_unavailable",
                            code="engine_dead") from None
+        except RequestRejected as e:
+            raise bad_request(str(e)) from None
         choices = []
         for i, parser in enumerate(self.parsers):
             first, last = parser.feed("".join(texts[i])), parser.finish()
@@ -252,6 +254,10 @@ class _ChatRun:
             self.state.metrics.errors.labels(self.state.model_name, "503").inc()
             yield sse_error(APIError(503, f"The engine failed while serving this request: {e}",
                                      "service_unavailable", code="engine_dead"))
+            yield SSE_DONE
+        except RequestRejected as e:
+            self.state.metrics.errors.labels(self.state.model_name, "400").inc()
+            yield sse_error(bad_request(str(e)))
             yield SSE_DONE
 
 

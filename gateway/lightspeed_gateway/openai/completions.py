@@ -23,7 +23,7 @@ from lightspeed_gateway.openai.serving import (
     token_logprobs,
     usage_dict,
 )
-from lightspeed_gateway.server.engine import EngineDead, RequestTiming
+from lightspeed_gateway.server.engine import EngineDead, RequestRejected, RequestTiming
 
 
 def _prompts(state: GatewayState, prompt: Any) -> list[tuple[str, list[int]]]:
@@ -131,6 +131,8 @@ class _CompletionRun:
         except EngineDead as e:
             raise APIError(503, f"The engine failed while serving this request: {e}", "service_unavailable",
                            code="engine_dead") from None
+        except RequestRejected as e:
+            raise bad_request(str(e)) from None
         self._observe()
         choices = [{"index": i, "text": "".join(texts[i]), "finish_reason": self.finish_reasons[i],
                     "logprobs": (logprobs[i] or {"text_offset": [], "token_logprobs": [], "tokens": [],
@@ -181,4 +183,8 @@ class _CompletionRun:
             self.state.metrics.errors.labels(self.state.model_name, "503").inc()
             yield sse_error(APIError(503, f"The engine failed while serving this request: {e}",
                                      "service_unavailable", code="engine_dead"))
+            yield SSE_DONE
+        except RequestRejected as e:
+            self.state.metrics.errors.labels(self.state.model_name, "400").inc()
+            yield sse_error(bad_request(str(e)))
             yield SSE_DONE

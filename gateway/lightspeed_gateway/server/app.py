@@ -181,7 +181,7 @@ def _add_routes(app: FastAPI) -> None:
     async def health(request: Request):
         state = _state(request)
         if state.engine.check_alive():
-            return Response(status_code=200)
+            return {"status": "ok"}
         return JSONResponse({"error": {"message": f"engine down: {state.engine.dead_reason}",
                                        "type": "service_unavailable", "param": None, "code": "engine_dead"}},
                             status_code=503, headers={"Retry-After": str(state.config.retry_after_s)})

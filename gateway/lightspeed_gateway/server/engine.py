@@ -23,6 +23,10 @@ class EngineDead(Exception):
     """The engine core is gone; the request cannot complete."""
 
 
+class RequestRejected(Exception):
+    """The engine refused this request (e.g. a grammar it cannot compile); others carry on."""
+
+
 @dataclass
 class RequestTiming:
     arrival: float = field(default_factory=time.monotonic)
@@ -123,6 +127,8 @@ class EngineClient:
         except self._dead_errors as e:
             self.mark_dead(str(e) or type(e).__name__)
             raise EngineDead(self.dead_reason) from None
+        except ValueError as e:
+            raise RequestRejected(str(e)) from None
         finally:
             self.inflight.discard(task)
             if not started:
