@@ -22,9 +22,13 @@ def _cmd_list(args: argparse.Namespace) -> int:
     specs = list_kernels(args.family)
     print(f"{'family/mode':<30} {'name':<32} {'solution':<12} {'prio':>4}  capability / dtypes / features")
     for spec in specs:
-        dtypes = ",".join(sorted(str(d).removeprefix("torch.") for d in spec.dtypes)) if spec.dtypes else "any"
+        dtypes = (
+            ",".join(sorted(str(d).removeprefix("torch.") for d in spec.dtypes)) if spec.dtypes else "any"
+        )
         features = ",".join(sorted(spec.features)) or "-"
-        print(f"{spec.key:<30} {spec.name:<32} {spec.solution:<12} {spec.priority:>4}  {spec.capability} / {dtypes} / {features}")
+        print(
+            f"{spec.key:<30} {spec.name:<32} {spec.solution:<12} {spec.priority:>4}  {spec.capability} / {dtypes} / {features}"
+        )
     return 0
 
 
@@ -47,16 +51,22 @@ def _cmd_explain(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="lightspeed-kernel", description="Inspect the Lightspeed kernel registry.")
+    parser = argparse.ArgumentParser(
+        prog="lightspeed-kernel", description="Inspect the Lightspeed kernel registry."
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     p_list = sub.add_parser("list", help="every registered kernel")
     p_list.add_argument("family", nargs="?", help="only this family")
     p_list.set_defaults(func=_cmd_list)
-    p_explain = sub.add_parser("explain", help="rank the candidates of FAMILY MODE, with reasons for rejections")
+    p_explain = sub.add_parser(
+        "explain", help="rank the candidates of FAMILY MODE, with reasons for rejections"
+    )
     p_explain.add_argument("family")
     p_explain.add_argument("mode")
     p_explain.add_argument("--dtype", default=None, help="activation dtype, e.g. bfloat16")
-    p_explain.add_argument("--platform", default=None, help="cpu, cuda, sm_90, cuda:10.0, rocm:9.4 (default: this machine)")
+    p_explain.add_argument(
+        "--platform", default=None, help="cpu, cuda, sm_90, cuda:10.0, rocm:9.4 (default: this machine)"
+    )
     p_explain.add_argument("--feature", action="append", help="required feature (repeatable), e.g. fp8_kv")
     p_explain.add_argument("--trait", action="append", help="required trait key=value (repeatable)")
     p_explain.add_argument("--objective", default="default")

@@ -23,10 +23,11 @@ def build_batch(cached_lens, q_lens, page_size, num_kv_heads, head_dim, dtype, *
     for b, (seq_len, n_pages) in enumerate(zip(seq_lens, pages_per_req, strict=True)):
         pages = [order.pop() for _ in range(n_pages)]
         page_table[b, :n_pages] = torch.tensor(pages, dtype=torch.int32)
-        slots = torch.tensor([pages[i // page_size] * page_size + i % page_size for i in range(seq_len)],
-                             dtype=torch.int64)
+        slots = torch.tensor(
+            [pages[i // page_size] * page_size + i % page_size for i in range(seq_len)], dtype=torch.int64
+        )
         seq_slots.append(slots)
-        new_slots.append(slots[cached_lens[b]:])
+        new_slots.append(slots[cached_lens[b] :])
         k_seq.append(torch.randn(seq_len, num_kv_heads, head_dim, generator=gen).to(dtype))
         v_seq.append(torch.randn(seq_len, num_kv_heads, head_dim, generator=gen).to(dtype))
     qsl = torch.zeros(len(q_lens) + 1, dtype=torch.int32)

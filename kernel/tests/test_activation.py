@@ -2,7 +2,6 @@ import math
 
 import pytest
 import torch
-
 from lightspeed_kernel import ops
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]

@@ -4,9 +4,8 @@ import math
 
 import pytest
 import torch
-from paged_helpers import build_batch
-
 from lightspeed_kernel import ops
+from paged_helpers import build_batch
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 TOL = {torch.float32: 2e-5, torch.bfloat16: 2e-2, torch.float16: 3e-3}
@@ -46,11 +45,26 @@ def _run(op, cached, q_lens, page_size, dtype, heads=(6, 2), head_dim=32, soft_c
     v_cache = torch.zeros(batch["cache_shape"], dtype=cache_dtype)
     k_scale, v_scale = (0.25, 0.5) if fp8 else (None, None)
     for b, slots in enumerate(batch["seq_slots"]):  # prefix and new tokens, all stored
-        ops.store_kv(batch["k_seq"][b], batch["v_seq"][b], k_cache, v_cache, slots, k_scale=k_scale, v_scale=v_scale)
-    q = torch.randn(sum(q_lens), num_q_heads, head_dim, generator=torch.Generator().manual_seed(seed + 1)).to(dtype)
+        ops.store_kv(
+            batch["k_seq"][b], batch["v_seq"][b], k_cache, v_cache, slots, k_scale=k_scale, v_scale=v_scale
+        )
+    q = torch.randn(sum(q_lens), num_q_heads, head_dim, generator=torch.Generator().manual_seed(seed + 1)).to(
+        dtype
+    )
     scale = head_dim**-0.5
-    got = op(q, k_cache, v_cache, batch["page_table"], batch["query_start_loc"], batch["seq_lens"],
-             max_query_len=max(q_lens, default=0), scale=scale, soft_cap=soft_cap, k_scale=k_scale, v_scale=v_scale)
+    got = op(
+        q,
+        k_cache,
+        v_cache,
+        batch["page_table"],
+        batch["query_start_loc"],
+        batch["seq_lens"],
+        max_query_len=max(q_lens, default=0),
+        scale=scale,
+        soft_cap=soft_cap,
+        k_scale=k_scale,
+        v_scale=v_scale,
+    )
     expected = _dense_reference(q, batch, q_lens, scale, soft_cap, k_scale, v_scale, fp8)
     assert got.shape == q.shape and got.dtype == dtype
     return got, expected
@@ -116,7 +130,9 @@ def test_out_argument_and_prefill_equals_decode():
     args = (q, k_cache, v_cache, batch["page_table"], batch["query_start_loc"], batch["seq_lens"])
     out = torch.empty_like(q)
     assert ops.attention_prefill(*args, max_query_len=16, scale=0.2, out=out) is out
-    torch.testing.assert_close(ops.attention_decode(*args, max_query_len=16, scale=0.2), out, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        ops.attention_decode(*args, max_query_len=16, scale=0.2), out, rtol=1e-5, atol=1e-5
+    )
 
 
 def test_unused_page_table_entries_are_ignored():

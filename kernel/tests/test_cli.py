@@ -34,7 +34,10 @@ def test_explain_bad_override_exit_code(capsys):
 
 def test_console_script():
     script = Path(sys.executable).with_name("lightspeed-kernel")
-    result = subprocess.run([str(script), "explain", "norm", "rms", "--dtype", "float16", "--platform", "cpu"],
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [str(script), "explain", "norm", "rms", "--dtype", "float16", "--platform", "cpu"],
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 0, result.stderr
     assert "selected: reference" in result.stdout

@@ -1,8 +1,7 @@
 import pytest
 import torch
-from paged_helpers import build_batch
-
 from lightspeed_kernel import ops
+from paged_helpers import build_batch
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 

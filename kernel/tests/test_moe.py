@@ -1,6 +1,5 @@
 import pytest
 import torch
-
 from lightspeed_kernel import ops
 
 
@@ -13,10 +12,11 @@ def _naive_route(logits, top_k, scoring, renormalize, bias=None, groups=None, to
         allowed = list(range(len(row)))
         if groups:
             size = len(row) // groups
-            def group_score(g):
+            group_scores = []
+            for g in range(groups):
                 vals = sorted(choice[g * size : (g + 1) * size].tolist(), reverse=True)
-                return sum(vals[:2]) if bias is not None else vals[0]
-            best = sorted(range(groups), key=lambda g: -group_score(g))[:topk_groups]
+                group_scores.append(sum(vals[:2]) if bias is not None else vals[0])
+            best = sorted(range(groups), key=lambda g: -group_scores[g])[:topk_groups]  # noqa: B023
             allowed = [e for e in allowed if e // size in best]
         chosen = sorted(allowed, key=lambda e: -choice[e].item())[:top_k]
         w = [scores[e].item() for e in chosen]
@@ -47,8 +47,15 @@ def test_grouped_topk_deepseek(with_bias):
     logits = torch.randn(7, 64)
     bias = torch.randn(64) * 0.5 if with_bias else None
     scoring = "sigmoid" if with_bias else "softmax"
-    weights, ids = ops.moe_topk(logits, 6, scoring=scoring, correction_bias=bias, num_groups=8, topk_groups=3,
-                                routed_scaling_factor=2.5)
+    weights, ids = ops.moe_topk(
+        logits,
+        6,
+        scoring=scoring,
+        correction_bias=bias,
+        num_groups=8,
+        topk_groups=3,
+        routed_scaling_factor=2.5,
+    )
     exp_w, exp_ids = _naive_route(logits, 6, scoring, True, bias, 8, 3, 2.5)
     assert torch.equal(ids.long(), exp_ids)
     torch.testing.assert_close(weights.double(), exp_w, rtol=1e-5, atol=1e-6)
@@ -71,7 +78,9 @@ def _naive_experts(x, w13, w2, weights, ids, act):
     for t in range(x.shape[0]):
         for w, e in zip(weights[t].tolist(), ids[t].tolist(), strict=True):
             h = w13[e] @ x[t]
-            gate = torch.nn.functional.silu(h[:inter]) if act == "silu" else torch.nn.functional.gelu(h[:inter])
+            gate = (
+                torch.nn.functional.silu(h[:inter]) if act == "silu" else torch.nn.functional.gelu(h[:inter])
+            )
             out[t] += w * (w2[e] @ (gate * h[inter:]))
     return out
 
@@ -89,4 +98,6 @@ def test_fused_experts(dtype, tokens, activation):
     got = ops.fused_experts(x, w13, w2, weights, ids, activation=activation)
     assert got.shape == x.shape and got.dtype == dtype
     tol = {torch.float32: 1e-4, torch.bfloat16: 5e-2, torch.float16: 5e-3}[dtype]
-    torch.testing.assert_close(got.double(), _naive_experts(x, w13, w2, weights, ids, activation), rtol=tol, atol=tol)
+    torch.testing.assert_close(
+        got.double(), _naive_experts(x, w13, w2, weights, ids, activation), rtol=tol, atol=tol
+    )

@@ -1,6 +1,5 @@
 import pytest
 import torch
-
 from lightspeed_kernel import ops
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
@@ -36,7 +35,9 @@ def test_fused_add_rms_norm(dtype, tokens):
     expected_residual = (x.double() + residual.double()).to(dtype)
     normed, new_residual = ops.fused_add_rms_norm(x, residual.clone(), w, 1e-5)
     torch.testing.assert_close(new_residual, expected_residual, rtol=0, atol=0)
-    torch.testing.assert_close(normed.double(), _naive_rms(expected_residual, w, 1e-5), rtol=TOL[dtype], atol=TOL[dtype])
+    torch.testing.assert_close(
+        normed.double(), _naive_rms(expected_residual, w, 1e-5), rtol=TOL[dtype], atol=TOL[dtype]
+    )
     # same numbers as an unfused add + rms_norm
     assert torch.equal(normed, ops.rms_norm(expected_residual, w, 1e-5))
 

@@ -1,13 +1,16 @@
+import lightspeed_kernel as lk
 import pytest
 import torch
-
-import lightspeed_kernel as lk
 from lightspeed_kernel import CPU, KernelSelectionError, Priority, override, register_kernel, select_kernel
 
 
 @pytest.fixture
 def kernels(registry_sandbox):
-    for name, priority in (("best", Priority.PERFORMANT), ("a", Priority.PORTABLE), ("b", Priority.PORTABLE + 1)):
+    for name, priority in (
+        ("best", Priority.PERFORMANT),
+        ("a", Priority.PORTABLE),
+        ("b", Priority.PORTABLE + 1),
+    ):
         register_kernel("t_ovr", "dec", name=name, solution="test", priority=priority)(lambda name=name: name)
     register_kernel("t_ovr", "dec", name="gpu", solution="test", priority=0, capability="cuda")(lambda: "gpu")
     return registry_sandbox

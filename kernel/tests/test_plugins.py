@@ -3,12 +3,11 @@
 import sys
 import warnings
 
+import lightspeed_kernel as lk
 import pytest
 import torch
 
-import lightspeed_kernel as lk
-
-PLUGIN_MODULE = '''
+PLUGIN_MODULE = """
 import torch
 from lightspeed_kernel import Priority, register_kernel
 
@@ -22,7 +21,7 @@ def register():
                      capability="any", dtypes=["float32", "bfloat16"])
     def toy_rms(x, weight, eps, *, out=None):
         return torch.full_like(x, 7.0)
-'''
+"""
 
 
 @pytest.fixture

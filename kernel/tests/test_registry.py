@@ -1,11 +1,18 @@
 import subprocess
 import sys
 
+import lightspeed_kernel as lk
 import pytest
 import torch
-
-import lightspeed_kernel as lk
-from lightspeed_kernel import CPU, Capability, KernelSelectionError, Platform, Priority, register_kernel, select_kernel
+from lightspeed_kernel import (
+    CPU,
+    Capability,
+    KernelSelectionError,
+    Platform,
+    Priority,
+    register_kernel,
+    select_kernel,
+)
 from lightspeed_kernel.registry.priority import band_of
 
 H100 = Platform.parse("sm_90")
@@ -56,8 +63,11 @@ def test_import_does_not_initialise_cuda():
 
 def test_capability_filter(registry_sandbox):
     _reg("ref", Priority.REFERENCE)
-    _reg("hopper", Priority.SPECIALIZED, capability={"vendors": "nvidia", "min_compute_capability": (9, 0),
-                                                     "max_compute_capability": (9, 0)})
+    _reg(
+        "hopper",
+        Priority.SPECIALIZED,
+        capability={"vendors": "nvidia", "min_compute_capability": (9, 0), "max_compute_capability": (9, 0)},
+    )
     _reg("gpu", Priority.PORTABLE, capability="cuda")
     _reg("amd", Priority.PERFORMANT, capability="rocm")
     assert select_kernel("t_reg", "m", "float32", platform=CPU).name == "ref"
@@ -71,11 +81,19 @@ def test_dtype_feature_trait_filters(registry_sandbox):
     _reg("ref", Priority.REFERENCE)
     _reg("bf16_only", Priority.PORTABLE, dtypes=["bfloat16"])
     _reg("fp8", Priority.PORTABLE + 1, dtypes=[torch.float16], features=["fp8_kv"])
-    _reg("paged64", Priority.PERFORMANT, dtypes=[torch.bfloat16], traits={"page_size": 64, "head_dim": (64, 128)})
+    _reg(
+        "paged64",
+        Priority.PERFORMANT,
+        dtypes=[torch.bfloat16],
+        traits={"page_size": 64, "head_dim": (64, 128)},
+    )
     assert select_kernel("t_reg", "m", torch.float32, platform=CPU).name == "ref"
     assert select_kernel("t_reg", "m", torch.bfloat16, platform=CPU).name == "paged64"
     assert select_kernel("t_reg", "m", "bf16", traits={"page_size": 16}, platform=CPU).name == "bf16_only"
-    assert select_kernel("t_reg", "m", "bf16", traits={"page_size": 64, "head_dim": 128}, platform=CPU).name == "paged64"
+    assert (
+        select_kernel("t_reg", "m", "bf16", traits={"page_size": 64, "head_dim": 128}, platform=CPU).name
+        == "paged64"
+    )
     assert select_kernel("t_reg", "m", "bf16", traits={"head_dim": 96}, platform=CPU).name == "bf16_only"
     assert select_kernel("t_reg", "m", "float16", features=["fp8_kv"], platform=CPU).name == "fp8"
     with pytest.raises(KernelSelectionError, match="lacks features"):
@@ -126,8 +144,15 @@ def test_explain_reports_ranks_and_rejections(registry_sandbox):
 def test_ops_dispatch_through_registry(registry_sandbox):
     calls = []
 
-    @register_kernel("activation", "silu_and_mul", name="t_spy", solution="test", priority=Priority.PLUGIN,
-                     capability="cpu", dtypes=["float32"])
+    @register_kernel(
+        "activation",
+        "silu_and_mul",
+        name="t_spy",
+        solution="test",
+        priority=Priority.PLUGIN,
+        capability="cpu",
+        dtypes=["float32"],
+    )
     def spy(x):
         calls.append(x.dtype)
         return x[..., : x.shape[-1] // 2]
@@ -141,11 +166,24 @@ def test_ops_dispatch_through_registry(registry_sandbox):
 def test_every_op_family_has_a_cpu_reference():
     families = {(s.family, s.mode) for s in lk.list_kernels() if s.solution == "reference"}
     expected = {
-        ("norm", "rms"), ("norm", "fused_add_rms"), ("rope", "rotary"), ("activation", "silu_and_mul"),
-        ("activation", "gelu_and_mul"), ("kv_store", "paged"), ("attention", "prefill"), ("attention", "decode"),
-        ("gemm", "bf16"), ("gemm", "fp8_block"), ("moe", "topk"), ("moe", "fused_experts"),
-        ("quantize", "fp8_per_token"), ("quantize", "fp8_per_block"), ("quantize", "fp8_per_token_head"),
-        ("sampling", "penalties"), ("sampling", "sample"), ("sampling", "logprobs"),
+        ("norm", "rms"),
+        ("norm", "fused_add_rms"),
+        ("rope", "rotary"),
+        ("activation", "silu_and_mul"),
+        ("activation", "gelu_and_mul"),
+        ("kv_store", "paged"),
+        ("attention", "prefill"),
+        ("attention", "decode"),
+        ("gemm", "bf16"),
+        ("gemm", "fp8_block"),
+        ("moe", "topk"),
+        ("moe", "fused_experts"),
+        ("quantize", "fp8_per_token"),
+        ("quantize", "fp8_per_block"),
+        ("quantize", "fp8_per_token_head"),
+        ("sampling", "penalties"),
+        ("sampling", "sample"),
+        ("sampling", "logprobs"),
     }
     assert expected <= families
     for family, mode in expected:

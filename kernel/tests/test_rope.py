@@ -2,7 +2,6 @@ import math
 
 import pytest
 import torch
-
 from lightspeed_kernel import ops
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
@@ -11,11 +10,23 @@ TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 2e-3}
 SCALINGS = {
     "default": None,
     "linear": {"rope_type": "linear", "factor": 4.0},
-    "llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-               "original_max_position_embeddings": 8192},
+    "llama3": {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    },
     "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4096},
-    "yarn_deepseek": {"type": "yarn", "factor": 40.0, "original_max_position_embeddings": 4096, "beta_fast": 32,
-                      "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 0.707},
+    "yarn_deepseek": {
+        "type": "yarn",
+        "factor": 40.0,
+        "original_max_position_embeddings": 4096,
+        "beta_fast": 32,
+        "beta_slow": 1,
+        "mscale": 1.0,
+        "mscale_all_dim": 0.707,
+    },
 }
 
 
@@ -23,10 +34,17 @@ def _hf_inv_freq(scaling, rot_dim, base):
     transformers = pytest.importorskip("transformers")
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-    params = {"rope_type": "default", "rope_theta": base} if scaling is None else dict(scaling, rope_theta=base)
+    params = (
+        {"rope_type": "default", "rope_theta": base} if scaling is None else dict(scaling, rope_theta=base)
+    )
     params["rope_type"] = params.pop("type", params.get("rope_type"))
-    config = transformers.LlamaConfig(hidden_size=rot_dim * 4, num_attention_heads=4, head_dim=rot_dim,
-                                      max_position_embeddings=131072, rope_parameters=params)
+    config = transformers.LlamaConfig(
+        hidden_size=rot_dim * 4,
+        num_attention_heads=4,
+        head_dim=rot_dim,
+        max_position_embeddings=131072,
+        rope_parameters=params,
+    )
     if scaling is None:
         return 1.0 / base ** (torch.arange(0, rot_dim, 2).float() / rot_dim), 1.0
     return ROPE_INIT_FUNCTIONS[params["rope_type"]](config, None)

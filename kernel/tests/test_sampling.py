@@ -1,6 +1,5 @@
 import pytest
 import torch
-
 from lightspeed_kernel import ops
 from lightspeed_kernel.reference import rng
 
@@ -84,9 +83,15 @@ def test_mixed_rows_in_one_batch():
     p["top_k"] = torch.tensor([0, 1, 0], dtype=torch.int32)
     got = _sample(logits, **p)
     assert got[0] == logits[0].argmax() and got[1] == logits[1].argmax()  # top_k = 1 is greedy too
-    assert ops.sample(torch.zeros(0, 5), *(torch.zeros(0),) * 1, torch.zeros(0, dtype=torch.int32),
-                      torch.zeros(0), torch.zeros(0), torch.zeros(0, dtype=torch.int64),
-                      torch.zeros(0, dtype=torch.int64)).shape == (0,)
+    assert ops.sample(
+        torch.zeros(0, 5),
+        *(torch.zeros(0),) * 1,
+        torch.zeros(0, dtype=torch.int32),
+        torch.zeros(0),
+        torch.zeros(0),
+        torch.zeros(0, dtype=torch.int64),
+        torch.zeros(0, dtype=torch.int64),
+    ).shape == (0,)
 
 
 PROBS = torch.tensor([0.5, 0.3, 0.15, 0.05])

@@ -7,7 +7,9 @@ import torch
 from ._dispatch import impl_for
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, *, out: torch.Tensor | None = None) -> torch.Tensor:
+def rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, *, out: torch.Tensor | None = None
+) -> torch.Tensor:
     """``x / sqrt(mean(x², -1) + eps) * weight`` (norm/rms).
 
     x: [T, H]; weight: [H]; out: optional [T, H] destination. Returns [T, H] in x's dtype.

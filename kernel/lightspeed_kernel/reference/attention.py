@@ -25,7 +25,13 @@ def _dequant(x: torch.Tensor, scale) -> torch.Tensor:
 
 
 def _softmax_attend(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, masked: torch.Tensor, scale: float, soft_cap, group: int
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    masked: torch.Tensor,
+    scale: float,
+    soft_cap,
+    group: int,
 ) -> torch.Tensor:
     # q: [..., Hkv, G*Q, D] rows ordered (g, q); k, v: [..., Hkv, S, D];
     # masked: [..., 1, Q, S] True where a key is invisible to a query -> [..., Hkv, G*Q, D]
@@ -47,9 +53,13 @@ def _gather_pages(cache: torch.Tensor, pages: torch.Tensor) -> torch.Tensor:
 
 def _check(q, k_cache, v_cache, page_table, query_start_loc, seq_lens):
     if q.dim() != 3 or k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
-        raise ValueError(f"attention: q {list(q.shape)}, k_cache {list(k_cache.shape)}, v_cache {list(v_cache.shape)}")
+        raise ValueError(
+            f"attention: q {list(q.shape)}, k_cache {list(k_cache.shape)}, v_cache {list(v_cache.shape)}"
+        )
     if q.shape[1] % k_cache.shape[2] or q.shape[2] != k_cache.shape[3]:
-        raise ValueError(f"attention: {q.shape[1]} q heads / head dim {q.shape[2]} vs cache {list(k_cache.shape)}")
+        raise ValueError(
+            f"attention: {q.shape[1]} q heads / head dim {q.shape[2]} vs cache {list(k_cache.shape)}"
+        )
     if query_start_loc.numel() != seq_lens.numel() + 1 or page_table.shape[0] != seq_lens.numel():
         raise ValueError("attention: query_start_loc must be [B+1], seq_lens [B], page_table [B, P]")
 
@@ -93,11 +103,19 @@ def attention_prefill(
             chunk = q[q_start + c_start : q_start + c_end].float()  # [C, Hq, D]
             c = c_end - c_start
             # [C, Hkv, G, D] -> [Hkv, G*C, D] with rows ordered (g, c)
-            qh = chunk.view(c, num_kv_heads, group, head_dim).permute(1, 2, 0, 3).reshape(num_kv_heads, group * c, head_dim)
+            qh = (
+                chunk.view(c, num_kv_heads, group, head_dim)
+                .permute(1, 2, 0, 3)
+                .reshape(num_kv_heads, group * c, head_dim)
+            )
             query_pos = seq_len - q_len + torch.arange(c_start, c_end, device=q.device)
             masked = (key_pos[None, :] > query_pos[:, None])[None]  # [1, C, S]
             attended = _softmax_attend(qh, k, v, masked, scale, soft_cap, group)  # [Hkv, G*C, D]
-            attended = attended.view(num_kv_heads, group, c, head_dim).permute(2, 0, 1, 3).reshape(c, num_q_heads, head_dim)
+            attended = (
+                attended.view(num_kv_heads, group, c, head_dim)
+                .permute(2, 0, 1, 3)
+                .reshape(c, num_q_heads, head_dim)
+            )
             out[q_start + c_start : q_start + c_end] = attended.to(out.dtype)
     return out
 

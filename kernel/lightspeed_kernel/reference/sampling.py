@@ -35,7 +35,9 @@ def apply_penalties(
     seen = prompt_mask | generated
     penalised = torch.where(logits > 0, logits / rep, logits * rep)
     result = torch.where(seen, penalised, logits)
-    result = result - frequency.to(logits.dtype)[:, None] * counts - presence.to(logits.dtype)[:, None] * generated
+    result = (
+        result - frequency.to(logits.dtype)[:, None] * counts - presence.to(logits.dtype)[:, None] * generated
+    )
     return logits.copy_(result)
 
 

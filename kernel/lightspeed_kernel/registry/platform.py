@@ -39,7 +39,9 @@ class Platform:
     def __str__(self) -> str:
         if self.is_cpu:
             return "cpu"
-        cc = f" sm_{self.compute_capability[0]}{self.compute_capability[1]}" if self.compute_capability else ""
+        cc = (
+            f" sm_{self.compute_capability[0]}{self.compute_capability[1]}" if self.compute_capability else ""
+        )
         sms = f" ({self.sm_count} SMs)" if self.sm_count else ""
         return f"{self.vendor} {self.name or self.device_type}{cc}{sms}".strip()
 
@@ -94,7 +96,9 @@ def platform_of(device: torch.device | str) -> Platform:
     key = (device.type, index)
     platform = _by_device.get(key)
     if platform is None:
-        platform = _detect_cuda(index) if device.type == "cuda" else Platform(device.type, "unknown", device.type)
+        platform = (
+            _detect_cuda(index) if device.type == "cuda" else Platform(device.type, "unknown", device.type)
+        )
         _by_device[key] = platform
     return platform
 

@@ -38,7 +38,9 @@ def load_entry_point_plugins() -> list[PluginStatus]:
                 target()
         except Exception as e:  # noqa: BLE001 - any plugin failure is isolated
             message = f"{type(e).__name__}: {e}"
-            warnings.warn(f"lightspeed_kernel plugin {entry_point.name!r} failed to load: {message}", stacklevel=2)
+            warnings.warn(
+                f"lightspeed_kernel plugin {entry_point.name!r} failed to load: {message}", stacklevel=2
+            )
             statuses.append(PluginStatus(entry_point.name, entry_point.value, message))
         else:
             statuses.append(PluginStatus(entry_point.name, entry_point.value))

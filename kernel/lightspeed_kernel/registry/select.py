@@ -140,7 +140,9 @@ class KernelRegistry:
                 runnable.append(spec)
             else:
                 rejected[spec.name] = reason
-        runnable.sort(key=lambda s: (objective not in s.tags if objective != "default" else False, -s.priority, s.name))
+        runnable.sort(
+            key=lambda s: (objective not in s.tags if objective != "default" else False, -s.priority, s.name)
+        )
         return runnable, rejected, table
 
     def _choose(self, family, mode, dtype, features, platform, traits, objective, override, context):
@@ -230,11 +232,14 @@ class KernelRegistry:
             ranks = {spec.name: i + 1 for i, spec in enumerate(runnable)}
             order = [s.name for s in runnable] + sorted(rejected, key=lambda n: (-table[n].priority, n))
             candidates = tuple(
-                Candidate(n, table[n].solution, table[n].priority, ranks.get(n), rejected.get(n)) for n in order
+                Candidate(n, table[n].solution, table[n].priority, ranks.get(n), rejected.get(n))
+                for n in order
             )
             selected, forced, error = None, resolve_override(family, mode, override, context), None
             try:
-                spec, _ = self._choose(family, mode, dtype, features, platform, traits, objective, override, context)
+                spec, _ = self._choose(
+                    family, mode, dtype, features, platform, traits, objective, override, context
+                )
                 selected = spec.name
             except KernelSelectionError as e:
                 error = str(e)
@@ -308,7 +313,14 @@ def select_kernel(
     can run, or when an override names an unknown kernel or one that cannot run here.
     """
     return REGISTRY.select(
-        family, mode, dtype, features=features, platform=platform, traits=traits, objective=objective, override=override
+        family,
+        mode,
+        dtype,
+        features=features,
+        platform=platform,
+        traits=traits,
+        objective=objective,
+        override=override,
     )
 
 
@@ -325,7 +337,14 @@ def explain(
 ) -> Explanation:
     """Every candidate of family/mode with its rank or the reason it was rejected (``print`` it)."""
     return REGISTRY.explain(
-        family, mode, dtype, features=features, platform=platform, traits=traits, objective=objective, override=override
+        family,
+        mode,
+        dtype,
+        features=features,
+        platform=platform,
+        traits=traits,
+        objective=objective,
+        override=override,
     )
 
 

@@ -95,9 +95,13 @@ def as_dtype(dtype: torch.dtype | str) -> torch.dtype:
     """``torch.bfloat16`` or ``"bfloat16"`` / ``"bf16"`` -> ``torch.bfloat16``."""
     if isinstance(dtype, torch.dtype):
         return dtype
-    name = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32"}.get(
-        dtype, dtype
-    )
+    name = {
+        "bf16": "bfloat16",
+        "fp16": "float16",
+        "half": "float16",
+        "fp32": "float32",
+        "float": "float32",
+    }.get(dtype, dtype)
     name = name.removeprefix("torch.")
     value = getattr(torch, name, None)
     if not isinstance(value, torch.dtype):
