@@ -32,13 +32,8 @@ try:
 except Exception as e:  # ImportError, or a broken install raising at import
     IMPORT_ERROR = f"triton unavailable: {type(e).__name__}: {e}"
 else:
-    _loaded = []
-    for _name in MODULES:
-        try:
-            _loaded.append(importlib.import_module(f"{__name__}.{_name}"))
-        except ModuleNotFoundError as e:
-            if e.name != f"{__name__}.{_name}":
-                raise
+    for _name in MODULES:  # each module registers its kernels on import
+        importlib.import_module(f"{__name__}.{_name}")
     AVAILABLE = True
 
 __all__ = ["AVAILABLE", "IMPORT_ERROR", "MODULES"]
