@@ -160,6 +160,16 @@ def test_duration_bound_stops_new_requests(tmp_path):
     assert run["levels"][0]["duration_limited"] is True
 
 
+def test_in_flight_requests_are_cancelled_after_the_drain_time(tmp_path):
+    with FakeOpenAI(Script(ttft_s=0.05, tpot_s=0.5)) as srv:  # 10 s per request
+        run = _run(srv, tmp_path, "--concurrency", "2", "--turns", "2", "--max-duration", "0.3",
+                   "--drain-timeout", "0.5", "--warmup-requests", "0")
+        assert len(srv.requests) == 2
+    lvl = run["levels"][0]
+    assert lvl["cancelled_at_deadline"] == 2 and lvl["error_count"] == 0 and lvl["requests_measured"] == 0
+    assert all(r["error"] == "cancelled" and r["latency"] < 2.0 for r in run["requests"])
+
+
 def test_completions_endpoint_and_crude_tokenizer_fallback(tmp_path):
     with FakeOpenAI(Script(ttft_s=0.01, tpot_s=0.002, tokenize=False, metrics=False)) as srv:
         run = _run(srv, tmp_path, "--concurrency", "1", "--turns", "3", "--num-conversations", "1",

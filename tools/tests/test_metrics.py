@@ -22,6 +22,7 @@ def records():
         _rec("a", 1, 1.0, [1.30, 1.34, 1.38], 1.40, 1200, 1000, 1100),  # TTFT 300, TPOT 40
         _rec("b", 0, 0.5, [0.70, 0.71, 0.72, 0.73, 0.74], 0.75, 500, None, 0),  # TTFT 200, TPOT 10
         _rec("b", 1, 0.8, [0.85], 0.9, None, None, None, error="dropped_stream"),
+        _rec("d", 0, 0.9, [0.95], 2.0, None, None, None, error="cancelled"),  # drain time ran out
     ]
 
 
@@ -47,8 +48,9 @@ def test_per_user_speed(records):
 
 def test_throughput_and_counts(records):
     s = summarize_level(records, concurrency=2, num_gpus=2)
-    assert s["requests"] == 5 and s["requests_warmup"] == 1 and s["requests_measured"] == 3
+    assert s["requests"] == 6 and s["requests_warmup"] == 1 and s["requests_measured"] == 3
     assert s["errors"] == {"dropped_stream": 1} and s["error_count"] == 1
+    assert s["cancelled_at_deadline"] == 1
     assert s["window_s"] == pytest.approx(1.4)  # first measured start 0.0 -> last measured end 1.4
     assert s["output_tokens"] == 13 and s["input_tokens"] == 2700
     assert s["output_tokens_per_min_per_gpu"] == pytest.approx(13 * 60 / 1.4 / 2)

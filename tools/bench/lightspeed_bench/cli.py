@@ -89,6 +89,9 @@ def _add_agentic(sub: argparse._SubParsersAction) -> None:
     sw.add_argument("--warmup-requests", type=int, help="per level, excluded (default: = concurrency)")
     sw.add_argument("--max-duration", type=float, default=300.0,
                     help="seconds per level after which no request starts")
+    sw.add_argument("--drain-timeout", type=float,
+                    help="seconds a level waits for in-flight requests after --max-duration before "
+                         "cancelling them (default: --request-timeout)")
     sw.add_argument("--num-gpus", type=int, default=1, help="divides the per-GPU throughput")
     out = p.add_argument_group("output")
     out.add_argument("--output-dir", default="bench/results")
@@ -202,8 +205,8 @@ def cmd_agentic(args: argparse.Namespace) -> int:
                else choose_counter(args.tokenizer, args.base_url, model, headers))
     factory, workload = _workload(args, counter)
     salt = secrets.token_hex(4) if args.salt is None else args.salt
-    cfg = SweepConfig(args.concurrency, args.warmup_requests, args.max_duration, args.request_timeout,
-                      args.num_gpus, salt)
+    cfg = SweepConfig(args.concurrency, args.warmup_requests, args.max_duration, args.drain_timeout,
+                      args.request_timeout, args.num_gpus, salt)
     date = utc_now()
     stem = Path(args.output_dir) / (args.name or f"agentic_{dt.datetime.now(dt.timezone.utc):%Y%m%d-%H%M%S}")
 

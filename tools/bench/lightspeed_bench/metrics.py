@@ -1,7 +1,8 @@
 """Per-level figures from client-side request records.
 
 Definitions (all from client timestamps; warm-up requests excluded, failed requests excluded
-from latency and token figures but counted in `errors`):
+from latency and token figures but counted in `errors`, except requests cancelled when a level's
+drain time ran out, counted in `cancelled_at_deadline`):
 - TTFT: first text chunk - request sent.
 - TPOT: (last text chunk - first text chunk) / (completion_tokens - 1), per request.
 - ITL: gaps between consecutive text chunks.
@@ -45,7 +46,7 @@ def _ratio(num: float, den: float) -> float | None:
 def summarize_level(records: list[RequestRecord], concurrency: int, num_gpus: int) -> dict[str, Any]:
     """One concurrency level's figures; see the module docstring for each definition."""
     measured = [r for r in records if not r.warmup and r.ok]
-    errors = Counter(r.error for r in records if not r.ok)
+    errors = Counter(r.error for r in records if not r.ok and r.error != "cancelled")
     tpots = [r.tpot for r in measured if r.tpot is not None]
     ttfts = [r.ttft for r in measured if r.ttft is not None]
     itls = [gap for r in measured for gap in r.itls]
@@ -75,6 +76,7 @@ def summarize_level(records: list[RequestRecord], concurrency: int, num_gpus: in
         "requests_measured": len(measured),
         "errors": dict(errors),
         "error_count": sum(errors.values()),
+        "cancelled_at_deadline": sum(r.error == "cancelled" for r in records),
         "window_s": window,
         "ttft_ms": _dist_ms(ttfts),
         "tpot_ms": tpot,

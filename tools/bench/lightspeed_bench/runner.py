@@ -3,7 +3,9 @@
 Each level gets fresh conversations and a fresh salt on the first message, so no level (and no
 earlier run against the same server) warms the cache for the next; within a level the system
 prompt is shared, as in production. The first `warmup_requests` requests a level starts are
-excluded from its figures; after `max_duration_s` no new request starts and the level drains.
+excluded from its figures; after `max_duration_s` no new request starts and the level drains
+for at most `drain_timeout_s`, after which requests still in flight are cancelled (and
+reported as `cancelled_at_deadline`, not as server errors).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ class SweepConfig:
     concurrencies: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
     warmup_requests: int | None = None  # per level; None: one per agent (= concurrency)
     max_duration_s: float = 300.0  # per level: no request starts after this
+    drain_timeout_s: float | None = None  # then in-flight requests get this long (None: request_timeout_s)
     request_timeout_s: float = 600.0
     num_gpus: int = 1
     salt: str = ""  # run tag on the first message; levels append "-c<concurrency>"
@@ -115,7 +118,12 @@ async def _agent(client: httpx.AsyncClient, options: RequestOptions, level: _Lev
             prompt = messages if options.endpoint == "chat" else render_completion_prompt(messages)
             rec = RequestRecord(conv.conv_id, index, level.concurrency, warmup=level.started < level.warmup)
             level.started += 1
-            await stream_request(client, options, prompt, turn.output_tokens, rec)
+            try:
+                await stream_request(client, options, prompt, turn.output_tokens, rec)
+            except asyncio.CancelledError:
+                rec.error, rec.error_detail = "cancelled", "in flight when the level's drain time ran out"
+                level.records.append(rec)
+                raise
             if rec.prompt_tokens:
                 rec.ideal_cached_tokens = min(rec.prompt_tokens, round(rec.prompt_tokens * ideal_chars / len(key)))
             level.records.append(rec)
@@ -140,7 +148,12 @@ async def run_sweep(
         level = _Level(concurrency, conversations, cfg, anchors)
         progress.start_level(f"c={concurrency}", sum(len(c.turns) for c in conversations))
         before = await scrape(client)
-        await asyncio.gather(*(_agent(client, options, level, progress) for _ in range(concurrency)))
+        agents = [asyncio.create_task(_agent(client, options, level, progress)) for _ in range(concurrency)]
+        drain = cfg.request_timeout_s if cfg.drain_timeout_s is None else cfg.drain_timeout_s
+        _, pending = await asyncio.wait(agents, timeout=cfg.max_duration_s + drain)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*agents, return_exceptions=True)
         after = await scrape(client)
         progress.close()
         summary = summarize_level(level.records, concurrency, cfg.num_gpus)
