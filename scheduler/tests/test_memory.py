@@ -1,0 +1,97 @@
+"""KV ownership seen from Python: prefix sharing, retraction, host tier, abort, random walks."""
+
+import numpy as np
+from conftest import make_scheduler, samples, spec
+
+
+def drain(s, limit=500):
+    finished = {}
+    for _ in range(limit):
+        if not s.has_unfinished():
+            break
+        plan = s.next_plan()
+        for req_id, reason in s.advance(plan, samples(plan)):
+            finished[req_id] = (reason, s.request_stats(req_id)["num_output_tokens"])
+        s.check_invariants()
+    return finished
+
+
+def test_shared_prompt_is_computed_once():
+    s = make_scheduler(page_size=16)
+    prompt = list(range(3, 3 + 30 * 16 + 5))
+    first = s.submit(spec("a", prompt, max_new_tokens=2))
+    drain(s)
+    second = s.submit(spec("b", prompt, max_new_tokens=2))
+    plan = s.next_plan()
+    assert s.request_stats(second)["num_cached_tokens"] == 30 * 16
+    assert plan.cached_lens[0] == 30 * 16 and plan.seq_lens[0] == len(prompt)
+    stats = s.stats()
+    assert stats["prefix_hit_tokens"] == 30 * 16 and stats["prefix_query_tokens"] == 2 * len(prompt)
+    assert first != second
+
+
+def test_retraction_moves_kv_to_host_and_back():
+    s = make_scheduler(page_size=4, num_device_pages=9, num_host_pages=64, enable_prefix_cache=False,
+                       max_num_batched_tokens=64, chunked_prefill_size=16)
+    ids = [s.submit(spec(f"r{i}", range(10 * i + 3, 10 * i + 10), max_new_tokens=8, priority=0))
+           for i in range(3)]
+    saw_copies = {"write_back": 0, "load_back": 0}
+    finished = {}
+    for _ in range(100):
+        if not s.has_unfinished():
+            break
+        plan = s.next_plan()
+        saw_copies["write_back"] += len(plan.write_back)
+        saw_copies["load_back"] += len(plan.load_back)
+        for req_id, reason in s.advance(plan, samples(plan)):
+            finished[req_id] = (reason, s.request_stats(req_id)["num_output_tokens"])
+        s.check_invariants()
+    assert finished == {i: ("length", 8) for i in ids}
+    assert s.stats()["num_retractions"] >= 1
+    assert saw_copies["write_back"] >= 2 and saw_copies["load_back"] >= 2
+    assert s.stats()["free_device_pages"] == 8 and s.stats()["free_host_pages"] == 63
+
+
+def test_abort_frees_pages_at_once_and_is_reported_next_advance():
+    s = make_scheduler(enable_prefix_cache=False)
+    a = s.submit(spec("a", range(3, 200), max_new_tokens=50))
+    plan = s.next_plan()
+    s.advance(plan, samples(plan))
+    assert s.stats()["free_device_pages"] < 1023
+    s.abort(a)
+    assert s.stats()["free_device_pages"] == 1023
+    assert s.has_unfinished() and s.request_stats(a)["state"] == "aborted"
+    plan = s.next_plan()
+    assert plan.num_reqs == 0
+    assert s.advance(plan, []) == [(a, "abort")]
+    assert not s.has_unfinished()
+
+
+def test_random_walk_keeps_invariants():
+    rng = np.random.default_rng(7)
+    s = make_scheduler(page_size=4, num_device_pages=24, num_host_pages=16, max_num_seqs=6,
+                       max_num_batched_tokens=24, chunked_prefill_size=8, max_model_len=64)
+    live, in_flight, next_rid = set(), [], 0
+    for _ in range(3000):
+        roll = rng.integers(100)
+        if roll < 20:
+            prompt = [int(t) for t in rng.integers(3, 8, size=int(rng.integers(1, 30)))]
+            live.add(s.submit(spec(f"q{next_rid}", prompt, max_new_tokens=int(rng.integers(1, 10)),
+                                   num_draft_tokens=int(rng.integers(0, 3)))))
+            next_rid += 1
+        elif roll < 24 and live:
+            victim = sorted(live)[int(rng.integers(len(live)))]
+            if s.request_stats(victim)["state"] != "aborted":
+                s.abort(victim)
+        elif not in_flight or (len(in_flight) < 2 and rng.integers(2)):
+            in_flight.append(s.next_plan())
+        else:
+            plan = in_flight.pop(0)
+            accepted = [int(rng.integers(1, plan.query_start_loc[b + 1] - plan.query_start_loc[b] + 1))
+                        for b in range(plan.num_decodes)]
+            sampled = rng.integers(0, 8, size=plan.num_samples).astype(np.int32)
+            for req_id, _ in s.advance(plan, sampled, accepted_counts=np.array(accepted, dtype=np.int32)):
+                live.discard(req_id)
+        s.check_invariants()
+    stats = s.stats()
+    assert stats["num_steps"] > 500 and stats["prefix_hit_tokens"] > 0
