@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 from lightspeed_kernel import ops
-from paged_helpers import build_batch
+
+from .paged_helpers import build_batch
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 TOL = {torch.float32: 2e-5, torch.bfloat16: 2e-2, torch.float16: 3e-3}

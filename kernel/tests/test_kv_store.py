@@ -1,7 +1,8 @@
 import pytest
 import torch
 from lightspeed_kernel import ops
-from paged_helpers import build_batch
+
+from .paged_helpers import build_batch
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
