@@ -177,3 +177,15 @@ def test_same_tokens_on_cpu_and_gpu():
     assert torch.equal(cpu, gpu.cpu())
     u_cpu = rng.uniform(p["seeds"], p["offsets"], 4096)
     assert torch.equal(u_cpu, rng.uniform(p["seeds"].cuda(), p["offsets"].cuda(), 4096).cpu())
+
+
+def test_ties_at_the_top_k_cut_are_kept():
+    # probabilities 0.4, 0.2, 0.2, 0.2: top_k = 2 keeps all three tied tokens, and top-p then sees
+    # their whole mass (0.4 + 0.2 before the last tie = 0.8 < 0.85) whatever order sort() chose
+    logits = torch.tensor([0.4, 0.2, 0.2, 0.2]).log().repeat(3000, 1)
+    drawn = set(_sample(logits, **_params(3000, top_k=2)).tolist())
+    assert drawn == {0, 1, 2, 3}
+    drawn = set(_sample(logits, **_params(3000, top_k=2, top_p=0.55)).tolist())
+    assert drawn == {0, 1, 2, 3}
+    drawn = set(_sample(logits, **_params(3000, top_k=1, top_p=0.55)).tolist())
+    assert drawn == {0}

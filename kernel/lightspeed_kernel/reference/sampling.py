@@ -47,12 +47,13 @@ def keep_threshold(
     """[S, V] temperature-scaled logits -> [S, 1] the smallest scaled logit that survives."""
     num_rows, vocab = scaled.shape
     sorted_vals = scaled.sort(dim=-1, descending=True).values
-    ranks = torch.arange(vocab, device=scaled.device)[None, :]
     keep = torch.ones_like(sorted_vals, dtype=torch.bool)
     # min-p: p_i / p_max = exp(s_i - s_max)
     keep &= torch.exp(sorted_vals - sorted_vals[:, :1]) >= min_p.float()[:, None]
+    # top-k by value: every token tied with the k-th largest stays, whatever order sort() gave them
     k = top_k.long()[:, None]
-    keep &= (k <= 0) | (ranks < k)
+    kth_value = sorted_vals.gather(1, (k - 1).clamp(0, vocab - 1))
+    keep &= (k <= 0) | (sorted_vals >= kth_value)
     keep[:, 0] = True
     probs = torch.softmax(sorted_vals.masked_fill(~keep, float("-inf")), dim=-1)
     mass_before = torch.cumsum(probs, dim=-1) - probs
