@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ._triton import HAS_TRITON, require_triton
+from ._triton import HAS_TRITON, interpreting, require_triton
 
 D_LATENT = 512
 D_ROPE = 64
@@ -129,6 +129,7 @@ if HAS_TRITON:
         Latent, Rope, Slots, CLat, CRope, CScale,
         stride_lt, stride_rt, stride_clat_tok, stride_crope_tok,
         IS_FP8: tl.constexpr,
+        ROUND_TO_E4M3: tl.constexpr,
     ):
         # One program per new token: 576 values, so the launch is bound by the token count.
         tok = tl.program_id(0)
@@ -142,6 +143,13 @@ if HAS_TRITON:
                 amax = tl.maximum(tl.max(tl.abs(lat), axis=0), 1e-12)
                 scale = amax / 448.0
                 q = tl.clamp(lat / scale, -448.0, 448.0)
+                if ROUND_TO_E4M3:
+                    # Snap to the e4m3 grid first (3 mantissa bits; subnormal step 2^-9), so the
+                    # cast is exact: Triton 3.9's interpreter drops the carry when rounding up.
+                    mag = tl.abs(q)
+                    e = tl.maximum(tl.floor(tl.log2(tl.maximum(mag, 1.0 / 512.0))), -6.0)
+                    step = tl.exp2(e - 3.0)
+                    q = tl.where(q < 0, -1.0, 1.0) * tl.floor(mag / step + 0.5) * step
                 tl.store(CLat + slot * stride_clat_tok + d, q.to(CLat.dtype.element_ty))
                 tl.store(CScale + slot, scale)
             else:
@@ -173,5 +181,5 @@ def pack_kv(latent: torch.Tensor, rope: torch.Tensor, slot_mapping: torch.Tensor
         latent, rope, slot_mapping, cache.latent, cache.rope,
         cache.scale if is_fp8 else cache.rope,
         latent.stride(0), rope.stride(0), cache.latent.stride(1), cache.rope.stride(1),
-        IS_FP8=is_fp8,
+        IS_FP8=is_fp8, ROUND_TO_E4M3=is_fp8 and interpreting(),
     )

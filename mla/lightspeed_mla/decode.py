@@ -69,7 +69,7 @@ def should_fold(num_heads: int, max_q_len: int, mma_m: int) -> bool:
 
 def choose_num_splits(ctas: int, max_kv_len: int, num_sms: int, max_splits: int) -> int:
     """Split the keys until the grid holds about two CTAs per SM (one wave of two resident)."""
-    if ctas >= num_sms:
+    if ctas == 0 or ctas >= num_sms:
         return 1
     want = _cdiv(2 * num_sms, ctas)
     return max(1, min(want, max_kv_len // MIN_TOKENS_PER_SPLIT, max_splits))
@@ -201,7 +201,7 @@ def run_decode(
         out.stride(0), out.stride(1),
         *po_strides,
         H, plan.heads_padded, plan.softmax_scale * LOG2E,
-        PAGE_SIZE=plan.page_size, NUM_SPLITS=S, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n,
+        PAGE_SIZE=plan.page_size, NUM_SPLITS=S, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, SWAP_AB=tile.swap_ab,
         IS_FP8=is_fp8, WRITE_LSE=lse is not None,
         DOT_DTYPE=tl.float32 if interpreting() else tl.bfloat16,
         num_warps=tile.num_warps, num_stages=tile.num_stages,

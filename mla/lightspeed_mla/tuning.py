@@ -12,12 +12,14 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class DecodeTile:
-    """Tile shape of the absorbed kernel: BLOCK_M query rows × BLOCK_N keys per step."""
+    """Tile shape of the absorbed kernel: BLOCK_M query rows × BLOCK_N keys per step.
+    swap_ab puts keys / latent columns on the MMA's M axis and query rows on N (see the kernel)."""
 
     block_m: int
     block_n: int
     num_warps: int
     num_stages: int
+    swap_ab: bool = False
 
 
 @dataclass(frozen=True)
@@ -33,12 +35,15 @@ class PrefillTile:
 # The MMA M tile the folding rule aims to fill (wgmma on Hopper is 64 rows per warpgroup).
 MMA_M = {9: 64, 10: 64}
 
-# (arch major, cache kind) -> tile for a tile of >= 64 rows, tile for < 64 rows.
+# (arch major, cache kind) -> (tile for >= 64 rows, tile for < 64 rows; its block_m is set per
+# batch to 16 or 32). sm_90 picks: spill-free by ptxas -v (Triton 3.9 AOT for sm_90a, see
+# mla/NOTES.md), then timed on the H200. bf16 swaps A/B (Q stays in shared memory); fp8 does not,
+# its e4m3 -> bf16 conversion needs the key tile in registers either way.
 _DECODE = {
-    (9, "bf16"): (DecodeTile(64, 32, 8, 2), DecodeTile(16, 64, 4, 2)),
-    (9, "fp8"): (DecodeTile(64, 32, 8, 2), DecodeTile(16, 64, 4, 2)),
-    (10, "bf16"): (DecodeTile(64, 64, 8, 2), DecodeTile(16, 64, 4, 3)),  # unverified
-    (10, "fp8"): (DecodeTile(64, 64, 8, 2), DecodeTile(16, 64, 4, 3)),  # unverified
+    (9, "bf16"): (DecodeTile(64, 32, 8, 2, True), DecodeTile(16, 32, 4, 3, True)),
+    (9, "fp8"): (DecodeTile(64, 32, 8, 2, False), DecodeTile(16, 32, 8, 2, False)),
+    (10, "bf16"): (DecodeTile(64, 64, 8, 2, True), DecodeTile(16, 64, 4, 3, True)),  # unverified
+    (10, "fp8"): (DecodeTile(64, 64, 8, 2, False), DecodeTile(16, 64, 8, 2, False)),  # unverified
 }
 # CPU interpreter: small tiles keep TRITON_INTERPRET tests fast.
 _INTERPRET_DECODE = DecodeTile(16, 16, 4, 1)
@@ -59,7 +64,7 @@ def decode_tile(arch_major: int | None, cache_kind: str, rows_per_tile_wanted: i
         return big
     # A smaller M tile: 16/32 rows (mma.sync), smallest power of two >= the rows there are.
     block_m = 16 if rows_per_tile_wanted <= 16 else 32
-    return DecodeTile(block_m, small.block_n, small.num_warps, small.num_stages)
+    return DecodeTile(block_m, small.block_n, small.num_warps, small.num_stages, small.swap_ab)
 
 
 def prefill_tile(arch_major: int | None) -> PrefillTile:

@@ -37,6 +37,7 @@ if HAS_TRITON:
         NUM_SPLITS: tl.constexpr,
         BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr,
+        SWAP_AB: tl.constexpr,
         IS_FP8: tl.constexpr,
         WRITE_LSE: tl.constexpr,
         DOT_DTYPE: tl.constexpr,
@@ -52,31 +53,65 @@ if HAS_TRITON:
         q_len = tl.load(QStart + b + 1) - q_start
         kv_len = tl.load(SeqLens + b)
         row0 = pid_m * BLOCK_M
-        if row0 < q_len * heads_padded:
-            rows = row0 + tl.arange(0, BLOCK_M)
-            q_idx = rows // heads_padded
-            head = rows % heads_padded
-            row_ok = (q_idx < q_len) & (head < num_heads)
-            # Bottom-right causal: query i sees keys < kv_len - q_len + i + 1.
-            row_end = kv_len - q_len + q_idx + 1
-            last_q = tl.minimum((row0 + BLOCK_M - 1) // heads_padded, q_len - 1)
-            tile_end = kv_len - q_len + last_q + 1
+        if row0 >= q_len * heads_padded:
+            return
+        rows = row0 + tl.arange(0, BLOCK_M)
+        q_idx = rows // heads_padded
+        head = rows % heads_padded
+        row_ok = (q_idx < q_len) & (head < num_heads)
+        # Bottom-right causal: query i sees keys < kv_len - q_len + i + 1.
+        row_end = kv_len - q_len + q_idx + 1
+        last_q = tl.minimum((row0 + BLOCK_M - 1) // heads_padded, q_len - 1)
+        tile_end = kv_len - q_len + last_q + 1
 
-            per_split = tl.cdiv(tl.cdiv(kv_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
-            start = pid_s * per_split
-            end = tl.minimum(start + per_split, tile_end)
+        per_split = tl.cdiv(tl.cdiv(kv_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+        start = pid_s * per_split
+        end = tl.minimum(start + per_split, tile_end)
 
-            tok = (q_start + q_idx).to(tl.int64)
-            d = tl.arange(0, D_LAT)
-            r = tl.arange(0, D_ROPE)
-            q_base = Q + tok[:, None] * stride_qt + head[:, None] * stride_qh
-            q_lat = tl.load(q_base + d[None, :], mask=row_ok[:, None], other=0.0).to(DOT_DTYPE)
-            q_rope = tl.load(q_base + D_LAT + r[None, :], mask=row_ok[:, None], other=0.0).to(DOT_DTYPE)
+        tok = (q_start + q_idx).to(tl.int64)
+        d = tl.arange(0, D_LAT)
+        r = tl.arange(0, D_ROPE)
+        q_base = Q + tok[:, None] * stride_qt + head[:, None] * stride_qh
+        q_lat = tl.load(q_base + d[None, :], mask=row_ok[:, None], other=0.0).to(DOT_DTYPE)
+        q_rope = tl.load(q_base + D_LAT + r[None, :], mask=row_ok[:, None], other=0.0).to(DOT_DTYPE)
 
-            m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-            l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+        pt_row = PageTable + b.to(tl.int64) * stride_pt_b
+        if SWAP_AB:
+            # Keys on the MMA's M axis, query rows on N: S^T = K Q^T and O^T = K^T P^T. The
+            # 512-wide latent and the key block fill the M tile however few rows there are,
+            # and the loop-invariant Q sits in shared memory as the B operand, not in registers.
+            q_lat_t = tl.trans(q_lat)
+            q_rope_t = tl.trans(q_rope)
+            acc_t = tl.zeros([D_LAT, BLOCK_M], dtype=tl.float32)
+            for n0 in range(start, end, BLOCK_N):
+                offs_n = n0 + tl.arange(0, BLOCK_N)
+                n_ok = offs_n < end
+                page = tl.load(pt_row + offs_n // PAGE_SIZE, mask=n_ok, other=0).to(tl.int64)
+                slot = page * PAGE_SIZE + offs_n % PAGE_SIZE
+                k_lat = tl.load(CLat + slot[:, None] * stride_lat_tok + d[None, :], mask=n_ok[:, None], other=0.0)
+                k_rope = tl.load(CRope + slot[:, None] * stride_rope_tok + r[None, :], mask=n_ok[:, None], other=0.0)
+                k_lat = k_lat.to(DOT_DTYPE)
+                st = tl.dot(k_lat, q_lat_t)
+                if IS_FP8:
+                    k_scale = tl.load(CScale + slot, mask=n_ok, other=0.0)
+                    st = st * k_scale[:, None]
+                st = tl.dot(k_rope.to(DOT_DTYPE), q_rope_t, st)
+                st = st * qk_scale_log2
+                st = tl.where(offs_n[:, None] < row_end[None, :], st, float("-inf"))
+                m_new = tl.maximum(m_i, tl.max(st, axis=0))
+                m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+                alpha = tl.exp2(m_i - m_use)
+                pt = tl.exp2(st - m_use[None, :])
+                l_i = l_i * alpha + tl.sum(pt, axis=0)
+                if IS_FP8:
+                    pt = pt * k_scale[:, None]
+                acc_t = tl.dot(tl.trans(k_lat), pt.to(DOT_DTYPE), acc_t * alpha[None, :])
+                m_i = m_new
+            acc = tl.trans(acc_t)
+        else:
             acc = tl.zeros([BLOCK_M, D_LAT], dtype=tl.float32)
-            pt_row = PageTable + b.to(tl.int64) * stride_pt_b
             for n0 in range(start, end, BLOCK_N):
                 offs_n = n0 + tl.arange(0, BLOCK_N)
                 n_ok = offs_n < end
@@ -103,18 +138,18 @@ if HAS_TRITON:
                 acc = tl.dot(p.to(DOT_DTYPE), k_lat, acc * alpha[:, None])
                 m_i = m_new
 
-            empty = l_i == 0.0
-            o = acc / tl.where(empty, 1.0, l_i)[:, None]
-            lse2 = tl.where(empty, float("-inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))
-            if NUM_SPLITS == 1:
-                o_ptr = Out + tok[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :]
-                tl.store(o_ptr, o.to(Out.dtype.element_ty), mask=row_ok[:, None])
-                if WRITE_LSE:
-                    tl.store(LseOut + tok * num_heads + head, lse2 * 0.6931471805599453, mask=row_ok)
-            else:
-                po = PartO + tok[:, None] * stride_pot + head[:, None] * stride_poh + pid_s * stride_pos + d[None, :]
-                tl.store(po, o, mask=row_ok[:, None])
-                tl.store(PartLse + (tok * num_heads + head) * NUM_SPLITS + pid_s, lse2, mask=row_ok)
+        empty = l_i == 0.0
+        o = acc / tl.where(empty, 1.0, l_i)[:, None]
+        lse2 = tl.where(empty, float("-inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))
+        if NUM_SPLITS == 1:
+            o_ptr = Out + tok[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :]
+            tl.store(o_ptr, o.to(Out.dtype.element_ty), mask=row_ok[:, None])
+            if WRITE_LSE:
+                tl.store(LseOut + tok * num_heads + head, lse2 * 0.6931471805599453, mask=row_ok)
+        else:
+            po = PartO + tok[:, None] * stride_pot + head[:, None] * stride_poh + pid_s * stride_pos + d[None, :]
+            tl.store(po, o, mask=row_ok[:, None])
+            tl.store(PartLse + (tok * num_heads + head) * NUM_SPLITS + pid_s, lse2, mask=row_ok)
 
     @triton.jit
     def _combine_kernel(
