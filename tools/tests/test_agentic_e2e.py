@@ -100,6 +100,8 @@ def test_cache_figures(agentic_run):
         for prev, cur in zip(turns, turns[1:], strict=False):
             # the fake server is a perfect cache: previous prompt + role marker + answer
             assert cur["cached_tokens"] == prev["prompt_tokens"] + 1 + OUT
+            # the client's token-exact estimate: previous prompt + answer (it cannot see role markers)
+            assert cur["ideal_cached_tokens"] == prev["prompt_tokens"] + OUT
     for lvl in run["levels"]:
         measured = [r for r in run["requests"] if r["level"] == lvl["concurrency"] and not r["warmup"]]
         expect = sum(r["cached_tokens"] for r in measured) / sum(r["prompt_tokens"] for r in measured)

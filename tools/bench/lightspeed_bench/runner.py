@@ -91,11 +91,23 @@ class _Level:
         return True
 
 
-def _ideal_chars(key: str, previous: str | None, anchors: list[str]) -> int:
-    best = common_prefix_len(key, previous) if previous else 0
-    for anchor in anchors[-_ANCHORS:]:
-        best = max(best, common_prefix_len(key, anchor))
-    return best
+def _ideal_tokens(rec: RequestRecord, key: str, anchor_chars: int, previous: RequestRecord | None,
+                  previous_key: str | None) -> int | None:
+    """Prompt tokens a perfect, unbounded, token-granular prefix cache could serve.
+
+    Extending the previous turn: exactly its prompt + answer tokens, as the server counted them.
+    Otherwise (other conversations' prompts, edited traces) the common prefix in characters,
+    converted in proportion to this prompt's characters per token.
+    """
+    if not rec.prompt_tokens:
+        return None
+    best = round(rec.prompt_tokens * anchor_chars / len(key))
+    if previous is not None and previous_key is not None:
+        if key.startswith(previous_key) and previous.prompt_tokens is not None:
+            best = max(best, previous.prompt_tokens + (previous.completion_tokens or 0))
+        else:
+            best = max(best, round(rec.prompt_tokens * common_prefix_len(key, previous_key) / len(key)))
+    return min(rec.prompt_tokens, best)
 
 
 async def _agent(client: httpx.AsyncClient, options: RequestOptions, level: _Level,
@@ -104,6 +116,7 @@ async def _agent(client: httpx.AsyncClient, options: RequestOptions, level: _Lev
         conv = level.queue.pop()
         history: list[Message] = []
         previous_key: str | None = None
+        previous: RequestRecord | None = None
         for index, turn in enumerate(conv.turns):
             if not level.time_left():
                 return
@@ -112,7 +125,7 @@ async def _agent(client: httpx.AsyncClient, options: RequestOptions, level: _Lev
             else:
                 messages = history + (salted(turn.append, level.salt) if not history else turn.append)
             key = render_key(messages)
-            ideal_chars = _ideal_chars(key, previous_key, level.anchors)
+            anchor_chars = max((common_prefix_len(key, a) for a in level.anchors[-_ANCHORS:]), default=0)
             if index == 0:
                 level.anchors.append(key)
             prompt = messages if options.endpoint == "chat" else render_completion_prompt(messages)
@@ -124,14 +137,13 @@ async def _agent(client: httpx.AsyncClient, options: RequestOptions, level: _Lev
                 rec.error, rec.error_detail = "cancelled", "in flight when the level's drain time ran out"
                 level.records.append(rec)
                 raise
-            if rec.prompt_tokens:
-                rec.ideal_cached_tokens = min(rec.prompt_tokens, round(rec.prompt_tokens * ideal_chars / len(key)))
+            rec.ideal_cached_tokens = _ideal_tokens(rec, key, anchor_chars, previous, previous_key)
             level.records.append(rec)
             progress.update(rec.ok)
             if not rec.ok:
                 break  # without the answer the conversation cannot continue append-only
             history = messages + [{"role": "assistant", "content": rec.answer}]
-            previous_key = render_key(history)
+            previous_key, previous = render_key(history), rec
 
 
 async def run_sweep(
