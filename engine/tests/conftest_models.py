@@ -6,8 +6,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
+import pytest
 import torch
-
 from lightspeed.layers import AttentionMetadata
 from lightspeed.models import ModelConfig, preset_hf_config
 
@@ -119,3 +119,13 @@ def assert_close_rel(ours: torch.Tensor, ref: torch.Tensor, rel: float = 1e-4, w
     err = (ours - ref).abs().max().item()
     scale = ref.abs().max().item()
     assert err <= rel * scale, f"{what}: max |diff| {err:.3e} > {rel} x max |ref| {scale:.3e}"
+
+
+@pytest.fixture(scope="module", autouse=False)
+def single_thread():
+    """One intra-op thread for the module: on a 2-core machine shared with other test processes,
+    torch's OpenMP threads spin against each other and run ~10x slower than one thread."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)

@@ -9,10 +9,11 @@ import random
 import pytest
 import torch
 from conftest_models import PagedKV, Row, assert_close_rel, hf_logits, hf_reference_model
-
 from lightspeed.loader import load_model
 
 ARCHS = ["tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-qwen3-moe"]
+
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 @pytest.fixture(scope="module", params=ARCHS)
@@ -39,7 +40,7 @@ def test_batched_chunked_prefill_then_decode(models):
     got: dict[str, list[torch.Tensor]] = {name: [] for name in seqs}
 
     def run(rows: list[Row]) -> None:
-        for row, logits in zip(rows, kv.step(ours, rows)):
+        for row, logits in zip(rows, kv.step(ours, rows), strict=True):
             got[row.request].append(logits)
 
     # Step 1: three prefills of different lengths, "b" only its first chunk (6 of 11).

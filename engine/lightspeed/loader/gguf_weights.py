@@ -46,8 +46,19 @@ def open_gguf(path: Path):
     """A `gguf.GGUFReader` over `path`; ValueError naming the file when it is not valid GGUF."""
     from gguf import GGUFReader
 
+    class _PlainArrayReader(GGUFReader):
+        # np.memmap slicing runs Python hooks per slice; the reader slices ~10^5 times for the
+        # tokenizer strings. A plain ndarray view of the same mapping parses ~3x faster.
+        @property
+        def data(self):
+            return self._data
+
+        @data.setter
+        def data(self, value):
+            self._data = value.view(np.ndarray) if isinstance(value, np.memmap) else value
+
     try:
-        return GGUFReader(str(path))
+        return _PlainArrayReader(str(path))
     except Exception as e:  # the reader raises ValueError/IndexError/struct errors on bad bytes
         raise ValueError(f"{path}: not a valid (or a truncated) GGUF file ({type(e).__name__}: {e})") from None
 
@@ -149,7 +160,9 @@ def iterate_gguf_weights(reader, config: dict[str, Any], path: Path,
             values = _unpermute(values, heads)
         elif permute and name.endswith("k_proj.weight"):
             values = _unpermute(values, kv_heads)
-        yield name, torch.from_numpy(np.ascontiguousarray(values))
+        if not values.flags.writeable or not values.flags.c_contiguous:  # F32 tensors view the mapping
+            values = np.array(values, dtype=np.float32, order="C")
+        yield name, torch.from_numpy(values)
 
 
 def _hf_name(gguf_name: str, path: Path) -> str | None:
