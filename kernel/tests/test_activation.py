@@ -25,6 +25,8 @@ def test_silu_and_mul(dtype, tokens, inter):
     got = ops.silu_and_mul(x)
     assert got.shape == (tokens, inter) and got.dtype == dtype
     torch.testing.assert_close(got.double(), expected, rtol=TOL[dtype], atol=TOL[dtype])
+    out = torch.empty(tokens, inter, dtype=dtype)
+    assert ops.silu_and_mul(x, out=out) is out and torch.equal(out, got)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -34,5 +36,7 @@ def test_gelu_and_mul(dtype, approximate, fn):
     expected = fn(x.double()[:, :40]) * x.double()[:, 40:]
     got = ops.gelu_and_mul(x, approximate)
     torch.testing.assert_close(got.double(), expected, rtol=TOL[dtype], atol=TOL[dtype])
+    out = torch.empty(6, 40, dtype=dtype)
+    assert ops.gelu_and_mul(x, approximate, out=out) is out and torch.equal(out, got)
     with pytest.raises(ValueError):
         ops.gelu_and_mul(x, "fast")

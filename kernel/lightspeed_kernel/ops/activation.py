@@ -7,12 +7,15 @@ import torch
 from ._dispatch import impl_for
 
 
-def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
-    """``silu(gate) * up`` for x = [gate | up]: [T, 2I] -> [T, I] (activation/silu_and_mul)."""
-    return impl_for("activation", "silu_and_mul", x)(x)
+def silu_and_mul(x: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``silu(gate) * up`` for x = [gate | up]: [T, 2I] -> [T, I] (activation/silu_and_mul);
+    ``out``: optional [T, I] destination."""
+    return impl_for("activation", "silu_and_mul", x)(x, out=out)
 
 
-def gelu_and_mul(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
+def gelu_and_mul(
+    x: torch.Tensor, approximate: str = "none", *, out: torch.Tensor | None = None
+) -> torch.Tensor:
     """``gelu(gate) * up`` for x = [gate | up]: [T, 2I] -> [T, I]; approximate "none" (erf) or
-    "tanh" (activation/gelu_and_mul)."""
-    return impl_for("activation", "gelu_and_mul", x)(x, approximate)
+    "tanh" (activation/gelu_and_mul); ``out``: optional [T, I] destination."""
+    return impl_for("activation", "gelu_and_mul", x)(x, approximate, out=out)

@@ -8,19 +8,25 @@ import torch.nn.functional as F
 from ._register import reference
 
 
+def _emit(result: torch.Tensor, dtype: torch.dtype, out: torch.Tensor | None) -> torch.Tensor:
+    return result.to(dtype) if out is None else out.copy_(result)
+
+
 @reference("activation", "silu_and_mul")
-def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
-    # x: [T, 2I] -> [T, I]
+def silu_and_mul(x: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
+    # x: [T, 2I] -> [T, I] (written into `out` when given)
     half = x.shape[-1] // 2
     xf = x.float()
-    return (F.silu(xf[..., :half]) * xf[..., half:]).to(x.dtype)
+    return _emit(F.silu(xf[..., :half]) * xf[..., half:], x.dtype, out)
 
 
 @reference("activation", "gelu_and_mul")
-def gelu_and_mul(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
+def gelu_and_mul(
+    x: torch.Tensor, approximate: str = "none", *, out: torch.Tensor | None = None
+) -> torch.Tensor:
     # x: [T, 2I] -> [T, I]; approximate: "none" (erf) or "tanh"
     if approximate not in ("none", "tanh"):
         raise ValueError(f"approximate must be 'none' or 'tanh', got {approximate!r}")
     half = x.shape[-1] // 2
     xf = x.float()
-    return (F.gelu(xf[..., :half], approximate=approximate) * xf[..., half:]).to(x.dtype)
+    return _emit(F.gelu(xf[..., :half], approximate=approximate) * xf[..., half:], x.dtype, out)
