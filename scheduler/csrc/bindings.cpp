@@ -4,6 +4,8 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <array>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -19,24 +21,74 @@ using lightspeed::SchedulerConfig;
 
 namespace {
 
-// A zero-copy numpy view of a plan buffer; the Plan's Python object is the owner, so the view
-// keeps the scheduler alive. The data is valid until the buffer is reused (see Scheduler docs).
-template <class T>
-nb::ndarray<nb::numpy, T> view(Plan& plan, T* data, std::initializer_list<size_t> shape) {
-  return nb::ndarray<nb::numpy, T>(data, shape, nb::find(&plan));
-}
+// Keeps one plan buffer's memory alive; the owner of every numpy view of that buffer. It holds
+// no reference to the scheduler, so cached views form no reference cycle with it.
+struct PlanBuffer {
+  std::shared_ptr<Plan> plan;
+};
+
+enum Field : int {
+  kReqIds, kReqSlots, kInputIds, kPositions, kQueryStartLoc, kSeqLens, kCachedLens, kPageTable,
+  kSlotMapping, kLogitsIndices, kSampleBatchRows, kDeferredMask, kDeferredSrc, kLoadBack, kWriteBack,
+  kNumFields
+};
+
+// Python's Plan: one per buffer. Creating a numpy view costs about a microsecond, so views are
+// cached and recreated only when a buffer's shape (or storage) changes; in steady decoding the
+// same array objects come back every step, refilled in place.
+struct PyPlan {
+  Plan* plan = nullptr;
+  nb::object buffer;  // PlanBuffer
+  struct Cached {
+    nb::object array;
+    const void* data = nullptr;
+    size_t rows = SIZE_MAX, cols = SIZE_MAX;
+  };
+  std::array<Cached, kNumFields> views;
+
+  template <class T>
+  nb::object view(Field field, T* data, size_t rows, size_t cols = 0) {
+    Cached& c = views[field];
+    if (!c.array.is_valid() || c.data != data || c.rows != rows || c.cols != cols) {
+      using Array = nb::ndarray<nb::numpy, T>;
+      Array array = cols == 0 ? Array(data, {rows}, buffer) : Array(data, {rows, cols}, buffer);
+      c.array = nb::cast(array);
+      c.data = data;
+      c.rows = rows;
+      c.cols = cols;
+    }
+    return c.array;
+  }
+};
+
+// Python's Scheduler: the core plus the two Python plans.
+struct PyScheduler {
+  Scheduler core;
+  std::array<PyPlan, 2> plans;
+
+  explicit PyScheduler(SchedulerConfig config) : core(std::move(config)) {
+    for (int i = 0; i < 2; ++i) {
+      plans[i].plan = core.plan_buffer(i).get();
+      plans[i].buffer = nb::cast(PlanBuffer{core.plan_buffer(i)});
+    }
+  }
+  PyPlan& next_plan() {
+    Plan& plan = core.next_plan();
+    return plans[&plan == plans[0].plan ? 0 : 1];
+  }
+};
 
 // Accepts a numpy/DLPack int array (any int dtype is converted) or a Python sequence of ints.
-std::span<const int32_t> as_int32(nb::handle obj, const char* name, std::vector<int32_t>& scratch) {
-  using Array = nb::ndarray<const int32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
-  Array array;
+std::span<const int32_t> as_int32(nb::handle obj, const char* name, std::vector<int32_t>& scratch,
+                                  nb::ndarray<const int32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>& array) {
   if (nb::try_cast(obj, array, /*convert=*/false) || nb::try_cast(obj, array, /*convert=*/true))
     return {array.data(), array.shape(0)};
-  // The array may be a temporary conversion: copy so the span outlives it.
   if (!nb::try_cast(obj, scratch))
     throw nb::type_error((std::string(name) + " must be a 1-D int32 array or a sequence of ints").c_str());
   return scratch;
 }
+
+#define LS_ARRAY_SIG(name, type) nb::for_getter(nb::sig("def " name "(self) -> numpy.typing.NDArray[" type "]"))
 
 const char* const kConfigDoc =
     "Scheduler configuration (immutable). Validated on construction; a bad value raises ValueError.";
@@ -112,80 +164,117 @@ NB_MODULE(_core, m) {
       .def_ro("num_draft_tokens", &RequestSpec::num_draft_tokens,
               "Speculative draft tokens per decode step (k; the row has k + 1 query tokens).");
 
-  nb::class_<Plan>(m, "Plan",
-                   "One step. Arrays are zero-copy views valid until the next_plan() call after next "
-                   "(two buffers alternate). Rows: decodes first, then prefills. Before the forward, "
-                   "run write_back copies (device->host), then load_back copies (host->device).")
-      .def_ro("step_id", &Plan::step_id, "Plan sequence number.")
-      .def_ro("num_prefills", &Plan::num_prefills, "Prefill rows (after the decode rows).")
-      .def_ro("num_decodes", &Plan::num_decodes, "Decode rows (rows [0, num_decodes)).")
-      .def_ro("num_decode_tokens", &Plan::num_decode_tokens, "Tokens of the decode rows (a prefix of T).")
-      .def_ro("max_query_len", &Plan::max_query_len, "Longest row in query tokens.")
-      .def_ro("num_reqs", &Plan::num_rows, "B: rows in this step.")
-      .def_ro("num_tokens", &Plan::num_tokens, "T: query tokens in this step.")
-      .def_ro("num_samples", &Plan::num_samples, "S: sampled positions in this step.")
-      .def_ro("in_flight", &Plan::in_flight, "Returned by next_plan() and not yet advanced.")
-      .def_prop_ro("req_ids", [](Plan& p) { return view(p, p.req_ids.data(), {size_t(p.num_rows)}); },
-                   "int64[B]: ids returned by submit().")
-      .def_prop_ro("req_slots", [](Plan& p) { return view(p, p.req_slots.data(), {size_t(p.num_rows)}); },
+  nb::class_<PlanBuffer>(m, "_PlanBuffer", "Owner of one plan buffer's memory (internal).");
+
+  nb::class_<PyPlan>(m, "Plan",
+                     "One step. Arrays are zero-copy views valid until the next_plan() call after next "
+                     "(two buffers alternate). Rows: decodes first, then prefills. Before the forward, "
+                     "run write_back copies (device->host), then load_back copies (host->device).")
+      .def_prop_ro("step_id", [](const PyPlan& p) { return p.plan->step_id; }, "Plan sequence number.")
+      .def_prop_ro("num_prefills", [](const PyPlan& p) { return p.plan->num_prefills; },
+                   "Prefill rows (after the decode rows).")
+      .def_prop_ro("num_decodes", [](const PyPlan& p) { return p.plan->num_decodes; },
+                   "Decode rows (rows [0, num_decodes)).")
+      .def_prop_ro("num_decode_tokens", [](const PyPlan& p) { return p.plan->num_decode_tokens; },
+                   "Tokens of the decode rows (a prefix of T).")
+      .def_prop_ro("max_query_len", [](const PyPlan& p) { return p.plan->max_query_len; },
+                   "Longest row in query tokens.")
+      .def_prop_ro("num_reqs", [](const PyPlan& p) { return p.plan->num_rows; }, "B: rows in this step.")
+      .def_prop_ro("num_tokens", [](const PyPlan& p) { return p.plan->num_tokens; }, "T: query tokens.")
+      .def_prop_ro("num_samples", [](const PyPlan& p) { return p.plan->num_samples; }, "S: sampled positions.")
+      .def_prop_ro("in_flight", [](const PyPlan& p) { return p.plan->in_flight; },
+                   "Returned by next_plan() and not yet advanced.")
+      .def_prop_ro("req_ids", [](PyPlan& p) { return p.view(kReqIds, p.plan->req_ids.data(), p.plan->num_rows); },
+                   LS_ARRAY_SIG("req_ids", "numpy.int64"), "int64[B]: ids returned by submit().")
+      .def_prop_ro("req_slots",
+                   [](PyPlan& p) { return p.view(kReqSlots, p.plan->req_slots.data(), p.plan->num_rows); },
+                   LS_ARRAY_SIG("req_slots", "numpy.int32"),
                    "int32[B]: stable row in [0, max_num_seqs) per request, for per-request GPU state.")
-      .def_prop_ro("input_ids", [](Plan& p) { return view(p, p.input_ids.data(), {size_t(p.num_tokens)}); },
+      .def_prop_ro("input_ids",
+                   [](PyPlan& p) { return p.view(kInputIds, p.plan->input_ids.data(), p.plan->num_tokens); },
+                   LS_ARRAY_SIG("input_ids", "numpy.int32"),
                    "int32[T]: input tokens; 0 where deferred_input_mask or a draft slot.")
-      .def_prop_ro("positions", [](Plan& p) { return view(p, p.positions.data(), {size_t(p.num_tokens)}); },
-                   "int64[T]: position of each token in its sequence.")
+      .def_prop_ro("positions",
+                   [](PyPlan& p) { return p.view(kPositions, p.plan->positions.data(), p.plan->num_tokens); },
+                   LS_ARRAY_SIG("positions", "numpy.int64"), "int64[T]: position of each token in its sequence.")
       .def_prop_ro("query_start_loc",
-                   [](Plan& p) { return view(p, p.query_start_loc.data(), {size_t(p.num_rows) + 1}); },
-                   "int32[B+1]: row b's tokens are [query_start_loc[b], query_start_loc[b+1]).")
-      .def_prop_ro("seq_lens", [](Plan& p) { return view(p, p.seq_lens.data(), {size_t(p.num_rows)}); },
-                   "int32[B]: tokens in KV after this step, new ones included.")
-      .def_prop_ro("cached_lens", [](Plan& p) { return view(p, p.cached_lens.data(), {size_t(p.num_rows)}); },
-                   "int32[B]: tokens in KV before this step.")
-      .def_prop_ro("page_table",
-                   [](Plan& p) {
-                     return view(p, p.page_table.data(), {size_t(p.num_rows), size_t(p.pages_per_row)});
+                   [](PyPlan& p) {
+                     return p.view(kQueryStartLoc, p.plan->query_start_loc.data(), p.plan->num_rows + 1);
                    },
-                   "int32[B, P]: KV pages per row, padded with page 0.")
-      .def_prop_ro("slot_mapping", [](Plan& p) { return view(p, p.slot_mapping.data(), {size_t(p.num_tokens)}); },
+                   LS_ARRAY_SIG("query_start_loc", "numpy.int32"),
+                   "int32[B+1]: row b's tokens are [query_start_loc[b], query_start_loc[b+1]).")
+      .def_prop_ro("seq_lens",
+                   [](PyPlan& p) { return p.view(kSeqLens, p.plan->seq_lens.data(), p.plan->num_rows); },
+                   LS_ARRAY_SIG("seq_lens", "numpy.int32"), "int32[B]: tokens in KV after this step, new ones included.")
+      .def_prop_ro("cached_lens",
+                   [](PyPlan& p) { return p.view(kCachedLens, p.plan->cached_lens.data(), p.plan->num_rows); },
+                   LS_ARRAY_SIG("cached_lens", "numpy.int32"), "int32[B]: tokens in KV before this step.")
+      .def_prop_ro("page_table",
+                   [](PyPlan& p) {
+                     return p.view(kPageTable, p.plan->page_table.data(), p.plan->num_rows, p.plan->pages_per_row);
+                   },
+                   LS_ARRAY_SIG("page_table", "numpy.int32"),
+                   "int32[B, P]: KV pages per row, padded with page 0 (P: the widest row).")
+      .def_prop_ro("slot_mapping",
+                   [](PyPlan& p) { return p.view(kSlotMapping, p.plan->slot_mapping.data(), p.plan->num_tokens); },
+                   LS_ARRAY_SIG("slot_mapping", "numpy.int64"),
                    "int64[T]: KV slot of each token, page * page_size + offset.")
       .def_prop_ro("logits_indices",
-                   [](Plan& p) { return view(p, p.logits_indices.data(), {size_t(p.num_samples)}); },
-                   "int32[S]: flat token indices that are sampled.")
-      .def_prop_ro("sample_batch_rows",
-                   [](Plan& p) { return view(p, p.sample_batch_rows.data(), {size_t(p.num_samples)}); },
-                   "int32[S]: batch row of each sampled position.")
-      .def_prop_ro("deferred_input_mask",
-                   [](Plan& p) {
-                     return view(p, reinterpret_cast<bool*>(p.deferred_input_mask.data()), {size_t(p.num_tokens)});
+                   [](PyPlan& p) {
+                     return p.view(kLogitsIndices, p.plan->logits_indices.data(), p.plan->num_samples);
                    },
+                   LS_ARRAY_SIG("logits_indices", "numpy.int32"), "int32[S]: flat token indices that are sampled.")
+      .def_prop_ro("sample_batch_rows",
+                   [](PyPlan& p) {
+                     return p.view(kSampleBatchRows, p.plan->sample_batch_rows.data(), p.plan->num_samples);
+                   },
+                   LS_ARRAY_SIG("sample_batch_rows", "numpy.int32"), "int32[S]: batch row of each sampled position.")
+      .def_prop_ro("deferred_input_mask",
+                   [](PyPlan& p) {
+                     return p.view(kDeferredMask, reinterpret_cast<bool*>(p.plan->deferred_input_mask.data()),
+                                   p.plan->num_tokens);
+                   },
+                   LS_ARRAY_SIG("deferred_input_mask", "numpy.bool_"),
                    "bool[T]: input is the previous plan's sample, to be filled on the GPU.")
       .def_prop_ro("deferred_src_index",
-                   [](Plan& p) { return view(p, p.deferred_src_index.data(), {size_t(p.num_tokens)}); },
+                   [](PyPlan& p) {
+                     return p.view(kDeferredSrc, p.plan->deferred_src_index.data(), p.plan->num_tokens);
+                   },
+                   LS_ARRAY_SIG("deferred_src_index", "numpy.int32"),
                    "int32[T]: index into the previous plan's sampled tokens, -1 elsewhere.")
       .def_prop_ro("load_back",
-                   [](Plan& p) { return view(p, p.load_back.data(), {p.load_back.size() / 2, 2}); },
+                   [](PyPlan& p) {
+                     return p.view(kLoadBack, p.plan->load_back.data(), p.plan->load_back.size() / 2, 2);
+                   },
+                   LS_ARRAY_SIG("load_back", "numpy.int32"),
                    "int32[N, 2]: (host page, device page) copies to run before the forward.")
       .def_prop_ro("write_back",
-                   [](Plan& p) { return view(p, p.write_back.data(), {p.write_back.size() / 2, 2}); },
+                   [](PyPlan& p) {
+                     return p.view(kWriteBack, p.plan->write_back.data(), p.plan->write_back.size() / 2, 2);
+                   },
+                   LS_ARRAY_SIG("write_back", "numpy.int32"),
                    "int32[M, 2]: (device page, host page) copies to run before load_back and the forward.");
 
-  nb::class_<Scheduler>(m, "Scheduler", "Plans each step's batch and owns every KV page. Not thread-safe.")
+  nb::class_<PyScheduler>(m, "Scheduler", "Plans each step's batch and owns every KV page. Not thread-safe.")
       .def(nb::init<SchedulerConfig>(), "config"_a)
-      .def_prop_ro("config", &Scheduler::config, nb::rv_policy::copy, "The configuration (a copy).")
-      .def("submit", &Scheduler::submit, "spec"_a,
+      .def_prop_ro("config", [](const PyScheduler& s) { return s.core.config(); }, "The configuration (a copy).")
+      .def("submit", [](PyScheduler& s, const RequestSpec& spec) { return s.core.submit(spec); }, "spec"_a,
            "Queues a request and returns its id (int). ValueError on bad input; nothing changes then.")
-      .def("abort", &Scheduler::abort, "req_id"_a,
+      .def("abort", [](PyScheduler& s, int64_t req_id) { s.core.abort(req_id); }, "req_id"_a,
            "Frees everything the request holds now. The next advance() lists it as (req_id, 'abort'). "
            "ValueError if the id is unknown or already finished.")
-      .def("next_plan", &Scheduler::next_plan, nb::rv_policy::reference_internal,
+      .def("next_plan", &PyScheduler::next_plan, nb::rv_policy::reference_internal,
            "Builds the next step. May be called once while one plan is in flight (overlap).")
       .def(
           "advance",
-          [](Scheduler& s, Plan& plan, nb::handle sampled_token_ids, nb::handle accepted_counts) {
+          [](PyScheduler& s, PyPlan& plan, nb::handle sampled_token_ids, nb::handle accepted_counts) {
             std::vector<int32_t> sampled_scratch, accepted_scratch;
-            auto sampled = as_int32(sampled_token_ids, "sampled_token_ids", sampled_scratch);
+            nb::ndarray<const int32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu> sampled_array, accepted_array;
+            auto sampled = as_int32(sampled_token_ids, "sampled_token_ids", sampled_scratch, sampled_array);
             std::span<const int32_t> accepted;
-            if (!accepted_counts.is_none()) accepted = as_int32(accepted_counts, "accepted_counts", accepted_scratch);
-            const auto& finished = s.advance(plan, sampled, accepted);
+            if (!accepted_counts.is_none())
+              accepted = as_int32(accepted_counts, "accepted_counts", accepted_scratch, accepted_array);
+            const auto& finished = s.core.advance(*plan.plan, sampled, accepted);
             nb::list result;
             for (const auto& f : finished)
               result.append(nb::make_tuple(f.req_id, lightspeed::fsm::reason_name(f.reason)));
@@ -197,8 +286,8 @@ NB_MODULE(_core, m) {
           "[(req_id, reason)] with reason in {'stop', 'length', 'abort'}.")
       .def(
           "request_stats",
-          [](const Scheduler& s, int64_t req_id) {
-            const auto st = s.request_stats(req_id);
+          [](const PyScheduler& s, int64_t req_id) {
+            const auto st = s.core.request_stats(req_id);
             nb::dict d;
             d["num_prompt_tokens"] = st.num_prompt_tokens;
             d["num_cached_tokens"] = st.num_cached_tokens;
@@ -209,15 +298,15 @@ NB_MODULE(_core, m) {
           "req_id"_a, "Per-request counters; available until the advance() after the one reporting it finished.")
       .def(
           "output_token_ids",
-          [](const Scheduler& s, int64_t req_id) {
-            auto ids = s.output_token_ids(req_id);
+          [](const PyScheduler& s, int64_t req_id) {
+            auto ids = s.core.output_token_ids(req_id);
             return std::vector<int32_t>(ids.begin(), ids.end());
           },
           "req_id"_a, "Accepted output tokens so far (a copy).")
       .def(
           "stats",
-          [](const Scheduler& s) {
-            const auto st = s.stats();
+          [](const PyScheduler& s) {
+            const auto st = s.core.stats();
             nb::dict d;
             d["free_device_pages"] = st.free_device_pages;
             d["free_host_pages"] = st.free_host_pages;
@@ -238,9 +327,9 @@ NB_MODULE(_core, m) {
             return d;
           },
           "Counters: pages, queue lengths, prefix-cache hits, retractions.")
-      .def("has_unfinished", &Scheduler::has_unfinished,
+      .def("has_unfinished", [](const PyScheduler& s) { return s.core.has_unfinished(); },
            "True while a request is live or an abort is yet to be reported by advance().")
-      .def_prop_ro("num_unfinished", &Scheduler::num_unfinished, "Live requests plus unreported aborts.")
-      .def("check_invariants", &Scheduler::check_invariants,
+      .def_prop_ro("num_unfinished", [](const PyScheduler& s) { return s.core.num_unfinished(); }, "Live requests plus unreported aborts.")
+      .def("check_invariants", [](const PyScheduler& s) { s.core.check_invariants(); },
            "Recounts every page reference; raises RuntimeError on a broken invariant (tests, O(pages)).");
 }

@@ -23,8 +23,8 @@ Scheduler::Scheduler(SchedulerConfig config)
       cache_(device_, host_, config_.page_size) {
   slot_record_.assign(config_.max_num_seqs, -1);
   for (int32_t slot = config_.max_num_seqs - 1; slot >= 0; --slot) free_slots_.push_back(slot);
-  plans_[0] = std::make_unique<Plan>(config_);
-  plans_[1] = std::make_unique<Plan>(config_);
+  plans_[0] = std::make_shared<Plan>(config_);
+  plans_[1] = std::make_shared<Plan>(config_);
   running_.reserve(config_.max_num_seqs);
   retracted_.reserve(config_.max_num_seqs);
   loading_.reserve(config_.max_num_seqs);

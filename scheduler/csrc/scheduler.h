@@ -67,6 +67,9 @@ class Scheduler {
   bool has_unfinished() const { return num_unfinished() > 0; }
   int32_t num_unfinished() const;
   const SchedulerConfig& config() const { return config_; }
+  // The two plan buffers next_plan() alternates between; shared so that views of a buffer (the
+  // Python bindings' numpy arrays) can keep its memory alive past the scheduler.
+  const std::shared_ptr<Plan>& plan_buffer(int index) const { return plans_[index]; }
 
   // Recounts every page reference and list membership; throws std::logic_error on a mismatch.
   // O(pages + requests): for tests.
@@ -132,7 +135,7 @@ class Scheduler {
   std::vector<int32_t> loading_;    // LoadingPrefix
   int32_t num_writing_back_ = 0;
 
-  std::array<std::unique_ptr<Plan>, 2> plans_;  // double buffer: plan N stays valid while N+1 exists
+  std::array<std::shared_ptr<Plan>, 2> plans_;  // double buffer: plan N stays valid while N+1 exists
   int64_t next_step_ = 0;
   int32_t num_in_flight_ = 0;
   int64_t next_req_id_ = 0;

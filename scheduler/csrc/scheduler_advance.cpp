@@ -40,6 +40,7 @@ const std::vector<FinishedRequest>& Scheduler::advance(Plan& plan, std::span<con
 void Scheduler::validate_advance(const Plan& plan, std::span<const int32_t> sampled,
                                  std::span<const int32_t> accepted_counts) const {
   auto bad = [](const std::string& message) { throw std::invalid_argument("advance(): " + message); };
+  if (&plan != plans_[0].get() && &plan != plans_[1].get()) bad("the plan belongs to another scheduler");
   if (!plan.in_flight) bad("plan " + std::to_string(plan.step_id) + " is not in flight (advanced twice?)");
   const int64_t oldest = next_step_ - num_in_flight_;
   if (plan.step_id != oldest)

@@ -80,7 +80,9 @@ void Scheduler::schedule_decodes(Plan& plan, Budget& budget) {
           hits_limit)
         continue;
     }
-    const int32_t num_tokens = 1 + (deferred ? 0 : r.num_draft_tokens);
+    // Draft slots stop at max_model_len: positions past it do not exist for the model.
+    const int32_t drafts = deferred ? 0 : std::min(r.num_draft_tokens, config_.max_model_len - decoding->kv_len - 1);
+    const int32_t num_tokens = 1 + std::max(drafts, 0);
     if (num_tokens > budget.tokens || budget.rows == 0) break;
     if (!grow_pages(plan, record, decoding->device_pages, decoding->kv_len + num_tokens, true)) continue;
     const int32_t kv_start = decoding->kv_len;

@@ -117,3 +117,28 @@ TEST(SpecDecode, DraftRowsReserveAndReleasePages) {
   EXPECT_EQ(s.request_stats(a).num_output_tokens, 7);
   s.check_invariants();
 }
+
+TEST(SpecDecode, DraftSlotsStopAtMaxModelLen) {
+  auto config = small_config();
+  config.max_model_len = 12;
+  Scheduler s(config);
+  auto spec = make_spec("a", iota_tokens(9), 20);
+  spec.num_draft_tokens = 3;
+  s.submit(spec);
+  step(s, 40);  // 10 tokens known, KV 9
+  Plan& plan = s.next_plan();
+  EXPECT_EQ(plan.num_decode_tokens, 3);  // positions 9, 10, 11: nothing at 12
+  EXPECT_EQ(plan.positions[2], 11);
+  s.advance(plan, std::vector<int32_t>{1, 1, 1}, std::vector<int32_t>{3});
+  EXPECT_FALSE(s.has_unfinished());  // 12 tokens: length
+}
+
+TEST(Overlap, APlanFromAnotherSchedulerIsRejected) {
+  Scheduler a(small_config()), b(small_config());
+  a.submit(make_spec("x", iota_tokens(4)));
+  b.submit(make_spec("y", iota_tokens(4)));
+  Plan& plan_a = a.next_plan();
+  b.next_plan();
+  EXPECT_THROW(b.advance(plan_a, std::vector<int32_t>{1}), std::invalid_argument);
+  a.advance(plan_a, std::vector<int32_t>{1});
+}
