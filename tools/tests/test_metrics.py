@@ -65,6 +65,9 @@ def test_cache_fractions(records):
     assert s["cached_reported_requests"] == 2
     assert s["cached_fraction_incl_warmup"] == pytest.approx(1600 / 2210)
     assert s["ideal_cached_fraction"] == pytest.approx(1900 / 2700)
+    assert s["ideal_cached_fraction_paged"] is None
+    paged = summarize_level(records, concurrency=2, num_gpus=1, page_size=16)
+    assert paged["ideal_cached_fraction_paged"] == pytest.approx((800 + 1088) / 2700)
 
 
 def test_tpot_needs_two_tokens_and_empty_level():

@@ -92,6 +92,8 @@ def _add_agentic(sub: argparse._SubParsersAction) -> None:
     sw.add_argument("--drain-timeout", type=float,
                     help="seconds a level waits for in-flight requests after --max-duration before "
                          "cancelling them (default: --request-timeout)")
+    sw.add_argument("--cache-page-size", type=int, default=0,
+                    help="the server's KV page size: also report the ideal cached fraction in whole pages")
     sw.add_argument("--num-gpus", type=int, default=1, help="divides the per-GPU throughput")
     out = p.add_argument_group("output")
     out.add_argument("--output-dir", default="bench/results")
@@ -205,8 +207,11 @@ def cmd_agentic(args: argparse.Namespace) -> int:
                else choose_counter(args.tokenizer, args.base_url, model, headers))
     factory, workload = _workload(args, counter)
     salt = secrets.token_hex(4) if args.salt is None else args.salt
-    cfg = SweepConfig(args.concurrency, args.warmup_requests, args.max_duration, args.drain_timeout,
-                      args.request_timeout, args.num_gpus, salt)
+    cfg = SweepConfig(
+        concurrencies=args.concurrency, warmup_requests=args.warmup_requests,
+        max_duration_s=args.max_duration, drain_timeout_s=args.drain_timeout,
+        request_timeout_s=args.request_timeout, num_gpus=args.num_gpus,
+        cache_page_size=args.cache_page_size, salt=salt)
     date = utc_now()
     stem = Path(args.output_dir) / (args.name or f"agentic_{dt.datetime.now(dt.timezone.utc):%Y%m%d-%H%M%S}")
 

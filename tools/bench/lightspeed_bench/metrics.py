@@ -14,7 +14,8 @@ drain time ran out, counted in `cancelled_at_deadline`):
   `cached_fraction_incl_warmup` is the same over warm-up requests too, comparable with the
   server's /metrics counters, which cannot tell warm-up apart.
 - ideal cached fraction: sum(ideal_cached_tokens) / sum(prompt_tokens), what a perfect prefix
-  cache (token granularity, unbounded memory) would have served.
+  cache (token granularity, unbounded memory) would have served; with a page size, the same
+  rounded down to whole pages per request (what a paged cache such as Lightspeed's can serve).
 """
 
 from __future__ import annotations
@@ -43,7 +44,8 @@ def _ratio(num: float, den: float) -> float | None:
     return None if den <= 0 else num / den
 
 
-def summarize_level(records: list[RequestRecord], concurrency: int, num_gpus: int) -> dict[str, Any]:
+def summarize_level(records: list[RequestRecord], concurrency: int, num_gpus: int,
+                    page_size: int = 0) -> dict[str, Any]:
     """One concurrency level's figures; see the module docstring for each definition."""
     measured = [r for r in records if not r.warmup and r.ok]
     errors = Counter(r.error for r in records if not r.ok and r.error != "cancelled")
@@ -96,6 +98,9 @@ def summarize_level(records: list[RequestRecord], concurrency: int, num_gpus: in
                                               sum(r.prompt_tokens for r in reported_all)),
         "ideal_cached_fraction": _ratio(sum(r.ideal_cached_tokens for r in ideal),
                                         sum(r.prompt_tokens for r in ideal)),
+        "ideal_cached_fraction_paged": None if page_size <= 0 else _ratio(
+            sum(r.ideal_cached_tokens // page_size * page_size for r in ideal), sum(r.prompt_tokens for r in ideal)),
+        "cache_page_size": page_size or None,
     }
 
 

@@ -28,6 +28,8 @@ _CSV_FIELDS = [
     ("cached_fraction", ("cached_fraction",)),
     ("server_cached_fraction", ("server_cache", "cached_fraction")),
     ("ideal_cached_fraction", ("ideal_cached_fraction",)),
+    ("ideal_cached_fraction_paged", ("ideal_cached_fraction_paged",)),
+    ("cancelled_at_deadline", ("cancelled_at_deadline",)),
     ("duration_limited", ("duration_limited",)),
 ]
 

@@ -37,6 +37,7 @@ class SweepConfig:
     drain_timeout_s: float | None = None  # then in-flight requests get this long (None: request_timeout_s)
     request_timeout_s: float = 600.0
     num_gpus: int = 1
+    cache_page_size: int = 0  # > 0: also report the ideal cached fraction in whole pages
     salt: str = ""  # run tag on the first message; levels append "-c<concurrency>"
 
     def __post_init__(self):
@@ -168,7 +169,7 @@ async def run_sweep(
         await asyncio.gather(*agents, return_exceptions=True)
         after = await scrape(client)
         progress.close()
-        summary = summarize_level(level.records, concurrency, cfg.num_gpus)
+        summary = summarize_level(level.records, concurrency, cfg.num_gpus, cfg.cache_page_size)
         summary["duration_limited"] = level.hit_deadline
         summary["conversations"] = len(conversations)
         summary["server_cache"] = cache_delta(before, after, sum(r.prompt_tokens or 0 for r in level.records))
