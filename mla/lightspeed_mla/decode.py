@@ -200,8 +200,8 @@ def run_decode(
         page_table.stride(0),
         out.stride(0), out.stride(1),
         *po_strides,
-        H, plan.heads_padded, plan.softmax_scale * LOG2E,
-        PAGE_SIZE=plan.page_size, NUM_SPLITS=S, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, SWAP_AB=tile.swap_ab,
+        H, plan.heads_padded, plan.softmax_scale * LOG2E, S,
+        PAGE_SIZE=plan.page_size, DIRECT_OUT=S == 1, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, SWAP_AB=tile.swap_ab,
         IS_FP8=is_fp8, WRITE_LSE=lse is not None,
         DOT_DTYPE=tl.float32 if interpreting() else tl.bfloat16,
         num_warps=tile.num_warps, num_stages=tile.num_stages,
@@ -209,8 +209,8 @@ def run_decode(
     if S > 1:
         _k._combine_kernel[(T, H)](
             plan.partial_out, plan.partial_lse, out, lse_arg,
-            *po_strides, out.stride(0), out.stride(1), H,
-            NUM_SPLITS=S, SPLITS_POW2=triton_next_pow2(S), WRITE_LSE=lse is not None,
+            *po_strides, out.stride(0), out.stride(1), H, S,
+            SPLITS_POW2=triton_next_pow2(S), WRITE_LSE=lse is not None,
             num_warps=4,
         )
     return out

@@ -11,7 +11,7 @@ as the rows of the MMA's M tile: row r is query token ``r // H_PAD`` and head ``
 Causal masking is per row (each row knows its token), so one kernel body serves both, and
 ragged prefill in absorbed form is the same kernel with per-request query counts.
 
-Split-KV: grid axis 2 cuts a request's keys into NUM_SPLITS contiguous, BLOCK_N-aligned ranges;
+Split-KV: grid axis 2 cuts a request's keys into num_splits contiguous, BLOCK_N-aligned ranges;
 each writes an unnormalised-free partial (O / l, log2-LSE) that `_combine_kernel` merges. The
 ranges depend only on the request's length, so every row tile of a request agrees on them.
 """
@@ -32,9 +32,9 @@ if HAS_TRITON:
         stride_pt_b,
         stride_ot, stride_oh,
         stride_pot, stride_poh, stride_pos,
-        num_heads, heads_padded, qk_scale_log2,
+        num_heads, heads_padded, qk_scale_log2, num_splits,
         PAGE_SIZE: tl.constexpr,
-        NUM_SPLITS: tl.constexpr,
+        DIRECT_OUT: tl.constexpr,
         BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr,
         SWAP_AB: tl.constexpr,
@@ -64,7 +64,7 @@ if HAS_TRITON:
         last_q = tl.minimum((row0 + BLOCK_M - 1) // heads_padded, q_len - 1)
         tile_end = kv_len - q_len + last_q + 1
 
-        per_split = tl.cdiv(tl.cdiv(kv_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+        per_split = tl.cdiv(tl.cdiv(kv_len, num_splits), BLOCK_N) * BLOCK_N
         start = pid_s * per_split
         end = tl.minimum(start + per_split, tile_end)
 
@@ -141,7 +141,7 @@ if HAS_TRITON:
         empty = l_i == 0.0
         o = acc / tl.where(empty, 1.0, l_i)[:, None]
         lse2 = tl.where(empty, float("-inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))
-        if NUM_SPLITS == 1:
+        if DIRECT_OUT:  # one split: no combine step, write the output itself
             o_ptr = Out + tok[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :]
             tl.store(o_ptr, o.to(Out.dtype.element_ty), mask=row_ok[:, None])
             if WRITE_LSE:
@@ -149,15 +149,14 @@ if HAS_TRITON:
         else:
             po = PartO + tok[:, None] * stride_pot + head[:, None] * stride_poh + pid_s * stride_pos + d[None, :]
             tl.store(po, o, mask=row_ok[:, None])
-            tl.store(PartLse + (tok * num_heads + head) * NUM_SPLITS + pid_s, lse2, mask=row_ok)
+            tl.store(PartLse + (tok * num_heads + head) * num_splits + pid_s, lse2, mask=row_ok)
 
     @triton.jit
     def _combine_kernel(
         PartO, PartLse, Out, LseOut,
         stride_pot, stride_poh, stride_pos,
         stride_ot, stride_oh,
-        num_heads,
-        NUM_SPLITS: tl.constexpr,
+        num_heads, num_splits,
         SPLITS_POW2: tl.constexpr,
         WRITE_LSE: tl.constexpr,
     ):
@@ -166,7 +165,7 @@ if HAS_TRITON:
         h = tl.program_id(1)
         s_idx = tl.arange(0, SPLITS_POW2)
         row = t * num_heads + h
-        lse = tl.load(PartLse + row * NUM_SPLITS + s_idx, mask=s_idx < NUM_SPLITS, other=float("-inf"))
+        lse = tl.load(PartLse + row * num_splits + s_idx, mask=s_idx < num_splits, other=float("-inf"))
         m = tl.max(lse, axis=0)
         m_use = tl.where(m == float("-inf"), 0.0, m)
         w = tl.exp2(lse - m_use)
@@ -174,8 +173,8 @@ if HAS_TRITON:
         d = tl.arange(0, 512)
         acc = tl.zeros([512], dtype=tl.float32)
         base = PartO + t * stride_pot + h * stride_poh
-        for s in range(NUM_SPLITS):
-            w_s = tl.exp2(tl.load(PartLse + row * NUM_SPLITS + s) - m_use)
+        for s in range(num_splits):
+            w_s = tl.exp2(tl.load(PartLse + row * num_splits + s) - m_use)
             acc += w_s * tl.load(base + s * stride_pos + d)
         o = acc / tl.where(denom == 0.0, 1.0, denom)
         tl.store(Out + t * stride_ot + h * stride_oh + d, o.to(Out.dtype.element_ty))

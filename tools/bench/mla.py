@@ -1,0 +1,261 @@
+"""MLA kernel benchmark on one GPU: decode sweep, fold on/off, the seeds' cases, prefill.
+
+    python tools/bench/mla.py --out DIR [--budget-s 150] [--tile-sweep]
+
+Writes DIR/mla_bench.json and DIR/mla_bench.md. Every figure is measured here: µs per call
+(median of CUDA-graph replays, triton.testing.do_bench_cudagraph), achieved HBM bandwidth as a
+fraction of 4.27 TB/s (bytes of KV + queries + outputs, each read or written once), TFLOP/s.
+Points run in priority order (targets first) until --budget-s is spent; what did not run is listed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+HBM_BPS = 4.27e12
+BF16_FLOPS = 810e12
+
+
+def _git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    except Exception:  # noqa: BLE001 - the device copy of the tree may have no .git
+        return "unknown"
+
+
+def _time_us(fn) -> float:
+    import triton.testing as tt
+
+    fn()
+    torch.cuda.synchronize()
+    try:
+        ms = tt.do_bench_cudagraph(fn, rep=20, return_mode="median")
+    except Exception:  # noqa: BLE001 - fall back to eager launches
+        ms = tt.do_bench(fn, warmup=5, rep=20, return_mode="median")
+    return ms * 1e3
+
+
+def measure_ceilings() -> dict:
+    """Device-to-device copy bandwidth and an 8192^3 bf16 GEMM, for the record."""
+    import triton.testing as tt
+
+    x = torch.empty(1 << 30, dtype=torch.uint8, device="cuda").random_()
+    y = torch.empty_like(x)
+    ms = tt.do_bench(lambda: y.copy_(x), warmup=5, rep=30, return_mode="median")
+    copy_tbps = 2 * x.numel() / ms / 1e9
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    ms = tt.do_bench(lambda: a @ b, warmup=5, rep=30, return_mode="median")
+    del x, y
+    return {"copy_TBps_read_plus_write": round(copy_tbps, 3), "bf16_gemm_TFLOPs": round(2 * 8192**3 / ms / 1e9, 1)}
+
+
+class DecodeBench:
+    """One big cache per kind; each point takes random pages of it."""
+
+    def __init__(self, max_tokens: int, page_size: int = 64):
+        from lightspeed_mla import MLACache
+
+        self.page_size = page_size
+        self.num_pages = max_tokens // page_size
+        self.caches = {}
+        for kind in ("bf16", "fp8"):
+            c = MLACache.empty(self.num_pages, page_size, kind, device="cuda")
+            if kind == "bf16":
+                c.packed.normal_()
+            else:
+                # Random finite e4m3 bit patterns: clearing the exponent's low bit rules out NaN (0x7F).
+                c.latent.view(torch.uint8).random_(0, 256)
+                c.latent.view(torch.uint8).bitwise_and_(0xF7)
+                c.scale.uniform_(0.001, 0.01)
+                c.rope.normal_()
+            self.caches[kind] = c
+        self.ws = torch.empty(1 << 31, dtype=torch.uint8, device="cuda")
+
+    def run(self, kind, batch, heads, q_len, ctx, fold=None, tile=None):
+        from lightspeed_mla import plan_decode, run_decode
+
+        cache = self.caches[kind]
+        pages_per = -(-ctx // self.page_size)
+        perm = torch.randperm(self.num_pages, device="cuda")[: batch * pages_per]
+        page_table = perm.view(batch, pages_per).to(torch.int32)
+        T = batch * q_len
+        qsl = torch.arange(batch + 1, dtype=torch.int32) * q_len
+        lens = torch.full((batch,), ctx, dtype=torch.int32)
+        plan = plan_decode(self.ws, qsl, lens, heads, page_size=self.page_size, softmax_scale=192**-0.5,
+                           cache_kind=kind, fold=fold, tile=tile)
+        q = torch.randn(T, heads, 576, device="cuda").to(torch.bfloat16)
+        out = torch.empty(T, heads, 512, device="cuda", dtype=torch.bfloat16)
+        us = _time_us(lambda: run_decode(plan, q, cache, page_table, out))
+        nbytes = batch * ctx * cache.bytes_per_token + q.numel() * 2 + out.numel() * 2
+        if plan.num_splits > 1:
+            nbytes += 2 * T * heads * plan.num_splits * 512 * 4  # partials written and read back
+        flops = 2 * batch * heads * q_len * ctx * (576 + 512)
+        t = plan.tile
+        return {
+            "kind": kind, "batch": batch, "heads": heads, "q_len": q_len, "ctx": ctx, "us": round(us, 2),
+            "hbm_frac": round(nbytes / (us * 1e-6) / HBM_BPS, 3), "tflops": round(flops / (us * 1e-6) / 1e12, 1),
+            "fold": plan.fold, "splits": plan.num_splits,
+            "tile": f"{t.block_m}x{t.block_n} w{t.num_warps} s{t.num_stages}{' swap' if t.swap_ab else ''}",
+            # Compute-bound when the MMA time at the bf16 peak exceeds the HBM time.
+            "bound": "compute" if flops / BF16_FLOPS > (batch * ctx * cache.bytes_per_token) / HBM_BPS else "memory",
+        }
+
+
+def prefill_point(q_len=8192, kv_len=8192, heads=128, tile=None) -> dict:
+    from lightspeed_mla.prefill import mla_prefill
+
+    dev = "cuda"
+    q_nope = torch.randn(q_len, heads, 128, device=dev, dtype=torch.bfloat16)
+    q_rope = torch.randn(q_len, heads, 64, device=dev, dtype=torch.bfloat16)
+    k_nope = torch.randn(kv_len, heads, 128, device=dev, dtype=torch.bfloat16)
+    k_rope = torch.randn(kv_len, 64, device=dev, dtype=torch.bfloat16)
+    v = torch.randn(kv_len, heads, 128, device=dev, dtype=torch.bfloat16)
+    cu_q = torch.tensor([0, q_len], device=dev, dtype=torch.int32)
+    cu_k = torch.tensor([0, kv_len], device=dev, dtype=torch.int32)
+    out = torch.empty(q_len, heads, 128, device=dev, dtype=torch.bfloat16)
+    us = _time_us(lambda: mla_prefill(q_nope, q_rope, k_nope, k_rope, v, cu_q, cu_k, q_len, 192**-0.5, out=out,
+                                      tile=tile))
+    prefix = kv_len - q_len
+    pairs = q_len * prefix + q_len * (q_len + 1) / 2
+    flops = 2 * heads * pairs * (192 + 128)  # causal: only the visible pairs
+    t = tile
+    return {"q_len": q_len, "kv_len": kv_len, "heads": heads, "us": round(us, 1),
+            "tflops": round(flops / (us * 1e-6) / 1e12, 1), "frac_of_810": round(flops / (us * 1e-6) / BF16_FLOPS, 3),
+            "tile": None if t is None else f"{t.block_m}x{t.block_n} w{t.num_warps} s{t.num_stages}"}
+
+
+def decode_points():
+    """(tag, kind, batch, heads, q_len, ctx, fold) in priority order."""
+    pts = []
+    for b in (4, 8, 16):  # the seeds' decode case
+        for kind in ("fp8", "bf16"):
+            pts.append(("seeds", kind, b, 16, 4, 81920, None))
+    for b, ctx in ((1, 16384), (4, 16384), (16, 16384), (4, 81920), (16, 81920)):  # fold vs no fold
+        for kind in ("bf16", "fp8"):
+            pts.append(("fold_on", kind, b, 16, 4, ctx, True))
+            pts.append(("fold_off", kind, b, 16, 4, ctx, False))
+    grid = []
+    for kind in ("bf16", "fp8"):
+        for ctx in (16384, 81920, 4096):
+            for b in (16, 64, 128, 1, 4, 8):
+                for h in (16, 32, 64, 128):
+                    for ql in (1, 2, 4, 8):
+                        grid.append(("sweep", kind, b, h, ql, ctx, None))
+    # Memory-bound target shapes first (ctx >= 8K, batch >= 16), then the rest.
+    grid.sort(key=lambda p: (not (p[5] >= 8192 and p[2] >= 16), p[5] == 4096, p[4], p[3]))
+    return pts + grid
+
+
+def tile_sweep(bench, results):
+    from lightspeed_mla.tuning import DecodeTile, PrefillTile
+
+    small = [DecodeTile(16, 32, 4, 3, True), DecodeTile(16, 64, 4, 2, True), DecodeTile(16, 32, 8, 2, False),
+             DecodeTile(16, 32, 4, 2, True), DecodeTile(16, 16, 4, 4, True)]
+    big = [DecodeTile(64, 32, 8, 2, True), DecodeTile(64, 32, 8, 2, False), DecodeTile(64, 64, 8, 2, True),
+           DecodeTile(64, 16, 4, 3, True), DecodeTile(64, 32, 8, 3, True)]
+    for kind in ("bf16", "fp8"):
+        for tiles, (b, h, ql, ctx, fold) in ((small, (16, 16, 1, 16384, None)), (big, (16, 16, 4, 16384, True)),
+                                             (big, (16, 128, 1, 16384, None))):
+            for t in tiles:
+                try:
+                    r = bench.run(kind, b, h, ql, ctx, fold=fold, tile=t)
+                except Exception as e:  # noqa: BLE001 - a tile that fails to compile is a result too
+                    r = {"kind": kind, "batch": b, "heads": h, "q_len": ql, "ctx": ctx, "tile": str(t),
+                         "error": f"{type(e).__name__}: {str(e)[:160]}"}
+                results["tile_sweep"].append(r)
+                print("tile", r, flush=True)
+    for t in (PrefillTile(128, 64, 8, 3), PrefillTile(128, 128, 8, 2), PrefillTile(64, 64, 4, 3)):
+        try:
+            r = prefill_point(tile=t)
+        except Exception as e:  # noqa: BLE001
+            r = {"tile": str(t), "error": f"{type(e).__name__}: {str(e)[:160]}"}
+        results["tile_sweep"].append(r)
+        print("prefill tile", r, flush=True)
+
+
+def write_markdown(results: dict, path: Path) -> None:
+    lines = [f"# MLA kernels on {results['device']}", "",
+             f"commit {results['commit']}, {results['date']}, torch {results['torch']}, triton {results['triton']}", "",
+             f"Ceilings measured in this run: {results['ceilings']}. Fractions below use the nominal "
+             f"4.27 TB/s and 810 TFLOP/s.", "", "## Prefill (non-absorbed, causal, 128 heads, qk 192 / v 128)", "",
+             "| q | kv | µs | TFLOP/s | of 810 | tile |", "|---|---|---|---|---|---|"]
+    for r in results["prefill"]:
+        lines.append(f"| {r['q_len']} | {r['kv_len']} | {r['us']} | {r['tflops']} | {r['frac_of_810']} | {r['tile']} |")
+    lines += ["", "## Fold vs no fold (16 heads, q_len 4)", "", "| kind | batch | ctx | fold µs | no-fold µs | speed-up |",
+              "|---|---|---|---|---|---|"]
+    for r in results["fold_speedup"]:
+        lines.append(f"| {r['kind']} | {r['batch']} | {r['ctx']} | {r['fold_us']} | {r['nofold_us']} | {r['speedup']} |")
+    lines += ["", "## Decode (absorbed, page 64)", "",
+              "| tag | kv | batch | heads | q_len | ctx | µs | HBM frac | TFLOP/s | bound | fold | splits | tile |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in results["decode"]:
+        if "error" in r:
+            lines.append(f"| {r['tag']} | {r['kind']} | {r['batch']} | {r['heads']} | {r['q_len']} | {r['ctx']} | "
+                         f"error: {r['error']} |")
+            continue
+        lines.append(f"| {r['tag']} | {r['kind']} | {r['batch']} | {r['heads']} | {r['q_len']} | {r['ctx']} | "
+                     f"{r['us']} | {r['hbm_frac']} | {r['tflops']} | {r['bound']} | {r['fold']} | {r['splits']} | "
+                     f"{r['tile']} |")
+    if results["skipped"]:
+        lines += ["", f"Not run (budget): {len(results['skipped'])} sweep points, e.g. {results['skipped'][:6]}"]
+    if results["tile_sweep"]:
+        lines += ["", "## Tile sweep", "", "```"] + [json.dumps(r) for r in results["tile_sweep"]] + ["```"]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--budget-s", type=float, default=150.0, help="stop starting new sweep points after this")
+    ap.add_argument("--tile-sweep", action="store_true", help="also time alternative tiles (tuning)")
+    ap.add_argument("--skip-prefill", action="store_true")
+    args = ap.parse_args(argv)
+    import triton
+
+    t0 = time.time()
+    args.out.mkdir(parents=True, exist_ok=True)
+    results = {"device": torch.cuda.get_device_name(), "commit": _git_commit(),
+               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "torch": torch.__version__,
+               "triton": triton.__version__, "ceilings": measure_ceilings(), "prefill": [], "decode": [],
+               "fold_speedup": [], "skipped": [], "tile_sweep": []}
+    print("ceilings", results["ceilings"], flush=True)
+    bench = DecodeBench(max_tokens=128 * 81920 + 4096)
+    if args.tile_sweep:
+        tile_sweep(bench, results)
+    if not args.skip_prefill:
+        results["prefill"].append(prefill_point())
+        print("prefill", results["prefill"][-1], flush=True)
+    for tag, kind, b, h, ql, ctx, fold in decode_points():
+        if time.time() - t0 > args.budget_s:
+            results["skipped"].append([kind, b, h, ql, ctx])
+            continue
+        try:
+            r = bench.run(kind, b, h, ql, ctx, fold=fold)
+        except Exception as e:  # noqa: BLE001 - record and go on
+            r = {"kind": kind, "batch": b, "heads": h, "q_len": ql, "ctx": ctx, "error": f"{type(e).__name__}: {e}"[:200]}
+        r["tag"] = tag
+        results["decode"].append(r)
+        print(json.dumps(r), flush=True)
+    on = {(r["kind"], r["batch"], r["ctx"]): r for r in results["decode"] if r["tag"] == "fold_on" and "us" in r}
+    for r in results["decode"]:
+        key = (r["kind"], r["batch"], r["ctx"])
+        if r["tag"] == "fold_off" and "us" in r and key in on:
+            results["fold_speedup"].append({"kind": key[0], "batch": key[1], "ctx": key[2], "fold_us": on[key]["us"],
+                                            "nofold_us": r["us"], "speedup": round(r["us"] / on[key]["us"], 2)})
+    (args.out / "mla_bench.json").write_text(json.dumps(results, indent=1))
+    write_markdown(results, args.out / "mla_bench.md")
+    print(f"done in {time.time() - t0:.0f}s; {len(results['decode'])} decode points, {len(results['skipped'])} skipped")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
