@@ -11,7 +11,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest_models import PagedKV, Row, assert_close_rel
+from conftest_models import (
+    PagedKV,
+    Row,
+    assert_close_rel,
+    single_thread,  # noqa: F401  (fixture used by pytestmark)
+)
 from lightspeed.default_model import default_model
 from lightspeed.loader import load_model
 

@@ -7,7 +7,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest_models import PagedKV, Row, assert_close_rel, hf_reference_model
+from conftest_models import (
+    PagedKV,
+    Row,
+    assert_close_rel,
+    hf_reference_model,
+    single_thread,  # noqa: F401  (fixture used by pytestmark)
+)
 from lightspeed.loader import load_hf_config, load_model, resolve_model_files
 
 gguf = pytest.importorskip("gguf")

@@ -8,7 +8,14 @@ import random
 
 import pytest
 import torch
-from conftest_models import PagedKV, Row, assert_close_rel, hf_logits, hf_reference_model
+from conftest_models import (
+    PagedKV,
+    Row,
+    assert_close_rel,
+    hf_logits,
+    hf_reference_model,
+    single_thread,  # noqa: F401  (fixture used by pytestmark)
+)
 from lightspeed.loader import load_model
 
 ARCHS = ["tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-qwen3-moe"]
@@ -76,3 +83,26 @@ def test_compute_logits_contract(models):
     hidden = torch.randn(3, config.hidden_size)
     logits = ours.compute_logits(hidden)
     assert logits.dtype == torch.float32 and logits.shape == (3, config.vocab_size)
+
+
+ROPE_VARIANTS = {
+    "linear": ("tiny-llama", {"rope_type": "linear", "factor": 2.0}),
+    "llama3": ("tiny-llama", {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                              "high_freq_factor": 4.0, "original_max_position_embeddings": 64}),
+    "yarn": ("tiny-qwen3", {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128}),
+}
+
+
+@pytest.mark.parametrize("variant", sorted(ROPE_VARIANTS))
+def test_rope_scaling_matches_transformers(variant, tmp_path):
+    preset, scaling = ROPE_VARIANTS[variant]
+    hf = hf_reference_model(preset, seed=7, rope_scaling=scaling)
+    hf.save_pretrained(tmp_path)
+    ours, config = load_model(str(tmp_path), dtype=torch.float32, progress=False)
+    assert config.rope_scaling["rope_type"] == variant
+    rng = random.Random(2)
+    tokens = _tokens(rng, 40, config.vocab_size)
+    kv = PagedKV(config, page_size=8)
+    (prefill,) = kv.step(ours, [Row("r", tokens[:-1])])
+    (decode,) = kv.step(ours, [Row("r", tokens[-1:], decode=True)])
+    assert_close_rel(torch.cat([prefill, decode]), hf_logits(hf, tokens), what=f"rope {variant}")

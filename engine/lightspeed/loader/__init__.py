@@ -2,7 +2,6 @@
 
 from .files import LOAD_FORMATS, ModelFiles, resolve_model_files
 from .loader import init_dummy_weights, load_hf_config, load_model
-from .tokenizer import load_tokenizer
 
 __all__ = [
     "LOAD_FORMATS",
@@ -10,6 +9,5 @@ __all__ = [
     "init_dummy_weights",
     "load_hf_config",
     "load_model",
-    "load_tokenizer",
     "resolve_model_files",
 ]

@@ -38,7 +38,7 @@ def resolve_model_files(model: str | Path, load_format: str = "auto") -> ModelFi
     if not path.exists():
         raise ValueError(f"model path {str(path)!r} does not exist (no hub access: give a local directory "
                          f"or .gguf file, or load_format='dummy' with a preset)")
-    gguf = _find_gguf(path)
+    gguf = find_gguf(path)
     if load_format == "gguf" or (load_format == "auto" and gguf is not None and not (path / "config.json").is_file()):
         if gguf is None:
             raise ValueError(f"no .gguf file at {path}")
@@ -46,7 +46,7 @@ def resolve_model_files(model: str | Path, load_format: str = "auto") -> ModelFi
     return _resolve_hf(path)
 
 
-def _find_gguf(path: Path) -> Path | None:
+def find_gguf(path: Path) -> Path | None:
     if path.is_file():
         return path if path.suffix == ".gguf" else None
     found = sorted(path.glob("*.gguf"))

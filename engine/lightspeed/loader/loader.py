@@ -11,18 +11,18 @@ from torch import nn
 
 from ..layers import ParallelContext
 from ..models import ModelConfig, build_model, preset_config
-from .files import ModelFiles, resolve_model_files
+from .files import ModelFiles, find_gguf, resolve_model_files
 from .gguf_weights import gguf_hf_config, iterate_gguf_weights, open_gguf
 from .safetensors_weights import iterate_safetensors
 
 
 def load_hf_config(path: str | Path) -> ModelConfig:
     """The `ModelConfig` of a HF directory / config.json, or of a GGUF file (or directory with one)."""
-    files = resolve_model_files(path)
-    if files.load_format == "gguf":
-        reader = open_gguf(files.gguf_file)
-        return ModelConfig.from_hf_dict(gguf_hf_config(reader, files.gguf_file), name=str(files.gguf_file))
-    return ModelConfig.from_pretrained(files.root)
+    path = Path(path).expanduser()
+    gguf = find_gguf(path) if path.exists() else None
+    if gguf is not None and not (path.is_dir() and (path / "config.json").is_file()):
+        return ModelConfig.from_hf_dict(gguf_hf_config(open_gguf(gguf), gguf), name=str(gguf))
+    return ModelConfig.from_pretrained(path)
 
 
 def load_model(model: str | Path | None, *, load_format: str = "auto", dtype: str | torch.dtype = "auto",
