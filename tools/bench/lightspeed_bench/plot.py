@@ -24,9 +24,10 @@ def workload_caption(run: dict[str, Any]) -> str:
     spec = wl.get("spec")
     if spec:
         return (f"agentic: system {spec['system_prompt_tokens']} + first turn {spec['first_turn_tokens']} tok, "
-                f"+{spec['turn_tokens']} tok/turn, {spec['turns']} turns, {spec['output_tokens']} output tok; "
-                f"{run.get('date', '')}, {str(run.get('git_commit', ''))[:12]}")
-    return f"{wl.get('mode', '')} workload; {run.get('date', '')}"
+                f"+{spec['turn_tokens']} tok/turn, {spec['turns']} turns, {spec['output_tokens']} output tok")
+    if wl.get("mode") == "random":
+        return f"random: {wl.get('input_tokens')} input tok, {wl.get('output_tokens')} output tok"
+    return f"{wl.get('mode', '?')}: {wl.get('trace', '')}"
 
 
 def plot_runs(runs: list[dict[str, Any]], out: str | Path, y: str = "output",
@@ -55,7 +56,10 @@ def plot_runs(runs: list[dict[str, Any]], out: str | Path, y: str = "output",
     ax.set_xlabel("tokens / s / user  (1000 / mean TPOT ms)", fontsize=11)
     ax.set_ylabel(y_label, fontsize=11)
     ax.set_title(title or "Agentic workload: throughput vs per-user speed", fontsize=12)
-    caption = workload_caption(runs[0]) if len(runs) == 1 else ""
+    captions = {workload_caption(run) for run in runs}
+    caption = captions.pop() if len(captions) == 1 else "workloads differ: see each run's JSON"
+    if len(runs) == 1:
+        caption += f"; {runs[0].get('date', '')}, commit {str(runs[0].get('git_commit', ''))[:12]}"
     if caption:
         fig.text(0.01, 0.01, caption, fontsize=8, color="dimgrey")
     # Headroom so the top/right points and their labels stay inside the axes.
