@@ -30,10 +30,10 @@ MAX_QUERY_LEN = 16
 @triton.jit
 def _decode_kernel(
     q_ptr, k_cache, v_cache, page_table, qsl_ptr, seq_lens_ptr, out_ptr, part_o_ptr, part_lse_ptr,
-    k_scale_ptr, v_scale_ptr, sm_scale, soft_cap, split_tokens,
+    k_scale_ptr, v_scale_ptr, sm_scale, soft_cap, split_tokens, num_splits,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_pt,
     stride_cp, stride_co, stride_ch,
-    GROUP: tl.constexpr, NUM_SPLITS: tl.constexpr, PAGE_SIZE: tl.constexpr,
+    GROUP: tl.constexpr, SPLIT: tl.constexpr, PAGE_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
     HAS_SOFT_CAP: tl.constexpr, HAS_SCALE: tl.constexpr, DOT_UPCAST: tl.constexpr,
 ):
@@ -77,33 +77,33 @@ def _decode_kernel(
         acc = acc * tl.load(v_scale_ptr)
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
     o = acc / l_safe[:, None]
-    if NUM_SPLITS == 1:
+    if not SPLIT:
         optr = out_ptr + tokens[:, None] * stride_ot + head[:, None] * stride_oh + dims[None, :]
         tl.store(optr, o.to(out_ptr.dtype.element_ty), mask=qmask)
     else:
-        # partials: o [T, Hq, NUM_SPLITS, BLOCK_D], lse (base 2) [T, Hq, NUM_SPLITS]
+        # partials: o [T, Hq, num_splits, BLOCK_D], lse (base 2) [T, Hq, num_splits]
         lse = tl.where(l_i > 0.0, m_i + tl.log2(l_safe), float("-inf"))
         th = tokens * (GROUP * tl.num_programs(1)) + head
-        tl.store(part_lse_ptr + th * NUM_SPLITS + split, lse, mask=row_valid)
-        pptr = part_o_ptr + (th[:, None] * NUM_SPLITS + split) * BLOCK_D + dims[None, :]
+        tl.store(part_lse_ptr + th * num_splits + split, lse, mask=row_valid)
+        pptr = part_o_ptr + (th[:, None] * num_splits + split) * BLOCK_D + dims[None, :]
         tl.store(pptr, o, mask=row_valid[:, None])
 
 
 @triton.jit
-def _combine_kernel(part_o_ptr, part_lse_ptr, out_ptr, n_heads, stride_ot, stride_oh,
-                    NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+def _combine_kernel(part_o_ptr, part_lse_ptr, out_ptr, n_heads, stride_ot, stride_oh, num_splits,
+                    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
                     HEAD_DIM: tl.constexpr):
     tok = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     th = tok * n_heads + head
     splits = tl.arange(0, BLOCK_S)
-    smask = splits < NUM_SPLITS
-    lse = tl.load(part_lse_ptr + th * NUM_SPLITS + splits, mask=smask, other=float("-inf"))
+    smask = splits < num_splits
+    lse = tl.load(part_lse_ptr + th * num_splits + splits, mask=smask, other=float("-inf"))
     m = tl.max(lse, axis=0)
     w = tl.exp2(lse - m)
     w = w / tl.sum(w, axis=0)
     dims = tl.arange(0, BLOCK_D)
-    o = tl.load(part_o_ptr + (th * NUM_SPLITS + splits[:, None]) * BLOCK_D + dims[None, :],
+    o = tl.load(part_o_ptr + (th * num_splits + splits[:, None]) * BLOCK_D + dims[None, :],
                 mask=smask[:, None], other=0.0)
     res = tl.sum(o * w[:, None], axis=0)
     tl.store(out_ptr + tok * stride_ot + head * stride_oh + dims, res.to(out_ptr.dtype.element_ty),
@@ -212,17 +212,17 @@ def run_decode(plan: DecodePlan, q, k_cache, v_cache, page_table, query_start_lo
         part_o = part_lse = out
     _decode_kernel[(b, hkv, splits)](
         q, k_cache, v_cache, page_table, query_start_loc, seq_lens, out, part_o, part_lse, ks, vs,
-        float(scale), float(soft_cap or 0.0), plan.split_tokens,
+        float(scale), float(soft_cap or 0.0), plan.split_tokens, splits,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), page_table.stride(0),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        GROUP=group, NUM_SPLITS=splits, PAGE_SIZE=k_cache.shape[1], BLOCK_M=plan.block_m, BLOCK_N=plan.block_n,
+        GROUP=group, SPLIT=splits > 1, PAGE_SIZE=k_cache.shape[1], BLOCK_M=plan.block_m, BLOCK_N=plan.block_n,
         BLOCK_D=block_d, HEAD_DIM=d, HAS_SOFT_CAP=soft_cap is not None and soft_cap > 0, HAS_SCALE=has_scale,
         DOT_UPCAST=dot_upcast(), num_warps=plan.num_warps, num_stages=plan.num_stages,
     )
     if splits > 1:
         _combine_kernel[(t, hq)](
-            part_o, part_lse, out, hq, out.stride(0), out.stride(1),
-            NUM_SPLITS=splits, BLOCK_S=next_pow2(splits), BLOCK_D=block_d, HEAD_DIM=d, num_warps=4,
+            part_o, part_lse, out, hq, out.stride(0), out.stride(1), splits,
+            BLOCK_S=next_pow2(splits), BLOCK_D=block_d, HEAD_DIM=d, num_warps=4,
         )
     return out
 

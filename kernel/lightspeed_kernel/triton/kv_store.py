@@ -47,7 +47,7 @@ def _store_kv_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr, k_scale_ptr, v_scal
                    page_size, n_heads, head_dim, v_scale_ptr, HAS_SCALE, FP8_MAX, BLOCK_H, BLOCK_D)
 
 
-@register("kv_store", "paged", "triton_store_kv", FLOAT_DTYPES + FP8_DTYPES, features=("fp8",))
+@register("kv_store", "paged", "triton_store_kv", FLOAT_DTYPES + FP8_DTYPES, features=("fp8_kv",))
 def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
              slot_mapping: torch.Tensor, *, k_scale=None, v_scale=None) -> None:
     """k, v: [T, Hkv, D] -> k_cache, v_cache: [num_pages, page_size, Hkv, D] at slot_mapping: int64 [T]."""

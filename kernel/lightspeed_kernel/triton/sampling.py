@@ -23,7 +23,7 @@ import triton.language as tl
 
 from lightspeed_kernel.reference.rng import GOLDEN, TOKEN_SALT, row_keys  # noqa: F401  (same constants)
 
-from ._common import check, register
+from ._common import FLOAT_DTYPES, check, register
 
 MASK32 = 0xFFFFFFFF
 
@@ -101,9 +101,9 @@ def _sample_kernel(
     temp = tl.where(temperature <= 0.0, 1.0, temperature)
     offs = tl.arange(0, BLOCK)
     # pass 1: max of scaled logits, greedy argmax (first index of the max)
-    s_max = float("-inf")
-    best_raw = float("-inf")
-    best_raw_idx = 0
+    s_max = tl.full([], float("-inf"), tl.float32)
+    best_raw = tl.full([], float("-inf"), tl.float32)
+    best_raw_idx = tl.zeros([], tl.int32)
     for c0 in range(0, vocab, BLOCK):
         cols = c0 + offs
         x = tl.load(logits_row + cols, mask=cols < vocab, other=float("-inf"))
@@ -161,8 +161,8 @@ def _sample_kernel(
             thr = tl.maximum(thr, lo)
         # Gumbel-max race over survivors with uniforms hashed from (row key, token)
         row_key = tl.load(keys_ptr + row)
-        best = float("-inf")
-        best_idx = 0
+        best = tl.full([], float("-inf"), tl.float32)
+        best_idx = tl.zeros([], tl.int32)
         for c0 in range(0, vocab, BLOCK):
             cols = c0 + offs
             s = _scaled(logits_row, cols, vocab, temp)
@@ -179,7 +179,7 @@ def _sample_kernel(
     tl.store(out_ptr + row, result)
 
 
-@register("sampling", "sample", "triton_sample", (torch.float32,))
+@register("sampling", "sample", "triton_sample", FLOAT_DTYPES)
 def sample(logits, temperature, top_k, top_p, min_p, seeds, offsets):
     """logits: [S, V] fp32; temperature, top_p, min_p: [S] fp32; top_k: [S] int32; seeds, offsets:
     [S] int64 -> token ids int64 [S]. temperature <= 0 = greedy; top_k <= 0, top_p = 1, min_p = 0 = off."""
@@ -205,7 +205,7 @@ def sample(logits, temperature, top_k, top_p, min_p, seeds, offsets):
 def _logsumexp_kernel(logits_ptr, ids_ptr, lse_ptr, token_lp_ptr, vocab, stride_l, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
-    m = float("-inf")
+    m = tl.full([], float("-inf"), tl.float32)
     acc = tl.zeros([], tl.float32)
     for c0 in range(0, vocab, BLOCK):
         cols = c0 + offs

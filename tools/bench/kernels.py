@@ -1,0 +1,351 @@
+"""Kernel benchmarks of lightspeed_kernel's Triton kernels on one GPU (the H200 of DESIGN.md §9).
+
+    python tools/bench/kernels.py --out bench/results/kernels_DATE_h200 [--commit SHA] [--quick]
+
+Writes OUT.json (every measurement) and OUT.md (tables). Reported:
+- paged decode attention, Llama-3-8B heads (32 q / 8 kv, head dim 128), page 16 and 64, batch
+  1/16/64/256, context 1K/8K/32K: achieved HBM bandwidth (KV bytes read / time) as a fraction of
+  4.27 TB/s, and the speed ratio to torch SDPA on the same data gathered contiguous (GQA folded into
+  the query axis, its best case: no K/V expansion, no mask);
+- rms_norm, fused_add_rms_norm, silu_and_mul, rope, store_kv: bytes read + written / time;
+- fused MoE at Qwen3-30B-A3B shapes (128 experts, top-8, hidden 2048, expert intermediate 768):
+  time vs the reference per-expert loop, vs cuBLAS GEMMs of the same token rows through one expert
+  (a dense lower bound on the arithmetic) and vs the bytes of the distinct active experts' weights;
+- a sweep of decode tile configurations (block_n, warps, stages, splits) for tuning.
+Timing: triton.testing.do_bench (CUDA events, L2 flushed between runs, median).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import platform
+import subprocess
+import sys
+import time
+
+import torch
+
+HBM_BYTES_PER_S = 4.27e12  # DESIGN.md §9, measured H200 HBM read bandwidth
+
+
+def bench_ms(fn, quick: bool) -> float:
+    """Median time of fn() in ms."""
+    if torch.cuda.is_available():
+        import triton.testing
+
+        return float(triton.testing.do_bench(fn, warmup=10 if quick else 25, rep=30 if quick else 100,
+                                             return_mode="median"))
+    fn()  # CPU smoke mode (interpreter): correctness of the script only, never a figure to report
+    t0 = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t0) * 1e3
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double(), b.double()
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+def measure_copy_bandwidth(dev, quick) -> dict:
+    n = (1 << 28) if dev.type == "cuda" else (1 << 16)  # 1 GiB of fp32 on the GPU
+    src = torch.randn(n, device=dev)
+    dst = torch.empty_like(src)
+    ms = bench_ms(lambda: dst.copy_(src), quick)
+    return {"bytes": 2 * src.numel() * 4, "ms": ms, "tb_per_s": 2 * src.numel() * 4 / ms / 1e9}
+
+
+# ------------------------------------------------------------------------------------------------
+# decode attention
+
+
+def _decode_setup(batch, ctx, page_size, hq, hkv, d, dev, dtype=torch.bfloat16):
+    pages_per_req = ctx // page_size
+    num_pages = batch * pages_per_req + 1
+    k_cache = torch.randn(num_pages, page_size, hkv, d, device=dev, dtype=dtype)
+    v_cache = torch.randn(num_pages, page_size, hkv, d, device=dev, dtype=dtype)
+    # shuffled pages, page 0 = padding never referenced
+    perm = torch.randperm(num_pages - 1, device=dev).to(torch.int32) + 1
+    page_table = perm.view(batch, pages_per_req).contiguous()
+    q = torch.randn(batch, hq, d, device=dev, dtype=dtype)
+    qsl = torch.arange(batch + 1, device=dev, dtype=torch.int32)
+    seq_lens = torch.full((batch,), ctx, device=dev, dtype=torch.int32)
+    return q, k_cache, v_cache, page_table, qsl, seq_lens
+
+
+def _sdpa_decode(q, k_cache, v_cache, page_table, hkv):
+    """SDPA on the same data gathered into contiguous [B, Hkv, S, D]; the G query heads of a kv head
+    become G query rows (exact for single-token decode: every row sees every key)."""
+    import torch.nn.functional as F
+
+    b, hq, d = q.shape
+    k = k_cache[page_table.long()].flatten(1, 2).transpose(1, 2).contiguous()  # [B, Hkv, S, D]
+    v = v_cache[page_table.long()].flatten(1, 2).transpose(1, 2).contiguous()
+    qg = q.view(b, hkv, hq // hkv, d)
+    scale = 1.0 / math.sqrt(d)
+    return k, v, (lambda: F.scaled_dot_product_attention(qg, k, v, scale=scale)), qg
+
+
+def bench_decode(dev, quick, shapes, sweep_shapes) -> tuple[list, list]:
+    from lightspeed_kernel.triton import attention_decode as dec
+
+    hq, hkv, d = 32, 8, 128
+    rows = []
+    for page_size, batch, ctx in shapes:
+        q, kc, vc, pt, qsl, sl = _decode_setup(batch, ctx, page_size, hq, hkv, d, dev)
+        plan = dec.plan_decode(batch, hq, hkv, d, page_size, pt.shape[1], 1)
+        ws = torch.empty(dec.decode_workspace_numel(plan, batch, hq, d), device=dev)
+        out = torch.empty_like(q)
+        scale = 1.0 / math.sqrt(d)
+        run = lambda: dec.run_decode(plan, q, kc, vc, pt, qsl, sl, scale=scale, out=out, workspace=ws)  # noqa: E731
+        ms = bench_ms(run, quick)
+        kv_bytes = 2 * batch * ctx * hkv * d * kc.element_size()
+        row = {"page_size": page_size, "batch": batch, "context": ctx, "num_splits": plan.num_splits,
+               "triton_ms": ms, "kv_bytes": kv_bytes, "tb_per_s": kv_bytes / ms / 1e9,
+               "hbm_fraction": kv_bytes / ms / 1e9 / (HBM_BYTES_PER_S / 1e12)}
+        try:
+            k, v, sdpa, _ = _sdpa_decode(q, kc, vc, pt, hkv)
+            ref = sdpa().reshape(batch, hq, d)
+            row["rel_err_vs_sdpa"] = rel_err(out, ref)
+            row["sdpa_ms"] = bench_ms(sdpa, quick)
+            row["speedup_vs_sdpa"] = row["sdpa_ms"] / ms
+            del k, v, ref
+        except torch.OutOfMemoryError:
+            row["sdpa_ms"] = None
+        rows.append(row)
+        print(f"decode ps={page_size} B={batch} ctx={ctx}: {ms * 1e3:.1f} us, {row['hbm_fraction']:.1%} HBM, "
+              f"splits={plan.num_splits}, vs sdpa x{row.get('speedup_vs_sdpa') or float('nan'):.2f}", flush=True)
+        del q, kc, vc, pt, ws, out
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+    sweep = []
+    for page_size, batch, ctx in sweep_shapes:
+        q, kc, vc, pt, qsl, sl = _decode_setup(batch, ctx, page_size, hq, hkv, d, dev)
+        kv_bytes = 2 * batch * ctx * hkv * d * kc.element_size()
+        base = dec.plan_decode(batch, hq, hkv, d, page_size, pt.shape[1], 1)
+        results = []
+        for block_n in (32, 64, 128):
+            for warps in (4, 8):
+                for stages in (2, 3):
+                    for split_mult in (1, 2):
+                        splits = max(1, round(base.num_splits * split_mult))
+                        plan = dec.plan_decode(batch, hq, hkv, d, page_size, pt.shape[1], 1, block_n=block_n,
+                                               num_warps=warps, num_stages=stages, num_splits=splits)
+                        ws = torch.empty(dec.decode_workspace_numel(plan, batch, hq, d), device=dev)
+                        try:
+                            ms = bench_ms(lambda: dec.run_decode(plan, q, kc, vc, pt, qsl, sl, scale=0.088,  # noqa: B023
+                                                                 workspace=ws), True)
+                        except Exception as e:  # e.g. out of shared memory for a tile/stage combination
+                            results.append({"block_n": block_n, "warps": warps, "stages": stages,
+                                            "splits": plan.num_splits, "error": type(e).__name__})
+                            continue
+                        results.append({"block_n": block_n, "warps": warps, "stages": stages,
+                                        "splits": plan.num_splits, "ms": ms,
+                                        "hbm_fraction": kv_bytes / ms / 1e9 / (HBM_BYTES_PER_S / 1e12)})
+                        if quick:
+                            break
+        ok = [r for r in results if "ms" in r]
+        best = min(ok, key=lambda r: r["ms"]) if ok else None
+        sweep.append({"page_size": page_size, "batch": batch, "context": ctx, "default_splits": base.num_splits,
+                      "best": best, "all": results})
+        print(f"sweep ps={page_size} B={batch} ctx={ctx}: best {best}", flush=True)
+        del q, kc, vc, pt
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+    return rows, sweep
+
+
+# ------------------------------------------------------------------------------------------------
+# elementwise ops
+
+
+def bench_elementwise(dev, quick, tokens) -> list:
+    from lightspeed_kernel.reference import rope as ref_rope
+    from lightspeed_kernel.triton import activation, kv_store, norm, rope
+
+    dt = torch.bfloat16
+    rows = []
+
+    def add(name, shape, nbytes, fn):
+        ms = bench_ms(fn, quick)
+        rows.append({"op": name, "shape": shape, "bytes": nbytes, "ms": ms, "tb_per_s": nbytes / ms / 1e9,
+                     "hbm_fraction": nbytes / ms / 1e9 / (HBM_BYTES_PER_S / 1e12)})
+        print(f"{name} {shape}: {ms * 1e3:.1f} us, {rows[-1]['hbm_fraction']:.1%} HBM", flush=True)
+
+    h = 4096
+    x = torch.randn(tokens, h, device=dev, dtype=dt)
+    res = torch.randn_like(x)
+    w = torch.randn(h, device=dev, dtype=dt)
+    out = torch.empty_like(x)
+    add("rms_norm", [tokens, h], 2 * x.numel() * 2, lambda: norm.rms_norm(x, w, 1e-6, out=out))
+    add("fused_add_rms_norm", [tokens, h], 5 * x.numel() * 2, lambda: norm.fused_add_rms_norm(x, res, w, 1e-6))
+    inter = 14336
+    g = torch.randn(tokens // 2, 2 * inter, device=dev, dtype=dt)
+    gout = torch.empty(tokens // 2, inter, device=dev, dtype=dt)
+    add("silu_and_mul", [tokens // 2, 2 * inter], 3 * gout.numel() * 2,
+        lambda: activation.silu_and_mul(g, out=gout))
+    hq, hkv, d = 32, 8, 128
+    qkv = torch.randn(tokens, (hq + 2 * hkv) * d, device=dev, dtype=dt)
+    q = qkv[:, : hq * d].view(tokens, hq, d)
+    k = qkv[:, hq * d: (hq + hkv) * d].view(tokens, hkv, d)
+    cache = ref_rope.rope_cos_sin_cache(d, 8192, 500000.0, device=dev)
+    pos = torch.randint(0, 8192, (tokens,), device=dev)
+    add("rope (neox, q+k in place)", [tokens, hq + hkv, d], 2 * tokens * (hq + hkv) * d * 2 + tokens * d * 4,
+        lambda: rope.apply_rope(pos, q, k, cache))
+    kv = torch.randn(2, tokens, hkv, d, device=dev, dtype=dt)
+    page_size = 16
+    pages = tokens // page_size + 1
+    kc = torch.empty(pages, page_size, hkv, d, device=dev, dtype=dt)
+    vc = torch.empty_like(kc)
+    slots = torch.randperm(tokens, device=dev) + page_size
+    add("store_kv (page 16)", [tokens, hkv, d], 2 * 2 * kv[0].numel() * 2,
+        lambda: kv_store.store_kv(kv[0], kv[1], kc, vc, slots))
+    return rows
+
+
+# ------------------------------------------------------------------------------------------------
+# fused MoE
+
+
+def bench_moe(dev, quick, batches, experts=128, top_k=8, hidden=2048, inter=768) -> list:
+    from lightspeed_kernel.reference import moe as ref_moe
+    from lightspeed_kernel.triton import fused_moe
+
+    dt = torch.bfloat16
+    w13 = torch.randn(experts, 2 * inter, hidden, device=dev, dtype=dt) / hidden**0.5
+    w2 = torch.randn(experts, hidden, inter, device=dev, dtype=dt) / inter**0.5
+    rows = []
+    for t in batches:
+        x = torch.randn(t, hidden, device=dev, dtype=dt)
+        weights, ids = ref_moe.moe_topk(torch.randn(t, experts, device=dev), top_k)
+        fused = lambda: fused_moe.fused_experts(x, w13, w2, weights, ids)  # noqa: E731
+        ms = bench_ms(fused, quick)
+        err = rel_err(fused(), ref_moe.fused_experts(x, w13, w2, weights, ids))
+        ref_ms = bench_ms(lambda: ref_moe.fused_experts(x, w13, w2, weights, ids), quick)
+        # dense lower bound: the same T*k rows through one expert's weights with cuBLAS
+        xs = torch.randn(t * top_k, hidden, device=dev, dtype=dt)
+        hs = torch.randn(t * top_k, inter, device=dev, dtype=dt)
+        dense_ms = bench_ms(lambda: (xs @ w13[0].t(), hs @ w2[0].t()), quick)  # noqa: B023
+        active = int(torch.unique(ids).numel())
+        weight_bytes = active * 3 * hidden * inter * 2
+        rows.append({"batch": t, "active_experts": active, "triton_ms": ms, "reference_ms": ref_ms,
+                     "dense_gemm_ms": dense_ms, "speedup_vs_reference": ref_ms / ms,
+                     "ratio_to_dense": ms / dense_ms, "weight_bytes": weight_bytes,
+                     "weight_roofline_ms": weight_bytes / HBM_BYTES_PER_S * 1e3,
+                     "hbm_fraction": weight_bytes / (ms / 1e3) / HBM_BYTES_PER_S, "rel_err": err})
+        print(f"moe T={t}: {ms * 1e3:.1f} us (ref {ref_ms * 1e3:.0f} us, dense {dense_ms * 1e3:.1f} us, "
+              f"{active} experts, {rows[-1]['hbm_fraction']:.1%} of weight roofline) err {err:.1e}", flush=True)
+    return rows
+
+
+# ------------------------------------------------------------------------------------------------
+
+
+def to_markdown(result: dict) -> str:
+    meta = result["meta"]
+    lines = [f"# Kernel benchmarks — {meta['device']}", "",
+             f"date {meta['date']}, commit {meta['commit']}, torch {meta['torch']}, triton {meta['triton']}; "
+             f"HBM reference {HBM_BYTES_PER_S / 1e12:.2f} TB/s; measured copy "
+             f"{result['copy_bandwidth']['tb_per_s']:.2f} TB/s (read + write).", ""]
+    lines += ["## Paged decode attention (Llama-3-8B: 32 q / 8 kv heads, D 128, bf16, 1 query token)", "",
+              "| page | batch | context | splits | time (us) | TB/s | HBM fraction | SDPA (us) | x SDPA | rel err vs SDPA |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in result.get("decode", []):
+        sd = r.get("sdpa_ms")
+        sdpa_us = "" if sd is None else f"{sd * 1e3:.1f}"
+        speedup = "" if sd is None else f"{r['speedup_vs_sdpa']:.2f}"
+        lines.append(f"| {r['page_size']} | {r['batch']} | {r['context']} | {r['num_splits']} | "
+                     f"{r['triton_ms'] * 1e3:.1f} | {r['tb_per_s']:.2f} | {r['hbm_fraction']:.1%} | "
+                     f"{sdpa_us} | {speedup} | {r.get('rel_err_vs_sdpa', float('nan')):.1e} |")
+    if result.get("decode_sweep"):
+        lines += ["", "### Decode tile sweep (best of block_n x warps x stages x splits)", "",
+                  "| page | batch | context | default splits | best config | HBM fraction |", "|---|---|---|---|---|---|"]
+        for s in result["decode_sweep"]:
+            b = s["best"] or {}
+            cfg = f"block_n {b.get('block_n')}, warps {b.get('warps')}, stages {b.get('stages')}, splits {b.get('splits')}"
+            lines.append(f"| {s['page_size']} | {s['batch']} | {s['context']} | {s['default_splits']} | {cfg} | "
+                         f"{b.get('hbm_fraction', float('nan')):.1%} |")
+    lines += ["", "## Elementwise ops (bf16; bytes read + written)", "", "| op | shape | time (us) | TB/s | HBM fraction |",
+              "|---|---|---|---|---|"]
+    for r in result.get("elementwise", []):
+        lines.append(f"| {r['op']} | {r['shape']} | {r['ms'] * 1e3:.1f} | {r['tb_per_s']:.2f} | {r['hbm_fraction']:.1%} |")
+    lines += ["", "## Fused MoE (Qwen3-30B-A3B: 128 experts, top-8, hidden 2048, intermediate 768, bf16)", "",
+              "| batch | active experts | triton (us) | reference loop (us) | x reference | dense GEMM bound (us) | "
+              "triton / dense | weight-bytes roofline (us) | of roofline | rel err |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in result.get("moe", []):
+        lines.append(f"| {r['batch']} | {r['active_experts']} | {r['triton_ms'] * 1e3:.1f} | {r['reference_ms'] * 1e3:.0f} | "
+                     f"{r['speedup_vs_reference']:.1f} | {r['dense_gemm_ms'] * 1e3:.1f} | {r['ratio_to_dense']:.2f} | "
+                     f"{r['weight_roofline_ms'] * 1e3:.1f} | {r['hbm_fraction']:.1%} | {r['rel_err']:.1e} |")
+    for name, err in result.get("errors", {}).items():
+        lines += ["", f"**{name} failed:** `{err}`"]
+    return "\n".join(lines) + "\n"
+
+
+def write(out: str, result: dict) -> None:
+    with open(out + ".json", "w") as f:
+        json.dump(result, f, indent=1)
+    with open(out + ".md", "w") as f:
+        f.write(to_markdown(result))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", required=True, help="output path without extension (.json and .md are written)")
+    ap.add_argument("--commit", default=None, help="git commit of the code measured (default: git rev-parse HEAD)")
+    ap.add_argument("--quick", action="store_true", help="fewer repetitions, no tile sweep")
+    ap.add_argument("--smoke", action="store_true", help="tiny shapes on CPU (TRITON_INTERPRET=1): checks the script")
+    ap.add_argument("--no-sweep", action="store_true")
+    args = ap.parse_args(argv)
+
+    import triton
+
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if dev.type == "cpu" and not args.smoke:
+        print("no CUDA device: run with --smoke (TRITON_INTERPRET=1) to check the script only", file=sys.stderr)
+        return 2
+    commit = args.commit
+    if commit is None:
+        try:
+            commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+        except (OSError, subprocess.CalledProcessError):
+            commit = "unknown"
+    meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "commit": commit,
+            "device": torch.cuda.get_device_name() if dev.type == "cuda" else f"cpu smoke ({platform.processor()})",
+            "torch": torch.__version__, "triton": triton.__version__, "python": platform.python_version(),
+            "hbm_reference_tb_per_s": HBM_BYTES_PER_S / 1e12}
+    if args.smoke:
+        decode_shapes = [(16, 2, 64), (64, 1, 128)]
+        sweep_shapes = []
+        tokens, moe_batches, moe_kw = 64, [1, 4], {"experts": 8, "top_k": 2, "hidden": 64, "inter": 32}
+    else:
+        decode_shapes = [(ps, b, c) for ps in (16, 64) for b in (1, 16, 64, 256) for c in (1024, 8192, 32768)]
+        sweep_shapes = [] if (args.quick or args.no_sweep) else [(16, 16, 8192), (16, 64, 8192), (16, 256, 32768)]
+        tokens, moe_batches, moe_kw = 16384, [1, 4, 16, 64, 256], {}
+    torch.manual_seed(0)
+    result = {"meta": meta, "copy_bandwidth": measure_copy_bandwidth(dev, args.quick), "errors": {}}
+    print(f"copy bandwidth {result['copy_bandwidth']['tb_per_s']:.2f} TB/s", flush=True)
+    sections = [
+        ("decode", lambda: bench_decode(dev, args.quick, decode_shapes, [])[0]),
+        ("elementwise", lambda: bench_elementwise(dev, args.quick, tokens)),
+        ("moe", lambda: bench_moe(dev, args.quick, moe_batches, **moe_kw)),
+        ("decode_sweep", lambda: bench_decode(dev, True, [], sweep_shapes)[1]),
+    ]
+    for name, fn in sections:
+        try:
+            result[name] = fn()
+        except Exception as e:  # keep what was measured; the error is part of the record
+            result[name] = []
+            result["errors"][name] = f"{type(e).__name__}: {e}"
+            print(f"{name} failed: {result['errors'][name]}", flush=True)
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+        write(args.out, result)  # after every section: a run cut short keeps what it measured
+    print(to_markdown(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
