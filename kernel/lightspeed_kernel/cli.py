@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .registry import KernelSelectionError, Platform, current_platform, explain, list_kernels, override
+from .registry import KernelSelectionError, Platform, current_platform, explain, list_kernels
 
 
 def _parse_kv(items: list[str]) -> dict[str, object]:
@@ -73,8 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     p_explain.add_argument("--override", default=None, help="force this kernel name")
     p_explain.set_defaults(func=_cmd_explain)
     args = parser.parse_args(argv)
-    with override():
-        return args.func(args)
+    return args.func(args)
 
 
 if __name__ == "__main__":
