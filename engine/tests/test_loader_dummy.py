@@ -6,7 +6,6 @@ import json
 
 import pytest
 import torch
-
 from lightspeed.loader import load_model
 from lightspeed.models import preset_hf_config, preset_names
 

@@ -9,9 +9,8 @@ import shutil
 import pytest
 import torch
 from conftest_models import hf_reference_model
-from safetensors.torch import save_file
-
 from lightspeed.loader import load_hf_config, load_model, resolve_model_files
+from safetensors.torch import save_file
 
 
 @pytest.fixture(scope="module")
