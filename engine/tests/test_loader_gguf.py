@@ -11,6 +11,7 @@ from conftest_models import (
     PagedKV,
     Row,
     assert_close_rel,
+    hf_logits,
     hf_reference_model,
     single_thread,  # noqa: F401  (fixture used by pytestmark)
 )
@@ -33,6 +34,14 @@ LAYER_TENSORS = {
 }
 
 pytestmark = pytest.mark.usefixtures("single_thread")
+# Qwen2 q/k/v biases, Qwen3 per-head q/k norms.
+QWEN_TENSORS = {
+    "attn_q.bias": ("self_attn.q_proj.bias", Q.F32, 0.0),
+    "attn_k.bias": ("self_attn.k_proj.bias", Q.F32, 0.0),
+    "attn_v.bias": ("self_attn.v_proj.bias", Q.F32, 0.0),
+    "attn_q_norm.weight": ("self_attn.q_norm.weight", Q.F32, 0.0),
+    "attn_k_norm.weight": ("self_attn.k_norm.weight", Q.F32, 0.0),
+}
 
 
 def _permute(w: np.ndarray, heads: int) -> np.ndarray:
@@ -40,11 +49,13 @@ def _permute(w: np.ndarray, heads: int) -> np.ndarray:
     return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def write_llama_gguf(path, hf_model, tie: bool) -> dict[str, tuple[np.ndarray, float]]:
-    """Write `hf_model` as a llama GGUF; returns HF name -> (original weight, tolerance)."""
+def write_llama_gguf(path, hf_model, tie: bool, float32: bool = False, rope_freqs: np.ndarray | None = None,
+                     arch: str = "llama") -> dict[str, tuple[np.ndarray, float]]:
+    """Write `hf_model` as a GGUF the way llama.cpp converts it (q/k rows permuted for llama only;
+    all F32 with `float32`); returns HF name -> (original weight, tolerance)."""
     cfg = hf_model.config
     state = {k: v.numpy() for k, v in hf_model.state_dict().items()}
-    writer = gguf.GGUFWriter(str(path), "llama")
+    writer = gguf.GGUFWriter(str(path), arch)
     writer.add_block_count(cfg.num_hidden_layers)
     writer.add_context_length(cfg.max_position_embeddings)
     writer.add_embedding_length(cfg.hidden_size)
@@ -59,7 +70,12 @@ def write_llama_gguf(path, hf_model, tie: bool) -> dict[str, tuple[np.ndarray, f
     writer.add_eos_token_id(2)
     expected = {}
 
+    if rope_freqs is not None:
+        writer.add_tensor("rope_freqs.weight", rope_freqs.astype(np.float32))
+
     def add(gguf_name: str, hf_name: str, qtype, tol: float, permute_heads: int | None = None):
+        if float32:
+            qtype, tol = Q.F32, 0.0
         w = state[hf_name].astype(np.float32)
         stored = _permute(w, permute_heads) if permute_heads else w
         if qtype == Q.F32:
@@ -75,9 +91,11 @@ def write_llama_gguf(path, hf_model, tie: bool) -> dict[str, tuple[np.ndarray, f
     if not tie:
         add("output.weight", "lm_head.weight", Q.F16, 1e-3)
     for i in range(cfg.num_hidden_layers):
-        for suffix, (hf_suffix, qtype, tol) in LAYER_TENSORS.items():
+        for suffix, (hf_suffix, qtype, tol) in {**LAYER_TENSORS, **QWEN_TENSORS}.items():
+            if f"model.layers.{i}.{hf_suffix}" not in state:
+                continue
             heads = {"attn_q.weight": cfg.num_attention_heads, "attn_k.weight": cfg.num_key_value_heads}.get(suffix)
-            add(f"blk.{i}.{suffix}", f"model.layers.{i}.{hf_suffix}", qtype, tol, heads)
+            add(f"blk.{i}.{suffix}", f"model.layers.{i}.{hf_suffix}", qtype, tol, heads if arch == "llama" else None)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -157,3 +175,31 @@ def test_bad_gguf_files_are_clear_errors(gguf_model, tmp_path):
     garbage.write_bytes(b"not a gguf file at all" * 10)
     with pytest.raises(ValueError, match="garbage.gguf"):
         load_model(garbage, progress=False)
+
+
+def test_llama3_rope_freqs_recovered(tmp_path):
+    """Llama 3.x GGUFs carry rope scaling as a `rope_freqs` tensor (llama.cpp's per-frequency factors)."""
+    from lightspeed.loader.gguf_weights import _llama3_factors
+
+    hf = hf_reference_model("tiny-llama", seed=6)  # llama3 scaling, original context 64
+    scaling = dict(hf.config.rope_parameters)
+    path = tmp_path / "llama3.gguf"
+    write_llama_gguf(path, hf, tie=True, float32=True,
+                     rope_freqs=_llama3_factors(scaling, scaling["rope_theta"], hf.config.head_dim))
+    ours, config = load_model(path, progress=False)
+    assert config.rope_scaling["original_max_position_embeddings"] == 64 and config.rope_scaling["factor"] == 8.0
+    tokens = list(range(5, 45))
+    (logits,) = PagedKV(config).step(ours, [Row("x", tokens)])
+    assert_close_rel(logits, hf_logits(hf, tokens), what="llama3 GGUF vs HF")
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
+def test_qwen_gguf_unpermuted_with_biases_and_qk_norm(arch, tmp_path):
+    hf = hf_reference_model(f"tiny-{arch}", seed=8)
+    path = tmp_path / f"{arch}.gguf"
+    write_llama_gguf(path, hf, tie=False, float32=True, arch=arch)
+    ours, config = load_model(path, progress=False)
+    assert config.architecture == type(hf).__name__
+    tokens = list(range(7, 37))
+    (logits,) = PagedKV(config).step(ours, [Row("x", tokens)])
+    assert_close_rel(logits, hf_logits(hf, tokens), what=f"{arch} GGUF vs HF")

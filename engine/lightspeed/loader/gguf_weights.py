@@ -110,8 +110,37 @@ def gguf_hf_config(reader, path: Path) -> dict[str, Any]:
         "torch_dtype": "float32",
     }
     if "rope_freqs.weight" in tensor_names:
-        raise ValueError(f"{path}: per-frequency rope factors (rope_freqs.weight, Llama 3.1 GGUF) are not supported")
+        rope_freqs = next(t for t in reader.tensors if t.name == "rope_freqs.weight")
+        factors = dequantize_tensor(rope_freqs, path).reshape(-1)
+        config["rope_scaling"] = _llama3_scaling_from_factors(factors, config["rope_theta"], head_dim, path)
     return config
+
+
+def _llama3_factors(scaling: dict[str, Any], base: float, head_dim: int) -> np.ndarray:
+    """llama.cpp's `rope_freqs` for a HF llama3 rope_scaling (convert_hf_to_gguf's formula)."""
+    freqs = 1.0 / base ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    wavelen = 2 * np.pi / freqs
+    low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+    original, factor = scaling["original_max_position_embeddings"], scaling["factor"]
+    smooth = (original / wavelen - low) / (high - low)
+    mid = 1.0 / ((1 - smooth) / factor + smooth)
+    return np.where(wavelen < original / high, 1.0, np.where(wavelen > original / low, factor, mid))
+
+
+def _llama3_scaling_from_factors(factors: np.ndarray, base: float, head_dim: int, path: Path) -> dict[str, Any]:
+    """Llama 3.x GGUFs store rope scaling as per-frequency factors; recover the HF llama3 dict.
+
+    The factor is the largest entry; low/high frequency factors 1 and 4 are Llama 3's; the
+    original context length is the power of two that reproduces the stored factors.
+    """
+    factor = float(factors.max())
+    for log2_len in range(6, 21):
+        scaling = {"rope_type": "llama3", "factor": factor, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                   "original_max_position_embeddings": 2**log2_len}
+        expected = _llama3_factors(scaling, base, head_dim)
+        if expected.shape == factors.shape and np.allclose(expected, factors, rtol=1e-4):
+            return scaling
+    raise ValueError(f"{path}: rope_freqs.weight does not match Llama 3 rope scaling; not supported")
 
 
 def _rope_scaling(reader, arch: str, path: Path) -> dict[str, Any] | None:
