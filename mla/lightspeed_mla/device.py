@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 
 import torch
 
@@ -16,7 +16,7 @@ class DeviceInfo:
     num_sms: int
 
 
-@lru_cache(maxsize=None)
+@cache
 def _cuda_info(index: int) -> DeviceInfo:
     props = torch.cuda.get_device_properties(index)
     return DeviceInfo(props.major, props.multi_processor_count)

@@ -20,6 +20,7 @@ class DecodeTile:
     num_warps: int
     num_stages: int
     swap_ab: bool = False
+    ctas_per_sm: int = 1  # resident CTAs per SM (registers / shared memory): sizes one full wave
 
 
 @dataclass(frozen=True)
@@ -36,14 +37,14 @@ class PrefillTile:
 MMA_M = {9: 64, 10: 64}
 
 # (arch major, cache kind) -> (tile for >= 64 rows, tile for < 64 rows; its block_m is set per
-# batch to 16 or 32). sm_90 picks: spill-free by ptxas -v (Triton 3.9 AOT for sm_90a, see
-# mla/NOTES.md), then timed on the H200. bf16 swaps A/B (Q stays in shared memory); fp8 does not,
-# its e4m3 -> bf16 conversion needs the key tile in registers either way.
+# batch to 16 or 32). sm_90 rows: candidates kept spill-free (or nearly) by ptxas -v on Triton's
+# sm_90a output, then the fastest of the H200 tile sweep (bench/results/mla_*, "tile_sweep"):
+# bf16 swaps A/B (Q stays in shared memory as the B operand); fp8 swaps only for 16-32 rows.
 _DECODE = {
-    (9, "bf16"): (DecodeTile(64, 32, 8, 2, True), DecodeTile(16, 32, 4, 3, True)),
-    (9, "fp8"): (DecodeTile(64, 32, 8, 2, False), DecodeTile(16, 32, 8, 2, False)),
-    (10, "bf16"): (DecodeTile(64, 64, 8, 2, True), DecodeTile(16, 64, 4, 3, True)),  # unverified
-    (10, "fp8"): (DecodeTile(64, 64, 8, 2, False), DecodeTile(16, 64, 8, 2, False)),  # unverified
+    (9, "bf16"): (DecodeTile(64, 64, 8, 2, True, 1), DecodeTile(16, 32, 4, 3, True, 2)),
+    (9, "fp8"): (DecodeTile(64, 32, 8, 2, False, 1), DecodeTile(16, 32, 4, 2, True, 2)),
+    (10, "bf16"): (DecodeTile(64, 64, 8, 2, True, 1), DecodeTile(16, 64, 4, 3, True, 2)),  # unverified
+    (10, "fp8"): (DecodeTile(64, 64, 8, 2, False, 1), DecodeTile(16, 64, 4, 2, True, 2)),  # unverified
 }
 # CPU interpreter: small tiles keep TRITON_INTERPRET tests fast.
 _INTERPRET_DECODE = DecodeTile(16, 16, 4, 1)
@@ -64,7 +65,7 @@ def decode_tile(arch_major: int | None, cache_kind: str, rows_per_tile_wanted: i
         return big
     # A smaller M tile: 16/32 rows (mma.sync), smallest power of two >= the rows there are.
     block_m = 16 if rows_per_tile_wanted <= 16 else 32
-    return DecodeTile(block_m, small.block_n, small.num_warps, small.num_stages, small.swap_ab)
+    return DecodeTile(block_m, small.block_n, small.num_warps, small.num_stages, small.swap_ab, small.ctas_per_sm)
 
 
 def prefill_tile(arch_major: int | None) -> PrefillTile:

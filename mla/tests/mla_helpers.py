@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import torch
-
 from lightspeed_mla import MLACache, pack_kv_reference
 
 

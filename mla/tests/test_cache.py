@@ -1,6 +1,5 @@
 import pytest
 import torch
-
 from lightspeed_mla import MLACache, pack_kv, pack_kv_reference, quantize_latent_fp8
 
 

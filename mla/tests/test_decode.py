@@ -1,6 +1,5 @@
 import pytest
 import torch
-
 from lightspeed_mla import (
     MLACache,
     decode_workspace_bytes,
@@ -11,7 +10,6 @@ from lightspeed_mla import (
     should_fold,
 )
 from lightspeed_mla.tuning import DecodeTile
-
 from mla_helpers import make_paged_cache, query_start, rel_err
 
 SCALE = 576 ** -0.5
@@ -114,3 +112,14 @@ def test_empty_batch():
     out = mla_decode(torch.zeros(0, 8, 576, dtype=torch.bfloat16), cache, torch.zeros(0, 1, dtype=torch.int32),
                      torch.zeros(0, dtype=torch.int32), torch.zeros(1, dtype=torch.int32), SCALE)
     assert out.shape == (0, 8, 512)
+
+
+def test_split_count_fills_one_wave_without_a_tail():
+    from lightspeed_mla.decode import choose_num_splits
+
+    assert choose_num_splits(16, 16384, 132, 128, ctas_per_sm=2) == 16  # 256 CTAs <= 264 slots
+    assert choose_num_splits(128, 81920, 132, 128, ctas_per_sm=2) == 2
+    assert choose_num_splits(4, 81920, 132, 128, ctas_per_sm=1) == 33
+    assert choose_num_splits(4, 1000, 132, 128, ctas_per_sm=1) == 3  # splits stay >= 256 keys
+    assert choose_num_splits(300, 81920, 132, 128, ctas_per_sm=2) == 1
+    assert choose_num_splits(1, 81920, 132, 128, ctas_per_sm=2) == 128

@@ -3,7 +3,6 @@ lengths 1..81920, CUDA-graph capture of plan/run, the non-absorbed prefill."""
 
 import pytest
 import torch
-
 from lightspeed_mla import (
     MLACache,
     decode_workspace_bytes,
@@ -16,7 +15,6 @@ from lightspeed_mla import (
     run_decode,
 )
 from lightspeed_mla.prefill import mla_prefill
-
 from mla_helpers import make_paged_cache, query_start, rel_err
 
 pytestmark = pytest.mark.gpu
@@ -52,8 +50,10 @@ def test_decode_heads(kind, heads, q_len):
 @pytest.mark.parametrize("kind", ["bf16", "fp8"])
 def test_decode_long_lengths(kind):
     # 1 .. 81920 tokens in one batch, split-KV picked by the planner, and a forced fold-off run.
-    _decode_case(kind, 64, [1, 63, 4097, 81920], 4, 16, seed=5)
+    _decode_case(kind, 64, [1, 64, 65, 81920], 1, 16, seed=4)
+    _decode_case(kind, 64, [4, 63, 4097, 81920], 4, 16, seed=5)
     _decode_case(kind, 64, [81920], 4, 16, seed=6, fold=False)
+    _decode_case(kind, 64, [81920, 30000], 16, 128, seed=7)
 
 
 @pytest.mark.parametrize("num_splits", [1, 7, 64])

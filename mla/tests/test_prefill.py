@@ -1,11 +1,9 @@
 import pytest
 import torch
-
 from lightspeed_mla import mla_decode, mla_decode_reference, mla_prefill_reference
 from lightspeed_mla.prefill import choose_prefill_form, gather_latent, mla_prefill
 from lightspeed_mla.reference import gather_latent_reference
 from lightspeed_mla.tuning import PrefillTile
-
 from mla_helpers import make_paged_cache, query_start, rel_err
 
 SCALE = 192 ** -0.5
