@@ -227,12 +227,13 @@ def main(argv=None) -> int:
     ap.add_argument("--budget-s", type=float, default=150.0, help="stop starting new sweep points after this")
     ap.add_argument("--tile-sweep", action="store_true", help="also time alternative tiles (tuning)")
     ap.add_argument("--skip-prefill", action="store_true")
+    ap.add_argument("--commit", default=None, help="git commit to record (the device copy has no .git)")
     args = ap.parse_args(argv)
     import triton
 
     t0 = time.time()
     args.out.mkdir(parents=True, exist_ok=True)
-    results = {"device": torch.cuda.get_device_name(), "commit": _git_commit(),
+    results = {"device": torch.cuda.get_device_name(), "commit": args.commit or _git_commit(),
                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "torch": torch.__version__,
                "triton": triton.__version__, "ceilings": measure_ceilings(), "prefill": [], "decode": [],
                "fold_speedup": [], "skipped": [], "tile_sweep": []}
