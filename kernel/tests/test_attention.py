@@ -150,3 +150,13 @@ def test_unused_page_table_entries_are_ignored():
     stale[0, 1:] = batch["cache_shape"][0] - 1
     for op in (ops.attention_decode, ops.attention_prefill):
         torch.testing.assert_close(op(q, *args, stale, *rest, max_query_len=2, scale=0.25), clean)
+
+
+@pytest.mark.parametrize("op", [ops.attention_prefill, ops.attention_decode])
+def test_memory_bounded_chunking_gives_the_same_result(op, monkeypatch):
+    # a tiny element budget forces query chunks (prefill) and request chunks (decode)
+    from lightspeed_kernel.reference import attention as reference
+
+    monkeypatch.setattr(reference, "_ELEMENT_BUDGET", 2000)
+    got, expected = _run(op, [40, 0, 17, 70], [3, 16, 1, 9], 16, torch.float32, seed=13)
+    torch.testing.assert_close(got.double(), expected, rtol=2e-5, atol=2e-5)

@@ -16,7 +16,10 @@ import torch
 
 from ._register import reference
 
-_QUERY_CHUNK = 1024
+# Bound on the fp32 elements of one step's scores / gathered K, so a long prompt or a large
+# decode batch is processed in pieces instead of allocating gigabytes (256 MiB here).
+_ELEMENT_BUDGET = 1 << 26
+_MAX_QUERY_CHUNK = 1024
 
 
 def _dequant(x: torch.Tensor, scale) -> torch.Tensor:
@@ -98,8 +101,9 @@ def attention_prefill(
         k = _dequant(_gather_pages(k_cache, pages)[:seq_len], k_scale).permute(1, 0, 2)  # [Hkv, S, D]
         v = _dequant(_gather_pages(v_cache, pages)[:seq_len], v_scale).permute(1, 0, 2)
         key_pos = torch.arange(seq_len, device=q.device)
-        for c_start in range(0, q_len, _QUERY_CHUNK):
-            c_end = min(q_len, c_start + _QUERY_CHUNK)
+        query_chunk = min(_MAX_QUERY_CHUNK, max(1, _ELEMENT_BUDGET // (num_q_heads * seq_len)))
+        for c_start in range(0, q_len, query_chunk):
+            c_end = min(q_len, c_start + query_chunk)
             chunk = q[q_start + c_start : q_start + c_end].float()  # [C, Hq, D]
             c = c_end - c_start
             # [C, Hkv, G, D] -> [Hkv, G*C, D] with rows ordered (g, c)
@@ -138,17 +142,43 @@ def attention_decode(
 ) -> torch.Tensor:
     # Same contract as attention_prefill, for 1..16 query tokens per request.
     _check(q, k_cache, v_cache, page_table, query_start_loc, seq_lens)
+    out = torch.empty_like(q) if out is None else out
+    batch = seq_lens.numel()
+    if q.shape[0] == 0 or batch == 0:
+        return out
+    page_size, num_kv_heads, head_dim = k_cache.shape[1:]
+    max_q = max(int(max_query_len), 1)
+    max_kv = -(-int(seq_lens.max()) // page_size) * page_size
+    per_request = max_kv * max(num_kv_heads * head_dim, q.shape[1] * max_q)
+    step = max(1, _ELEMENT_BUDGET // max(per_request, 1))
+    attend = (max_q, scale, soft_cap, k_scale, v_scale)
+    if step >= batch:
+        _decode_batch(q, k_cache, v_cache, page_table, query_start_loc, seq_lens, *attend, out)
+        return out
+    starts = query_start_loc.tolist()
+    for first in range(0, batch, step):
+        last = min(batch, first + step)
+        lo, hi = starts[first], starts[last]
+        _decode_batch(
+            q[lo:hi], k_cache, v_cache, page_table[first:last], query_start_loc[first : last + 1] - lo,
+            seq_lens[first:last], *attend, out[lo:hi],
+        )  # fmt: skip
+    return out
+
+
+def _decode_batch(
+    q, k_cache, v_cache, page_table, query_start_loc, seq_lens, max_q, scale, soft_cap, k_scale, v_scale, out
+):
+    """Decode attention of a batch as one padded [B, max_q] problem, written into ``out``."""
     num_tokens, num_q_heads, head_dim = q.shape
     page_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = num_q_heads // num_kv_heads
     batch = seq_lens.numel()
-    out = torch.empty_like(q) if out is None else out
-    if num_tokens == 0 or batch == 0:
-        return out
+    if num_tokens == 0:
+        return
     device = q.device
     q_lens = (query_start_loc[1:] - query_start_loc[:-1]).long()  # [B]
     seq_lens_l = seq_lens.long()
-    max_q = max(int(max_query_len), 1)
     max_pages = -(-int(seq_lens_l.max()) // page_size)
     max_kv = max_pages * page_size
     # scatter tokens into a padded [B, max_q] grid
@@ -174,4 +204,3 @@ def attention_decode(
     attended = attended.view(batch, num_kv_heads, group, max_q, head_dim).permute(0, 3, 1, 2, 4)
     attended = attended.reshape(batch, max_q, num_q_heads, head_dim)
     out.copy_(attended[token_req, token_idx].to(out.dtype))
-    return out
