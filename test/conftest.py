@@ -13,14 +13,29 @@ def smollm2_path():
         pytest.skip(str(e))
 
 
-@pytest.fixture(scope="session")
-def hf_smollm2(smollm2_path):
-    """transformers' LlamaForCausalLM on the same GGUF file (dequantised to fp32)."""
+def load_transformers_gguf(path: str):
+    """transformers' LlamaForCausalLM from a GGUF file through transformers' own GGUF reader
+    (dequantise + un-permute), fp32: an implementation independent of Lightspeed's loader.
+    (`from_pretrained(gguf_file=...)` would do the same but insists on `accelerate`.)"""
     from pathlib import Path
 
     import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
-    path = Path(smollm2_path)
-    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+    p = Path(path)
+    config = AutoConfig.from_pretrained(str(p.parent), gguf_file=p.name)
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(config)
+    tensors = load_gguf_checkpoint(str(p), return_tensors=True, model_to_load=skeleton)["tensors"]
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    missing, unexpected = model.load_state_dict(tensors, strict=False)
+    model.tie_weights()
+    assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
     return model.eval()
+
+
+@pytest.fixture(scope="session")
+def hf_smollm2(smollm2_path):
+    """transformers' model on the same GGUF file as the engine."""
+    return load_transformers_gguf(smollm2_path)
