@@ -175,11 +175,10 @@ def dequantize_tensor(tensor, path: Path) -> np.ndarray:
     return np.asarray(values, dtype=np.float32).reshape(shape)
 
 
-def iterate_gguf_weights(reader, config: dict[str, Any], path: Path,
-                         progress: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield `(hf_name, float32 tensor)` for every tensor of the file."""
-    permute = config["model_type"] == "llama"
-    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
+def iterate_gguf_weights(reader, config, path: Path, progress: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield `(hf_name, float32 tensor)` for every tensor of the file (`config`: its ModelConfig)."""
+    permute = config.model_type == "llama"
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
     for tensor in tqdm(reader.tensors, desc="Loading GGUF", unit="tensor", disable=not progress, leave=False):
         name = _hf_name(tensor.name, path)
         if name is None:

@@ -51,7 +51,7 @@ def load_model(model: str | Path | None, *, load_format: str = "auto", dtype: st
         init_dummy_weights(net, seed)
     else:
         if files.load_format == "gguf":
-            weights = iterate_gguf_weights(reader, gguf_hf_config(reader, files.gguf_file), files.gguf_file, progress)
+            weights = iterate_gguf_weights(reader, config, files.gguf_file, progress)
         else:
             weights = iterate_safetensors(files.weight_files, sum(files.tensor_counts), progress)
         loaded = net.load_weights(weights)
