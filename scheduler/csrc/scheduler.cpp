@@ -200,11 +200,18 @@ void Scheduler::check_invariants() const {
   auto fail = [](const std::string& what) { throw std::logic_error("scheduler invariant: " + what); };
   cache_.check_invariants();
   std::vector<int32_t> device_refs(device_.num_pages(), 0), host_refs(host_.num_pages(), 0);
+  std::vector<int32_t> device_cached(device_.num_pages(), 0), host_cached(host_.num_pages(), 0);
+  std::vector<int32_t> device_by_requests(device_.num_pages(), 0), host_by_requests(host_.num_pages(), 0);
   device_refs[0] = host_refs[0] = 1;  // the padding pages
-  cache_.for_each_device_ref([&](int32_t p) { ++device_refs[p]; });
-  cache_.for_each_host_ref([&](int32_t p) { ++host_refs[p]; });
-  auto count = [](std::vector<int32_t>& refs, const kv::PageList& list) {
-    for (int32_t p : list.pages()) ++refs[p];
+  cache_.for_each_device_ref([&](int32_t p) { ++device_refs[p], ++device_cached[p]; });
+  cache_.for_each_host_ref([&](int32_t p) { ++host_refs[p], ++host_cached[p]; });
+  std::vector<int32_t> seen;
+  auto count = [&](std::vector<int32_t>& refs, std::vector<int32_t>& by_requests, const kv::PageList& list) {
+    seen.assign(list.pages().begin(), list.pages().end());
+    std::sort(seen.begin(), seen.end());
+    if (std::adjacent_find(seen.begin(), seen.end()) != seen.end()) fail("a page list holds a page twice");
+    if (!seen.empty() && seen.front() <= 0) fail("a request owns the padding page");
+    for (int32_t p : list.pages()) ++refs[p], ++by_requests[p];
   };
   size_t live = 0;
   for (size_t i = 0; i < records_.size(); ++i) {
@@ -214,13 +221,13 @@ void Scheduler::check_invariants() const {
         [&](const auto& s) {
           using S = std::decay_t<decltype(s)>;
           if constexpr (std::is_same_v<S, fsm::LoadingPrefix>) {
-            count(device_refs, s.device_pages);
-            count(host_refs, s.host_pages);
+            count(device_refs, device_by_requests, s.device_pages);
+            count(host_refs, host_by_requests, s.host_pages);
           } else if constexpr (std::is_same_v<S, fsm::Prefilling> || std::is_same_v<S, fsm::Decoding> ||
                                std::is_same_v<S, fsm::WritingBack>) {
-            count(device_refs, s.device_pages);
+            count(device_refs, device_by_requests, s.device_pages);
           } else if constexpr (std::is_same_v<S, fsm::Retracting> || std::is_same_v<S, fsm::Retracted>) {
-            count(host_refs, s.host_pages);
+            count(host_refs, host_by_requests, s.host_pages);
           }
         },
         r.state);
@@ -250,6 +257,11 @@ void Scheduler::check_invariants() const {
   };
   compare(device_, device_refs, "device");
   compare(host_, host_refs, "host");
+  // Sharing between requests happens only through the prefix cache.
+  for (int32_t p = 1; p < device_.num_pages(); ++p)
+    if (device_by_requests[p] > 1 && device_cached[p] == 0) fail("device page shared outside the prefix cache");
+  for (int32_t p = 1; p < host_.num_pages(); ++p)
+    if (host_by_requests[p] > 1 && host_cached[p] == 0) fail("host page shared outside the prefix cache");
 }
 
 }  // namespace lightspeed

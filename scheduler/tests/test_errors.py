@@ -2,9 +2,9 @@
 
 import numpy as np
 import pytest
-from conftest import make_scheduler, samples, spec
-
 from lightspeed_scheduler import SchedulerConfig
+
+from conftest import make_scheduler, samples, spec
 
 
 @pytest.mark.parametrize("field, value, message", [

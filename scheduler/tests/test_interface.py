@@ -1,11 +1,11 @@
 """The Python contract other packages code against: names, dtypes, shapes, batch order."""
 
+import lightspeed_scheduler
 import numpy as np
 import pytest
-from conftest import make_scheduler, samples, spec
-
-import lightspeed_scheduler
 from lightspeed_scheduler import Plan, RequestSpec, Scheduler, SchedulerConfig
+
+from conftest import make_scheduler, samples, spec
 
 
 def test_public_names():

@@ -1,6 +1,7 @@
 """KV ownership seen from Python: prefix sharing, retraction, host tier, abort, random walks."""
 
 import numpy as np
+
 from conftest import make_scheduler, samples, spec
 
 
