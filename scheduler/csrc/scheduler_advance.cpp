@@ -149,10 +149,13 @@ void Scheduler::finish(int32_t record, fsm::FinishReason reason) {
                       std::min(decoding->kv_len, static_cast<int32_t>(r.tokens.size()) - 1));
     kv::PageList held(device_, 0);
     if (config_.enable_prefix_cache) {
+      // One eviction pass for the whole path: evicting page by page rescans the LRU list each time.
+      const auto without_host = static_cast<int32_t>(std::count_if(
+          r.cache_path.begin(), r.cache_path.end(), [&](int32_t node) { return cache_.node(node).host_page < 0; }));
+      if (host_.num_free() < without_host) cache_.evict_host(without_host - host_.num_free());
       for (int32_t node : r.cache_path) {
         if (cache_.node(node).host_page >= 0) continue;
-        int32_t host_page = host_.allocate();
-        if (host_page < 0 && cache_.evict_host(1) > 0) host_page = host_.allocate();
+        const int32_t host_page = host_.allocate();
         if (host_page < 0) break;
         const int32_t device_page = cache_.node(node).device_page;
         cache_.begin_write_back(node, host_page);

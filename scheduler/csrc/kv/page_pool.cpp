@@ -9,6 +9,7 @@ PagePool::PagePool(int32_t num_pages) {
   if (num_pages < 2) throw std::invalid_argument("a page pool needs at least 2 pages (page 0 is padding)");
   refcounts_.assign(num_pages, 0);
   refcounts_[0] = 1;
+  watched_.assign(num_pages, 0);
   free_.reserve(num_pages);
   quarantine_.reserve(num_pages);
   // Pushed in reverse so that allocation hands out 1, 2, 3, ... on a fresh pool.
@@ -35,12 +36,15 @@ int32_t PagePool::allocate_for_forward() {
 
 void PagePool::retain(int32_t page) {
   assert(page > 0 && refcounts_[page] > 0);
-  ++refcounts_[page];
+  if (++refcounts_[page] == 2 && watched_[page]) listener_->on_shared(page);
 }
 
 bool PagePool::release(int32_t page) {
   assert(page > 0 && refcounts_[page] > 0);
-  if (--refcounts_[page] != 0) return false;
+  if (--refcounts_[page] != 0) {
+    if (refcounts_[page] == 1 && watched_[page]) listener_->on_sole(page);
+    return false;
+  }
   (quarantining_ ? quarantine_ : free_).push_back(page);
   return true;
 }

@@ -11,6 +11,16 @@
 
 namespace lightspeed::kv {
 
+// Told when a watched page changes between one owner and several: the prefix cache watches its
+// pages to keep only unreferenced ones on its eviction list.
+class PageListener {
+ public:
+  virtual void on_shared(int32_t page) = 0;  // refcount went 1 -> 2
+  virtual void on_sole(int32_t page) = 0;    // refcount went 2 -> 1
+ protected:
+  ~PageListener() = default;
+};
+
 class PagePool {
  public:
   explicit PagePool(int32_t num_pages);
@@ -41,10 +51,15 @@ class PagePool {
   void begin_quarantine() { quarantining_ = true; }
   void end_quarantine();
 
+  void set_listener(PageListener* listener) { listener_ = listener; }
+  void watch(int32_t page, bool on) { watched_[page] = on; }
+
  private:
   std::vector<int32_t> free_;        // LIFO: the most recently freed page is the warmest.
   std::vector<int32_t> quarantine_;  // freed during the current plan build
   std::vector<int32_t> refcounts_;   // refcounts_[0] stays 1 forever: the padding page
+  std::vector<uint8_t> watched_;     // pages whose 1 <-> 2 refcount changes go to listener_
+  PageListener* listener_ = nullptr;
   bool quarantining_ = false;
 };
 

@@ -27,7 +27,15 @@ RadixCache::RadixCache(kv::PagePool& device, kv::PagePool& host, int32_t page_si
   for (int32_t id = static_cast<int32_t>(nodes_.size()) - 1; id > kRoot; --id) free_ids_.push_back(id);
   nodes_[kRoot].alive = true;
   nodes_[kRoot].key = 0x5EED5EED5EED5EEDull;
+  node_of_device_page_.assign(device.num_pages(), -1);
+  device_.set_listener(this);
 }
+
+void RadixCache::on_shared(int32_t page) { device_lru_.remove(node_of_device_page_[page]); }
+
+// The last other owner let go; the node becomes evictable as most recently used. A request
+// releases its pages last to first, so parents land after their children.
+void RadixCache::on_sole(int32_t page) { device_lru_.touch(node_of_device_page_[page]); }
 
 bool RadixCache::tokens_equal(int32_t node, const int32_t* tokens) const {
   return std::equal(tokens, tokens + page_size_, tokens_.begin() + static_cast<ptrdiff_t>(node) * page_size_);
@@ -91,11 +99,13 @@ void RadixCache::attach_device(int32_t id, int32_t device_page) {
   Node& n = nodes_[id];
   assert(n.device_page < 0);
   assert(n.parent == kRoot || nodes_[n.parent].device_page >= 0);
-  device_.retain(device_page);
+  device_.retain(device_page);  // before watching: the caller's own reference is no news
   n.device_page = device_page;
+  node_of_device_page_[device_page] = id;
+  device_.watch(device_page, true);
   ++nodes_[n.parent].num_device_children;
   ++num_device_resident_;
-  device_lru_.touch(id);
+  if (device_.refcount(device_page) == 1) device_lru_.touch(id);
 }
 
 void RadixCache::begin_write_back(int32_t id, int32_t host_page) {
@@ -112,7 +122,7 @@ void RadixCache::end_write_back(int32_t id) { nodes_[id].host_pending = false; }
 
 void RadixCache::touch(int32_t id) {
   for (; id != kRoot; id = nodes_[id].parent) {
-    if (nodes_[id].device_page >= 0) device_lru_.touch(id);
+    if (device_lru_.contains(id)) device_lru_.touch(id);
     if (nodes_[id].host_page >= 0) host_lru_.touch(id);
   }
 }
@@ -133,6 +143,8 @@ bool RadixCache::host_evictable(const Node& n) const {
 void RadixCache::drop_device(int32_t id) {
   Node& n = nodes_[id];
   device_lru_.remove(id);
+  device_.watch(n.device_page, false);
+  node_of_device_page_[n.device_page] = -1;
   device_.release(n.device_page);
   n.device_page = -1;
   --nodes_[n.parent].num_device_children;
@@ -212,7 +224,9 @@ void RadixCache::check_invariants() const {
     if (n.device_page >= 0 && n.parent != kRoot && nodes_[n.parent].device_page < 0)
       fail("device copy under a parent without one", id);
     if (by_key_.find(n.key) != id) fail("key map does not point at node", id);
-    if (device_lru_.contains(id) != (n.device_page >= 0)) fail("device LRU membership", id);
+    if (device_lru_.contains(id) != (n.device_page >= 0 && device_.refcount(n.device_page) == 1))
+      fail("device LRU holds exactly the unreferenced device copies", id);
+    if (n.device_page >= 0 && node_of_device_page_[n.device_page] != id) fail("page -> node map", id);
     if (host_lru_.contains(id) != (n.host_page >= 0)) fail("host LRU membership", id);
     ++children[n.parent];
     if (n.device_page >= 0) ++device_children[n.parent];

@@ -10,7 +10,9 @@
 //     is a device run followed by a host-only run;
 //   - any node's parent has a copy (eviction only removes leaves).
 // Eviction is LRU over two intrusive lists; touching a node also touches its ancestors after it,
-// so a scan from the LRU end meets children before their parents.
+// so a scan from the LRU end meets children before their parents. The device list holds only
+// unreferenced nodes (the device pool tells the cache when a cached page gains or loses its other
+// owners), so an eviction never walks past the prompts of running requests.
 #pragma once
 
 #include <cstdint>
@@ -39,11 +41,14 @@ struct MatchResult {
   int32_t num_host = 0;    // following matched pages resident only on host
 };
 
-class RadixCache {
+class RadixCache : private kv::PageListener {
  public:
   static constexpr int32_t kRoot = 0;
 
   RadixCache(kv::PagePool& device, kv::PagePool& host, int32_t page_size);
+  RadixCache(const RadixCache&) = delete;
+  RadixCache& operator=(const RadixCache&) = delete;
+  ~RadixCache() { device_.set_listener(nullptr); }
 
   int32_t page_size() const { return page_size_; }
   const Node& node(int32_t id) const { return nodes_[id]; }
@@ -91,6 +96,8 @@ class RadixCache {
   void check_invariants() const;
 
  private:
+  void on_shared(int32_t page) override;
+  void on_sole(int32_t page) override;
   bool tokens_equal(int32_t node, const int32_t* tokens) const;
   bool device_evictable(const Node& n) const;
   bool host_evictable(const Node& n) const;
@@ -104,9 +111,10 @@ class RadixCache {
   std::vector<Node> nodes_;
   std::vector<int32_t> tokens_;    // tokens_[id * page_size_ ...]: the page's tokens
   std::vector<int32_t> free_ids_;  // node ids not in use
+  std::vector<int32_t> node_of_device_page_;  // cached device page -> node, else -1
   FlatKeyMap by_key_;
-  LruList device_lru_;
-  LruList host_lru_;
+  LruList device_lru_;  // nodes whose device page only the cache references
+  LruList host_lru_;    // nodes with a host copy
   int32_t num_nodes_ = 0;
   int32_t num_device_resident_ = 0;
   int32_t num_host_resident_ = 0;
