@@ -44,6 +44,23 @@ def bench_ms(fn, quick: bool) -> float:
     return (time.perf_counter() - t0) * 1e3
 
 
+def bench_graph_ms(fn, quick: bool) -> float:
+    """Median time of one replay of a CUDA graph holding fn(): what a captured decode step pays,
+    without Python launch overhead (which exceeds the GPU time of small launches)."""
+    if not torch.cuda.is_available():
+        return bench_ms(fn, quick)
+    fn()  # compile outside the capture
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return bench_ms(graph.replay, quick)
+
+
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     a, b = a.double(), b.double()
     return float((a - b).norm() / b.norm().clamp_min(1e-30))
@@ -100,16 +117,16 @@ def bench_decode(dev, quick, shapes, sweep_shapes) -> tuple[list, list]:
         out = torch.empty_like(q)
         scale = 1.0 / math.sqrt(d)
         run = lambda: dec.run_decode(plan, q, kc, vc, pt, qsl, sl, scale=scale, out=out, workspace=ws)  # noqa: E731
-        ms = bench_ms(run, quick)
+        ms = bench_graph_ms(run, quick)
         kv_bytes = 2 * batch * ctx * hkv * d * kc.element_size()
         row = {"page_size": page_size, "batch": batch, "context": ctx, "num_splits": plan.num_splits,
-               "triton_ms": ms, "kv_bytes": kv_bytes, "tb_per_s": kv_bytes / ms / 1e9,
+               "triton_ms": ms, "triton_eager_ms": bench_ms(run, quick), "kv_bytes": kv_bytes, "tb_per_s": kv_bytes / ms / 1e9,
                "hbm_fraction": kv_bytes / ms / 1e9 / (HBM_BYTES_PER_S / 1e12)}
         try:
             k, v, sdpa, _ = _sdpa_decode(q, kc, vc, pt, hkv)
             ref = sdpa().reshape(batch, hq, d)
             row["rel_err_vs_sdpa"] = rel_err(out, ref)
-            row["sdpa_ms"] = bench_ms(sdpa, quick)
+            row["sdpa_ms"] = bench_graph_ms(sdpa, quick)
             row["speedup_vs_sdpa"] = row["sdpa_ms"] / ms
             del k, v, ref
         except torch.OutOfMemoryError:
@@ -135,8 +152,8 @@ def bench_decode(dev, quick, shapes, sweep_shapes) -> tuple[list, list]:
                                                num_warps=warps, num_stages=stages, num_splits=splits)
                         ws = torch.empty(dec.decode_workspace_numel(plan, batch, hq, d), device=dev)
                         try:
-                            ms = bench_ms(lambda: dec.run_decode(plan, q, kc, vc, pt, qsl, sl, scale=0.088,  # noqa: B023
-                                                                 workspace=ws), True)
+                            ms = bench_graph_ms(lambda: dec.run_decode(plan, q, kc, vc, pt, qsl, sl,  # noqa: B023
+                                                                       scale=0.088, workspace=ws), True)
                         except Exception as e:  # e.g. out of shared memory for a tile/stage combination
                             results.append({"block_n": block_n, "warps": warps, "stages": stages,
                                             "splits": plan.num_splits, "error": type(e).__name__})
@@ -169,7 +186,7 @@ def bench_elementwise(dev, quick, tokens) -> list:
     rows = []
 
     def add(name, shape, nbytes, fn):
-        ms = bench_ms(fn, quick)
+        ms = bench_graph_ms(fn, quick)
         rows.append({"op": name, "shape": shape, "bytes": nbytes, "ms": ms, "tb_per_s": nbytes / ms / 1e9,
                      "hbm_fraction": nbytes / ms / 1e9 / (HBM_BYTES_PER_S / 1e12)})
         print(f"{name} {shape}: {ms * 1e3:.1f} us, {rows[-1]['hbm_fraction']:.1%} HBM", flush=True)
@@ -180,7 +197,13 @@ def bench_elementwise(dev, quick, tokens) -> list:
     w = torch.randn(h, device=dev, dtype=dt)
     out = torch.empty_like(x)
     add("rms_norm", [tokens, h], 2 * x.numel() * 2, lambda: norm.rms_norm(x, w, 1e-6, out=out))
-    add("fused_add_rms_norm", [tokens, h], 5 * x.numel() * 2, lambda: norm.fused_add_rms_norm(x, res, w, 1e-6))
+    # reads x and residual, writes residual and out
+    add("fused_add_rms_norm", [tokens, h], 4 * x.numel() * 2, lambda: norm.fused_add_rms_norm(x, res, w, 1e-6))
+    for warps in (4, 16):  # the default is 8 warps for H = 4096
+        add(f"rms_norm sweep warps={warps}", [tokens, h], 2 * x.numel() * 2,
+            lambda warps=warps: norm._launch(x, None, w, 1e-6, out, num_warps=warps))
+        add(f"fused_add_rms_norm sweep warps={warps}", [tokens, h], 4 * x.numel() * 2,
+            lambda warps=warps: norm._launch(x, res, w, 1e-6, out, num_warps=warps))
     inter = 14336
     g = torch.randn(tokens // 2, 2 * inter, device=dev, dtype=dt)
     gout = torch.empty(tokens // 2, inter, device=dev, dtype=dt)
@@ -202,6 +225,11 @@ def bench_elementwise(dev, quick, tokens) -> list:
     slots = torch.randperm(tokens, device=dev) + page_size
     add("store_kv (page 16)", [tokens, hkv, d], 2 * 2 * kv[0].numel() * 2,
         lambda: kv_store.store_kv(kv[0], kv[1], kc, vc, slots))
+    for tpp in (1, 4, 8):  # default: 2 tokens per program, 4 warps
+        for warps in (2, 4, 8):
+            add(f"store_kv sweep tokens/program={tpp} warps={warps}", [tokens, hkv, d], 2 * 2 * kv[0].numel() * 2,
+                lambda tpp=tpp, warps=warps: kv_store.store_kv(kv[0], kv[1], kc, vc, slots, _tokens_per_program=tpp,
+                                                               _num_warps=warps))
     return rows
 
 
@@ -209,7 +237,13 @@ def bench_elementwise(dev, quick, tokens) -> list:
 # fused MoE
 
 
-def bench_moe(dev, quick, batches, experts=128, top_k=8, hidden=2048, inter=768) -> list:
+MOE_SWEEP_TILES = [  # (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages)
+    (16, 64, 128, 4, 4), (16, 64, 64, 4, 3), (16, 128, 64, 4, 3), (16, 32, 128, 4, 4), (16, 64, 128, 4, 2),
+    (16, 128, 128, 8, 3), (32, 64, 64, 4, 4), (32, 128, 64, 4, 4), (64, 128, 64, 8, 3), (64, 64, 64, 4, 3),
+]
+
+
+def bench_moe(dev, quick, batches, experts=128, top_k=8, hidden=2048, inter=768, sweep_tiles=()) -> list:
     from lightspeed_kernel.reference import moe as ref_moe
     from lightspeed_kernel.triton import fused_moe
 
@@ -221,26 +255,44 @@ def bench_moe(dev, quick, batches, experts=128, top_k=8, hidden=2048, inter=768)
         x = torch.randn(t, hidden, device=dev, dtype=dt)
         weights, ids = ref_moe.moe_topk(torch.randn(t, experts, device=dev), top_k)
         fused = lambda: fused_moe.fused_experts(x, w13, w2, weights, ids)  # noqa: E731
-        ms = bench_ms(fused, quick)
+        ms = bench_graph_ms(fused, quick)
+        eager_ms = bench_ms(fused, quick)
         err = rel_err(fused(), ref_moe.fused_experts(x, w13, w2, weights, ids))
         ref_ms = bench_ms(lambda: ref_moe.fused_experts(x, w13, w2, weights, ids), quick)
         # dense lower bound: the same T*k rows through one expert's weights with cuBLAS
         xs = torch.randn(t * top_k, hidden, device=dev, dtype=dt)
         hs = torch.randn(t * top_k, inter, device=dev, dtype=dt)
-        dense_ms = bench_ms(lambda: (xs @ w13[0].t(), hs @ w2[0].t()), quick)  # noqa: B023
+        dense_ms = bench_graph_ms(lambda: (xs @ w13[0].t(), hs @ w2[0].t()), quick)  # noqa: B023
         active = int(torch.unique(ids).numel())
         weight_bytes = active * 3 * hidden * inter * 2
-        rows.append({"batch": t, "active_experts": active, "triton_ms": ms, "reference_ms": ref_ms,
+        sweep = []
+        if sweep_tiles and t in (1, 16, 256):
+            for tiles in sweep_tiles:
+                try:
+                    tms = bench_graph_ms(lambda tiles=tiles: fused_moe.fused_experts(x, w13, w2, weights, ids,
+                                                                                    _tiles=tiles), True)
+                    sweep.append({"tiles": list(tiles), "ms": tms})
+                except Exception as e:  # a tile/stage combination over the shared-memory budget
+                    sweep.append({"tiles": list(tiles), "error": type(e).__name__})
+        best = min((r for r in sweep if "ms" in r), key=lambda r: r["ms"], default=None)
+        rows.append({"batch": t, "active_experts": active, "triton_ms": ms, "triton_eager_ms": eager_ms,
+                     "tile_sweep": sweep, "best_tiles": best, "reference_ms": ref_ms,
                      "dense_gemm_ms": dense_ms, "speedup_vs_reference": ref_ms / ms,
                      "ratio_to_dense": ms / dense_ms, "weight_bytes": weight_bytes,
                      "weight_roofline_ms": weight_bytes / HBM_BYTES_PER_S * 1e3,
                      "hbm_fraction": weight_bytes / (ms / 1e3) / HBM_BYTES_PER_S, "rel_err": err})
-        print(f"moe T={t}: {ms * 1e3:.1f} us (ref {ref_ms * 1e3:.0f} us, dense {dense_ms * 1e3:.1f} us, "
+        print(f"moe T={t}: {ms * 1e3:.1f} us (eager {eager_ms * 1e3:.1f}, best tiles {best}, "
+              f"ref {ref_ms * 1e3:.0f} us, dense {dense_ms * 1e3:.1f} us, "
               f"{active} experts, {rows[-1]['hbm_fraction']:.1%} of weight roofline) err {err:.1e}", flush=True)
     return rows
 
 
 # ------------------------------------------------------------------------------------------------
+
+
+def _best_tiles(row: dict) -> str:
+    best = row.get("best_tiles")
+    return "" if not best else f"{tuple(best['tiles'])}: {best['ms'] * 1e3:.1f}"
 
 
 def to_markdown(result: dict) -> str:
@@ -250,15 +302,16 @@ def to_markdown(result: dict) -> str:
              f"HBM reference {HBM_BYTES_PER_S / 1e12:.2f} TB/s; measured copy "
              f"{result['copy_bandwidth']['tb_per_s']:.2f} TB/s (read + write).", ""]
     lines += ["## Paged decode attention (Llama-3-8B: 32 q / 8 kv heads, D 128, bf16, 1 query token)", "",
-              "| page | batch | context | splits | time (us) | TB/s | HBM fraction | SDPA (us) | x SDPA | rel err vs SDPA |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
+              "Times are CUDA-graph replays (as decode runs in the engine); eager adds Python launch overhead.", "",
+              "| page | batch | context | splits | time (us) | eager (us) | TB/s | HBM fraction | SDPA (us) | x SDPA | rel err vs SDPA |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in result.get("decode", []):
         sd = r.get("sdpa_ms")
         sdpa_us = "" if sd is None else f"{sd * 1e3:.1f}"
         speedup = "" if sd is None else f"{r['speedup_vs_sdpa']:.2f}"
         lines.append(f"| {r['page_size']} | {r['batch']} | {r['context']} | {r['num_splits']} | "
-                     f"{r['triton_ms'] * 1e3:.1f} | {r['tb_per_s']:.2f} | {r['hbm_fraction']:.1%} | "
-                     f"{sdpa_us} | {speedup} | {r.get('rel_err_vs_sdpa', float('nan')):.1e} |")
+                     f"{r['triton_ms'] * 1e3:.1f} | {r.get('triton_eager_ms', float('nan')) * 1e3:.1f} | "
+                     f"{r['tb_per_s']:.2f} | {r['hbm_fraction']:.1%} | {sdpa_us} | {speedup} | {r.get('rel_err_vs_sdpa', float('nan')):.1e} |")
     if result.get("decode_sweep"):
         lines += ["", "### Decode tile sweep (best of block_n x warps x stages x splits)", "",
                   "| page | batch | context | default splits | best config | HBM fraction |", "|---|---|---|---|---|---|"]
@@ -267,18 +320,22 @@ def to_markdown(result: dict) -> str:
             cfg = f"block_n {b.get('block_n')}, warps {b.get('warps')}, stages {b.get('stages')}, splits {b.get('splits')}"
             lines.append(f"| {s['page_size']} | {s['batch']} | {s['context']} | {s['default_splits']} | {cfg} | "
                          f"{b.get('hbm_fraction', float('nan')):.1%} |")
-    lines += ["", "## Elementwise ops (bf16; bytes read + written)", "", "| op | shape | time (us) | TB/s | HBM fraction |",
+    lines += ["", "## Elementwise ops (bf16; bytes read + written; CUDA-graph replays)", "", "| op | shape | time (us) | TB/s | HBM fraction |",
               "|---|---|---|---|---|"]
     for r in result.get("elementwise", []):
         lines.append(f"| {r['op']} | {r['shape']} | {r['ms'] * 1e3:.1f} | {r['tb_per_s']:.2f} | {r['hbm_fraction']:.1%} |")
     lines += ["", "## Fused MoE (Qwen3-30B-A3B: 128 experts, top-8, hidden 2048, intermediate 768, bf16)", "",
+              "Triton and dense times are CUDA-graph replays; the reference loop syncs with the host and runs eager. "
+              "Dense bound: cuBLAS GEMMs of the same T*k rows through one expert (arithmetic only); roofline: "
+              "bytes of the distinct active experts' weights at 4.27 TB/s.", "",
               "| batch | active experts | triton (us) | reference loop (us) | x reference | dense GEMM bound (us) | "
-              "triton / dense | weight-bytes roofline (us) | of roofline | rel err |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
+              "triton / dense | weight-bytes roofline (us) | of roofline | rel err | best swept tiles (us) |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in result.get("moe", []):
         lines.append(f"| {r['batch']} | {r['active_experts']} | {r['triton_ms'] * 1e3:.1f} | {r['reference_ms'] * 1e3:.0f} | "
                      f"{r['speedup_vs_reference']:.1f} | {r['dense_gemm_ms'] * 1e3:.1f} | {r['ratio_to_dense']:.2f} | "
-                     f"{r['weight_roofline_ms'] * 1e3:.1f} | {r['hbm_fraction']:.1%} | {r['rel_err']:.1e} |")
+                     f"{r['weight_roofline_ms'] * 1e3:.1f} | {r['hbm_fraction']:.1%} | {r['rel_err']:.1e} | "
+                     f"{_best_tiles(r)} |")
     for name, err in result.get("errors", {}).items():
         lines += ["", f"**{name} failed:** `{err}`"]
     return "\n".join(lines) + "\n"
@@ -330,7 +387,8 @@ def main(argv=None) -> int:
     sections = [
         ("decode", lambda: bench_decode(dev, args.quick, decode_shapes, [])[0]),
         ("elementwise", lambda: bench_elementwise(dev, args.quick, tokens)),
-        ("moe", lambda: bench_moe(dev, args.quick, moe_batches, **moe_kw)),
+        ("moe", lambda: bench_moe(dev, args.quick, moe_batches, **moe_kw,
+                                  sweep_tiles=() if (args.smoke or args.no_sweep) else MOE_SWEEP_TILES)),
         ("decode_sweep", lambda: bench_decode(dev, True, [], sweep_shapes)[1]),
     ]
     for name, fn in sections:

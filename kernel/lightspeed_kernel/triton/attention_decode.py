@@ -135,6 +135,9 @@ def plan_decode(batch_size: int, num_q_heads: int, num_kv_heads: int, head_dim: 
                 num_splits: int | None = None) -> DecodePlan:
     """Choose the split count and tiles from shapes only (no device reads: graph-capture safe).
 
+    Tiles (block_n 64, 4 warps, 2 stages) are the best of a block_n x warps x stages x splits sweep
+    on the H200 (bench/results/kernels_*_h200.md): 88-104% of 4.27 TB/s at batch 16-256.
+
     Splits are added until B * Hkv * splits fills about three waves of programs, never cutting the
     context below 256 keys per split (the combine pass would cost more than it saves)."""
     check(num_q_heads % num_kv_heads == 0, "Hq must be a multiple of Hkv")
@@ -153,7 +156,7 @@ def plan_decode(batch_size: int, num_q_heads: int, num_kv_heads: int, head_dim: 
     split_tokens = triton.cdiv(triton.cdiv(max_ctx, num_splits), block_n) * block_n
     num_splits = triton.cdiv(max_ctx, split_tokens)
     return DecodePlan(num_splits=num_splits, split_tokens=split_tokens, block_m=block_m, block_n=block_n,
-                      num_warps=num_warps or 4, num_stages=num_stages or 3)
+                      num_warps=num_warps or 4, num_stages=num_stages or 2)
 
 
 def decode_workspace_numel(plan: DecodePlan, num_tokens: int, num_q_heads: int, head_dim: int) -> int:

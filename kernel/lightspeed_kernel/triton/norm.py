@@ -31,7 +31,7 @@ def _rms_norm_kernel(
     tl.store(out_ptr + row * stride_out + cols, (x * inv * w).to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def _launch(x, residual, weight, eps, out):
+def _launch(x, residual, weight, eps, out, num_warps=None):
     check(x.dim() == 2, f"x must be [T, H], got {tuple(x.shape)}")
     check_dtype("x", x, FLOAT_DTYPES)
     t, h = x.shape
@@ -48,7 +48,8 @@ def _launch(x, residual, weight, eps, out):
     if t == 0:
         return out
     block = next_pow2(h)
-    num_warps = 4 if block <= 2048 else (8 if block <= 8192 else 16)
+    if num_warps is None:
+        num_warps = 4 if block <= 2048 else (8 if block <= 8192 else 16)
     _rms_norm_kernel[(t,)](
         x, residual if residual is not None else x, weight, out,
         h, x.stride(0), residual.stride(0) if residual is not None else 0, out.stride(0), float(eps),

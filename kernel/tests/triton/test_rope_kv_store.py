@@ -61,6 +61,19 @@ def test_store_kv_matches_reference(device, dtype, page_size, t, skip):
     assert torch.equal(kc.cpu(), rkc) and torch.equal(vc.cpu(), rvc)
 
 
+@pytest.mark.parametrize("tokens_per_program", [1, 3])
+def test_store_kv_tokens_per_program(device, tokens_per_program):
+    # a program handling several tokens, with a ragged last program and a skipped token
+    k, v = torch.randn(7, 2, 16), torch.randn(7, 2, 16)
+    slots = _slots(7, 3, 16, (5,))
+    kc, vc = torch.randn(3, 16, 2, 16), torch.randn(3, 16, 2, 16)
+    rkc, rvc = kc.clone(), vc.clone()
+    ref_kv.store_kv(k, v, rkc, rvc, slots)
+    kc, vc = kc.to(device), vc.to(device)
+    kv_store.store_kv(k.to(device), v.to(device), kc, vc, slots.to(device), _tokens_per_program=tokens_per_program)
+    assert torch.equal(kc.cpu(), rkc) and torch.equal(vc.cpu(), rvc)
+
+
 @pytest.mark.parametrize("page_size", [16, 64])
 def test_store_kv_fp8_with_scale(device, page_size):
     t, hkv, d, pages = 9, 2, 16, 3
