@@ -354,7 +354,8 @@ def main(argv=None) -> int:
     ap.add_argument("--commit", default=None, help="git commit of the code measured (default: git rev-parse HEAD)")
     ap.add_argument("--quick", action="store_true", help="fewer repetitions, no tile sweep")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on CPU (TRITON_INTERPRET=1): checks the script")
-    ap.add_argument("--no-sweep", action="store_true")
+    ap.add_argument("--no-sweep", action="store_true", help="no tile sweeps at all")
+    ap.add_argument("--no-decode-sweep", action="store_true", help="skip the decode tile sweep (the slowest)")
     args = ap.parse_args(argv)
 
     import triton
@@ -379,7 +380,7 @@ def main(argv=None) -> int:
         tokens, moe_batches, moe_kw = 64, [1, 4], {"experts": 8, "top_k": 2, "hidden": 64, "inter": 32}
     else:
         decode_shapes = [(ps, b, c) for ps in (16, 64) for b in (1, 16, 64, 256) for c in (1024, 8192, 32768)]
-        sweep_shapes = [] if (args.quick or args.no_sweep) else [(16, 16, 8192), (16, 64, 8192), (16, 256, 32768)]
+        sweep_shapes = [] if (args.quick or args.no_sweep or args.no_decode_sweep) else [(16, 16, 8192), (16, 64, 8192), (16, 256, 32768)]
         tokens, moe_batches, moe_kw = 16384, [1, 4, 16, 64, 256], {}
     torch.manual_seed(0)
     result = {"meta": meta, "copy_bandwidth": measure_copy_bandwidth(dev, args.quick), "errors": {}}
