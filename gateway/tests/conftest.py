@@ -22,7 +22,9 @@ HERE = Path(__file__).parent
 ENGINE_KIND = os.environ.get("LIGHTSPEED_GATEWAY_TEST_ENGINE", "real")
 READY = re.compile(r"Lightspeed ready in [0-9.]+ s: (http://\S+)")
 # Small and fast on 2 CPU cores; tests override what they need.
-BASE_ARGS = ["--max-model-len", "1024", "--max-num-seqs", "8", "--kv-cache-memory", "64MiB", "--seed", "0"]
+# One torch thread: on 2 shared cores, OpenMP threads spin-waiting on each other cost more than they give.
+BASE_ARGS = ["--max-model-len", "1024", "--max-num-seqs", "8", "--kv-cache-memory", "64MiB", "--seed", "0",
+             "--num-threads", "1"]
 
 requires_real_engine = pytest.mark.skipif(ENGINE_KIND != "real", reason="needs the real engine (sampler, prefix cache)")
 

@@ -11,7 +11,7 @@ import pytest
 from conftest import requires_real_engine
 
 USER = [{"role": "user", "content": "SAY:The capital of France is Paris. It is a big city."}]
-GREEDY = {"temperature": 0, "max_tokens": 24}
+GREEDY = {"temperature": 0, "max_tokens": 12}
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +37,7 @@ def test_chat_non_streaming(client, model):
     assert choice.message.role == "assistant" and choice.message.content
     assert choice.finish_reason in ("stop", "length")
     usage = resp.usage
-    assert usage.prompt_tokens > 10 and 0 < usage.completion_tokens <= 24
+    assert usage.prompt_tokens > 10 and 0 < usage.completion_tokens <= 12
     assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
     assert usage.prompt_tokens_details.cached_tokens >= 0
 
@@ -204,7 +204,7 @@ def test_response_format_json_schema_validates(client, model):
               "required": ["city", "sunny"], "additionalProperties": False}
     for stream in (False, True):
         kwargs = dict(model=model, messages=[{"role": "user", "content": "Pick a city and say if it is sunny."}],
-                      max_tokens=60, temperature=0.8, seed=3,
+                      max_tokens=40, temperature=0.8, seed=3,
                       response_format={"type": "json_schema",
                                        "json_schema": {"name": "pick", "schema": schema, "strict": True}})
         if stream:
@@ -218,8 +218,8 @@ def test_response_format_json_schema_validates(client, model):
 @requires_real_engine
 def test_response_format_json_object(client, model):
     resp = client.chat.completions.create(
-        model=model, messages=[{"role": "user", "content": "Give a JSON object describing a cat."}],
-        max_tokens=80, temperature=0, response_format={"type": "json_object"})
+        model=model, messages=[{"role": "user", "content": 'Reply with a JSON object like {"name": "Tom"}.'}],
+        max_tokens=48, temperature=0, response_format={"type": "json_object"})
     assert isinstance(json.loads(resp.choices[0].message.content), dict)
 
 
@@ -237,20 +237,20 @@ TOOLS = [{"type": "function", "function": {
 @requires_real_engine
 def test_tool_choice_named_and_required(client, model):
     ask = [{"role": "user", "content": "What's the weather in Paris?"}]
-    named = client.chat.completions.create(model=model, messages=ask, tools=TOOLS, max_tokens=60, temperature=0,
+    named = client.chat.completions.create(model=model, messages=ask, tools=TOOLS, max_tokens=40, temperature=0,
                                            tool_choice={"type": "function", "function": {"name": "get_weather"}})
     call = named.choices[0].message.tool_calls[0]
     assert call.function.name == "get_weather" and named.choices[0].finish_reason == "tool_calls"
     jsonschema.validate(json.loads(call.function.arguments), TOOLS[0]["function"]["parameters"])
     required = client.chat.completions.create(model=model, messages=ask, tools=TOOLS, max_tokens=80,
-                                              temperature=0, tool_choice="required")
+                                              temperature=0, tool_choice="required", parallel_tool_calls=False)
     calls = required.choices[0].message.tool_calls
     assert calls and required.choices[0].finish_reason == "tool_calls"
     by_name = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
     for call in calls:
         jsonschema.validate(json.loads(call.function.arguments), by_name[call.function.name])
     # Streaming: name first, arguments in pieces that concatenate to valid JSON.
-    stream = client.chat.completions.create(model=model, messages=ask, tools=TOOLS, max_tokens=60,
+    stream = client.chat.completions.create(model=model, messages=ask, tools=TOOLS, max_tokens=40,
                                             temperature=0, stream=True,
                                             tool_choice={"type": "function", "function": {"name": "get_weather"}})
     pieces = [d for c in stream if c.choices for d in (c.choices[0].delta.tool_calls or [])]
@@ -262,7 +262,7 @@ def test_tool_choice_named_and_required(client, model):
     follow = ask + [named.choices[0].message.model_dump(exclude_none=True),
                     {"role": "tool", "tool_call_id": call.id, "content": "18C and sunny"}]
     final = client.chat.completions.create(model=model, messages=follow, tools=TOOLS, tool_choice="none",
-                                           max_tokens=10, temperature=0)
+                                           max_tokens=6, temperature=0)
     assert final.choices[0].message.tool_calls in (None, []) and final.choices[0].message.content
 
 
