@@ -152,6 +152,11 @@ class Scheduler {
   std::vector<int32_t> match_path_;            // scratch for prefix matching
   std::vector<int32_t> order_;                 // scratch: running_ snapshot while scheduling
 
+  // The waiting request that last failed admission and the device capacity it saw: it is not
+  // matched (hashed) again until capacity grows, so a blocked long prompt costs nothing per step.
+  int64_t blocked_req_id_ = -1;
+  int32_t blocked_capacity_ = 0;
+
   int64_t prefix_hit_tokens_ = 0;
   int64_t prefix_query_tokens_ = 0;
   int64_t num_retractions_ = 0;

@@ -164,6 +164,7 @@ void Scheduler::finish(int32_t record, fsm::FinishReason reason) {
         pending_write_back_nodes_.push_back(node);
         held.push_shared(device_page);
       }
+      if (!r.cache_path.empty()) cache_.touch(r.cache_path.back());  // host LRU: leaves before parents
     }
     if (!held.empty()) {
       r.state = fsm::finish_writing_back(std::move(*decoding), std::move(held), reason);
@@ -205,6 +206,7 @@ void Scheduler::insert_into_cache(Request& r, kv::PageList& pages, int32_t num_v
     }
     r.cache_path.push_back(node);
   }
+  if (!r.cache_path.empty()) cache_.touch(r.cache_path.back());  // leaf first, ancestors after
 }
 
 }  // namespace lightspeed

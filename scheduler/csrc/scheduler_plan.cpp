@@ -258,6 +258,8 @@ void Scheduler::admit_waiting(Plan& plan, Budget& budget) {
       continue;
     }
     if (r.slot < 0 && free_slots_.empty()) break;
+    const int32_t capacity = device_.num_free() + cache_.num_unreferenced_device();
+    if (r.req_id == blocked_req_id_ && capacity <= blocked_capacity_) break;
     const auto known = static_cast<int32_t>(r.tokens.size());
     // At least the last known token is computed: its logits give the next token.
     prefix::MatchResult match;
@@ -271,7 +273,14 @@ void Scheduler::admit_waiting(Plan& plan, Budget& budget) {
     // Admission control: room for the whole prompt now, so admitted prompts rarely retract others
     // to finish. Strict order: a request that does not fit holds back those behind it.
     const int32_t pages_needed = ceil_div(known + 1, page_size_) - match.num_device;
-    if (!ensure_device_free(pages_needed, false) || !ensure_device_free(match.num_host, true)) break;
+    if (!ensure_device_free(pages_needed, false)) {
+      blocked_req_id_ = r.req_id;
+      blocked_capacity_ = capacity;
+      break;
+    }
+    // Copy targets cannot come from pages this plan freed; those are free again next step.
+    if (!ensure_device_free(match.num_host, true)) break;
+    blocked_req_id_ = -1;
 
     if (r.slot < 0) {
       r.slot = free_slots_.back();

@@ -20,12 +20,15 @@ class LruList {
     next_[id] = sentinel_;
     next_[mru] = id;
     prev_[sentinel_] = id;
+    ++size_;
   }
   void remove(int32_t id) {
     next_[prev_[id]] = next_[id];
     prev_[next_[id]] = prev_[id];
     prev_[id] = next_[id] = -1;
+    --size_;
   }
+  int32_t size() const { return size_; }
   // Iteration from least to most recently used: for (id = lru(); id != end(); id = next(id)).
   int32_t lru() const { return next_[sentinel_]; }
   int32_t next(int32_t id) const { return next_[id]; }
@@ -34,6 +37,7 @@ class LruList {
  private:
   std::vector<int32_t> prev_, next_;  // prev_[id] == -1 <=> id not in the list
   int32_t sentinel_;
+  int32_t size_ = 0;
 };
 
 }  // namespace lightspeed::prefix

@@ -74,7 +74,6 @@ int32_t RadixCache::insert(int32_t parent, const int32_t* page_tokens, int32_t d
     if (nodes_[id].parent != parent || !tokens_equal(id, page_tokens)) return -1;  // collision
     if (nodes_[id].device_page < 0) attach_device(id, device_page);
     *cached_page = nodes_[id].device_page;
-    touch(id);
     return id;
   }
   assert(!free_ids_.empty());
@@ -91,7 +90,6 @@ int32_t RadixCache::insert(int32_t parent, const int32_t* page_tokens, int32_t d
   ++num_nodes_;
   attach_device(id, device_page);
   *cached_page = device_page;
-  touch(id);
   return id;
 }
 

@@ -60,7 +60,8 @@ class RadixCache : private kv::PageListener {
   // Records one full page of KV (`page_tokens`, held in `device_page`) as a child of `parent`.
   // Returns the node, or -1 when a colliding key blocks it. *cached_page receives the device page
   // the cache now serves this content from: `device_page`, or an existing copy the caller should
-  // switch to so duplicates are freed.
+  // switch to so duplicates are freed. Does not touch: after inserting a run of pages, touch the
+  // last one once (touching per page would cost O(depth^2) per prompt).
   int32_t insert(int32_t parent, const int32_t* page_tokens, int32_t device_page, int32_t* cached_page);
 
   // A host-only node gains a device copy (the destination of a host->device copy).
@@ -80,6 +81,8 @@ class RadixCache : private kv::PageListener {
   int32_t num_nodes() const { return num_nodes_; }
   int32_t num_device_resident() const { return num_device_resident_; }
   int32_t num_host_resident() const { return num_host_resident_; }
+  // Device copies no request references: an upper bound on what evict_device() can free.
+  int32_t num_unreferenced_device() const { return device_lru_.size(); }
 
   // Calls f(page) once per device (host) page reference the cache holds.
   template <class F>
