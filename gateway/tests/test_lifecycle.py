@@ -43,11 +43,16 @@ def wait_for(predicate, timeout_s: float, interval_s: float = 0.1):
     return predicate()
 
 
+def idle_gauges(url) -> dict[str, float]:
+    idle = wait_for(lambda: (g := gauges(url)).get("num_requests_running") == 0 and "kv_cache_free_pages" in g
+                    and g, 10)
+    assert idle, gauges(url)
+    return idle
+
+
 def test_stream_disconnect_returns_pages(server):
     url = server.url
-    idle = wait_for(lambda: (g := gauges(url)).get("num_requests_running") == 0 and g, 10)
-    assert idle, gauges(url)
-    free_before = idle["kv_cache_free_pages"]
+    free_before = idle_gauges(url)["kv_cache_free_pages"]
     with httpx.stream("POST", url + "/v1/chat/completions", json={**LONG, "stream": True}, timeout=120) as resp:
         lines = resp.iter_lines()
         for _ in range(6):  # a few tokens in: the request holds pages
@@ -64,7 +69,7 @@ def test_stream_disconnect_returns_pages(server):
 
 def test_non_streaming_disconnect_aborts(server):
     url = server.url
-    free_before = gauges(url)["kv_cache_free_pages"]
+    free_before = idle_gauges(url)["kv_cache_free_pages"]
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(url + "/v1/chat/completions", json=LONG, timeout=3)  # give up waiting: disconnect
     after = wait_for(lambda: (g := gauges(url)).get("num_requests_running") == 0

@@ -22,8 +22,8 @@ class EngineStatsCollector:
 
     def collect(self):
         stats = self._read_stats()
-        if not stats:
-            return
+        if not stats or "num_running" not in stats:
+            return  # no snapshot from the core yet: no number beats a wrong zero
         labels = (["model_name"], [self._model])
 
         def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
