@@ -102,6 +102,39 @@ struct Episode {
     }
   }
 
+  // Every plan agrees with itself: the page table (filled incrementally) maps each token to the
+  // slot the row computed, rows are padded with page 0, no two new tokens share a KV slot, and
+  // deferred inputs point into the in-flight plan's samples.
+  void check_plan(const Plan& plan, int32_t previous_samples) {
+    const int32_t ps = s.config().page_size;
+    std::set<int64_t> written;
+    ASSERT_EQ(plan.query_start_loc[0], 0);
+    for (int32_t b = 0; b < plan.num_rows; ++b) {
+      const int32_t begin = plan.query_start_loc[b], end = plan.query_start_loc[b + 1];
+      ASSERT_EQ(end - begin, plan.seq_lens[b] - plan.cached_lens[b]);
+      const int32_t used = (plan.seq_lens[b] + ps - 1) / ps;
+      for (int32_t p = 0; p < plan.pages_per_row; ++p) {
+        const int32_t page = plan.page_table[b * plan.pages_per_row + p];
+        ASSERT_EQ(page == 0, p >= used) << "row " << b << " page " << p;
+      }
+      for (int32_t t = begin; t < end; ++t) {
+        const int64_t pos = plan.positions[t];
+        ASSERT_EQ(pos, plan.cached_lens[b] + (t - begin));
+        ASSERT_EQ(plan.slot_mapping[t], int64_t(plan.page_table[b * plan.pages_per_row + pos / ps]) * ps + pos % ps);
+        ASSERT_TRUE(written.insert(plan.slot_mapping[t]).second) << "two tokens write one KV slot";
+        if (plan.deferred_input_mask[t]) {
+          ASSERT_GE(plan.deferred_src_index[t], 0);
+          ASSERT_LT(plan.deferred_src_index[t], previous_samples);
+        }
+      }
+    }
+    for (int32_t i = 0; i < plan.num_samples; ++i) {
+      const int32_t row = plan.sample_batch_rows[i];
+      ASSERT_GE(plan.logits_indices[i], plan.query_start_loc[row]);
+      ASSERT_LT(plan.logits_indices[i], plan.query_start_loc[row + 1]);
+    }
+  }
+
   void event() {
     const int32_t dice = uniform(0, 99);
     const bool overlap = uniform(0, 1) == 1;
@@ -110,7 +143,9 @@ struct Episode {
     } else if (dice < 24) {
       abort_one();
     } else if (in_flight.empty() || (overlap && in_flight.size() < 2)) {
+      const int32_t previous_samples = in_flight.empty() ? 0 : in_flight.back()->num_samples;
       Plan& plan = s.next_plan();
+      check_plan(plan, previous_samples);
       in_flight.push_back(&plan);
       coverage.load_backs += static_cast<int64_t>(plan.load_back.size() / 2);
       coverage.write_backs += static_cast<int64_t>(plan.write_back.size() / 2);
