@@ -27,6 +27,12 @@ def dot_upcast() -> bool:
     return interpreting()
 
 
+def dot_precision(dtype: torch.dtype) -> str:
+    """`input_precision` of tl.dot for operands of `dtype`: fp32 inputs get full IEEE fp32 products
+    (torch's default fp32 matmul; tf32 measured 2.7e-3 relative error in fused MoE on the H200)."""
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
 def next_pow2(n: int) -> int:
     return triton.next_power_of_2(max(int(n), 1))
 

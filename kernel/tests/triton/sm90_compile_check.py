@@ -98,9 +98,10 @@ def cases():
         yield "moe topk softmax", lambda lg=logits: moe_topk.moe_topk(lg, 8)
         yield "moe topk grouped", lambda lg=logits: moe_topk.moe_topk(
             lg, 8, scoring="sigmoid", correction_bias=torch.zeros(128), num_groups=8, topk_groups=4)
-        if dt != f32:
-            xm = torch.randn(n := 64, 2048, dtype=dt)
-            w13, w2 = torch.randn(128, 1536, 2048, dtype=dt), torch.randn(128, 2048, 768, dtype=dt)
+        if True:
+            hid, inter = (2048, 768) if dt != f32 else (256, 128)  # fp32: small, the IEEE-dot path
+            xm = torch.randn(n := 64, hid, dtype=dt)
+            w13, w2 = torch.randn(128, 2 * inter, hid, dtype=dt), torch.randn(128, hid, inter, dtype=dt)
             w, ids = ref_moe.moe_topk(torch.randn(n, 128), 8)
             yield "fused experts", lambda: fused_moe.fused_experts(xm, w13, w2, w, ids)
             yield "fused experts decode", lambda: fused_moe.fused_experts(xm[:1], w13, w2, w[:1], ids[:1])

@@ -6,8 +6,8 @@ from lightspeed_kernel.reference import moe as ref_moe
 from lightspeed_kernel.triton import fused_moe
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
-# fp32 GEMMs run as tf32 on the GPU's tensor cores (about 3e-4 relative)
-MATMUL_TOL = {torch.float32: 2e-3, torch.float16: 4e-3, torch.bfloat16: 3e-2}
+# fp32 runs IEEE fp32 dots (tf32 gave 2.7e-3 on the H200); fp16/bf16 round each GEMM output like the reference
+MATMUL_TOL = {torch.float32: 1e-4, torch.float16: 4e-3, torch.bfloat16: 3e-2}
 
 
 def _problem(t, e, k, hidden, inter, dtype, device):
@@ -47,7 +47,7 @@ def test_fused_experts_matches_reference(device, dtype, t, e, k):
 def test_fused_experts_gelu(device):
     x, w13, w2, weights, ids = _problem(6, 4, 2, 32, 16, torch.float32, device)
     want = ref_moe.fused_experts(x, w13, w2, weights, ids, activation="gelu")
-    assert rel_err(fused_moe.fused_experts(x, w13, w2, weights, ids, activation="gelu"), want) < 2e-3
+    assert rel_err(fused_moe.fused_experts(x, w13, w2, weights, ids, activation="gelu"), want) < 1e-4
 
 
 @pytest.mark.gpu

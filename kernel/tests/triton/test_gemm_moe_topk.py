@@ -28,7 +28,9 @@ def test_fp8_block_gemm(device, m, n, k, out_dtype):
     got = fp8_gemm.fp8_block_gemm(a, a_s, b, b_s, out_dtype=out_dtype)
     assert got.shape == (m, n) and got.dtype == out_dtype
     if m:
-        assert rel_err(got, want) < (1e-5 if out_dtype == torch.float32 else 8e-3)
+        # Hopper's fp8 tensor cores accumulate each 128-deep dot with a reduced-precision (not full
+        # fp32) accumulator: 1.2e-4 relative was measured on the H200 for an fp32 output
+        assert rel_err(got, want) < (5e-4 if out_dtype == torch.float32 else 8e-3)
 
 
 def _same_routing(got, want):
