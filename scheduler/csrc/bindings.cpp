@@ -5,6 +5,7 @@
 #include <nanobind/stl/vector.h>
 
 #include <array>
+#include <climits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -78,15 +79,38 @@ struct PyScheduler {
   }
 };
 
-// Accepts a numpy/DLPack int array (any int dtype is converted) or a Python sequence of ints.
-std::span<const int32_t> as_int32(nb::handle obj, const char* name, std::vector<int32_t>& scratch,
-                                  nb::ndarray<const int32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>& array) {
-  if (nb::try_cast(obj, array, /*convert=*/false) || nb::try_cast(obj, array, /*convert=*/true))
-    return {array.data(), array.shape(0)};
+using Int32Array = nb::ndarray<const int32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+using Int64Array = nb::ndarray<const int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+
+// Token ids from an int32 array (zero-copy), an int64 array (checked copy: no silent wrapping),
+// or any Python sequence of ints. numpy, torch (CPU) and other DLPack arrays all qualify.
+std::span<const int32_t> as_int32(nb::handle obj, const char* name, std::vector<int32_t>& scratch, Int32Array& array) {
+  if (nb::try_cast(obj, array, /*convert=*/false)) return {array.data(), array.shape(0)};
+  Int64Array wide;
+  if (nb::try_cast(obj, wide, /*convert=*/false)) {
+    scratch.resize(wide.shape(0));
+    for (size_t i = 0; i < scratch.size(); ++i) {
+      const int64_t value = wide.data()[i];
+      if (value < INT32_MIN || value > INT32_MAX)
+        throw nb::value_error((std::string(name) + " holds " + std::to_string(value) + ", outside int32").c_str());
+      scratch[i] = static_cast<int32_t>(value);
+    }
+    return scratch;
+  }
   if (!nb::try_cast(obj, scratch))
-    throw nb::type_error((std::string(name) + " must be a 1-D int32 array or a sequence of ints").c_str());
+    throw nb::type_error((std::string(name) + " must be a 1-D integer array or a sequence of ints").c_str());
   return scratch;
 }
+
+std::vector<int32_t> int32_vector(nb::handle obj, const char* name) {
+  std::vector<int32_t> scratch;
+  Int32Array array;
+  auto ids = as_int32(obj, name, scratch, array);
+  return ids.data() == scratch.data() ? std::move(scratch) : std::vector<int32_t>(ids.begin(), ids.end());
+}
+
+// Signature strings must outlive the module: literals, not temporaries.
+#define LS_IDS "collections.abc.Sequence[int] | numpy.typing.NDArray[numpy.integer]"
 
 #define LS_ARRAY_SIG(name, type) nb::for_getter(nb::sig("def " name "(self) -> numpy.typing.NDArray[" type "]"))
 
@@ -145,15 +169,22 @@ NB_MODULE(_core, m) {
   nb::class_<RequestSpec>(m, "RequestSpec", "What a request asks for. Checked by Scheduler.submit().")
       .def(
           "__init__",
-          [](RequestSpec* self, std::string rid, std::vector<int32_t> token_ids, int32_t max_new_tokens,
-             std::vector<int32_t> eos_token_ids, std::vector<int32_t> stop_token_ids, bool ignore_eos,
-             int32_t priority, int32_t num_draft_tokens) {
-            new (self) RequestSpec{std::move(rid),  std::move(token_ids), max_new_tokens, std::move(eos_token_ids),
-                                   std::move(stop_token_ids), ignore_eos, priority, num_draft_tokens};
+          [](RequestSpec* self, std::string rid, nb::handle token_ids, int32_t max_new_tokens, nb::handle eos_token_ids,
+             nb::handle stop_token_ids, bool ignore_eos, int32_t priority, int32_t num_draft_tokens) {
+            new (self) RequestSpec{std::move(rid),
+                                   int32_vector(token_ids, "token_ids"),
+                                   max_new_tokens,
+                                   int32_vector(eos_token_ids, "eos_token_ids"),
+                                   int32_vector(stop_token_ids, "stop_token_ids"),
+                                   ignore_eos,
+                                   priority,
+                                   num_draft_tokens};
           },
-          nb::kw_only(), "rid"_a, "token_ids"_a, "max_new_tokens"_a = 16,
-          "eos_token_ids"_a = std::vector<int32_t>{}, "stop_token_ids"_a = std::vector<int32_t>{},
-          "ignore_eos"_a = false, "priority"_a = 0, "num_draft_tokens"_a = 0)
+          nb::kw_only(), "rid"_a, "token_ids"_a, "max_new_tokens"_a = 16, "eos_token_ids"_a = nb::tuple(),
+          "stop_token_ids"_a = nb::tuple(), "ignore_eos"_a = false, "priority"_a = 0, "num_draft_tokens"_a = 0,
+          nb::sig("def __init__(self, *, rid: str, token_ids: " LS_IDS ", max_new_tokens: int = 16, "
+                  "eos_token_ids: " LS_IDS " = (), stop_token_ids: " LS_IDS " = (), ignore_eos: bool = False, "
+                  "priority: int = 0, num_draft_tokens: int = 0) -> None"))
       .def_ro("rid", &RequestSpec::rid, "Caller's id; unique among live requests.")
       .def_ro("token_ids", &RequestSpec::token_ids, "Prompt token ids.")
       .def_ro("max_new_tokens", &RequestSpec::max_new_tokens, "Stop with 'length' after this many outputs.")
@@ -269,7 +300,7 @@ NB_MODULE(_core, m) {
           "advance",
           [](PyScheduler& s, PyPlan& plan, nb::handle sampled_token_ids, nb::handle accepted_counts) {
             std::vector<int32_t> sampled_scratch, accepted_scratch;
-            nb::ndarray<const int32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu> sampled_array, accepted_array;
+            Int32Array sampled_array, accepted_array;
             auto sampled = as_int32(sampled_token_ids, "sampled_token_ids", sampled_scratch, sampled_array);
             std::span<const int32_t> accepted;
             if (!accepted_counts.is_none())
@@ -281,6 +312,8 @@ NB_MODULE(_core, m) {
             return result;
           },
           "plan"_a, "sampled_token_ids"_a, "accepted_counts"_a = nb::none(),
+          nb::sig("def advance(self, plan: Plan, sampled_token_ids: " LS_IDS ", accepted_counts: " LS_IDS
+                  " | None = None) -> list[tuple[int, str]]"),
           "Consumes the oldest in-flight plan: int32[S] samples (and, with speculative rows, "
           "accepted_counts int32[num_decodes] in [1, k+1]). Acknowledges its copies. Returns "
           "[(req_id, reason)] with reason in {'stop', 'length', 'abort'}.")

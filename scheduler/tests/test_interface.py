@@ -142,3 +142,16 @@ def test_views_are_reused_while_shapes_hold_and_outlive_the_scheduler():
     del s, plan, arrays
     gc.collect()
     np.testing.assert_array_equal(positions, expected)  # the buffer outlives the scheduler
+
+
+def test_token_ids_accept_numpy_arrays_and_reject_overflow():
+    tokens = np.arange(3, 40)
+    for array in (tokens.astype(np.int32), tokens.astype(np.int64), tokens.astype(np.uint16)):
+        assert RequestSpec(rid="a", token_ids=array).token_ids == tokens.tolist()
+    with pytest.raises(ValueError, match="outside int32"):
+        RequestSpec(rid="a", token_ids=np.array([3, 2**40]))
+    s = make_scheduler()
+    req = s.submit(RequestSpec(rid="a", token_ids=tokens, eos_token_ids=np.array([2])))
+    plan = s.next_plan()
+    np.testing.assert_array_equal(plan.input_ids, tokens)
+    assert s.advance(plan, np.array([2], dtype=np.int64)) == [(req, "stop")]
