@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import math
 import platform
@@ -36,8 +37,11 @@ def bench_ms(fn, quick: bool) -> float:
     if torch.cuda.is_available():
         import triton.testing
 
-        return float(triton.testing.do_bench(fn, warmup=10 if quick else 25, rep=30 if quick else 100,
-                                             return_mode="median"))
+        return float(
+            triton.testing.do_bench(
+                fn, warmup=10 if quick else 25, rep=30 if quick else 100, return_mode="median"
+            )
+        )
     fn()  # CPU smoke mode (interpreter): correctness of the script only, never a figure to report
     t0 = time.perf_counter()
     fn()
@@ -116,12 +120,22 @@ def bench_decode(dev, quick, shapes, sweep_shapes) -> tuple[list, list]:
         ws = torch.empty(dec.decode_workspace_numel(plan, batch, hq, d), device=dev)
         out = torch.empty_like(q)
         scale = 1.0 / math.sqrt(d)
-        run = lambda: dec.run_decode(plan, q, kc, vc, pt, qsl, sl, scale=scale, out=out, workspace=ws)  # noqa: E731
+        run = functools.partial(
+            dec.run_decode, plan, q, kc, vc, pt, qsl, sl, scale=scale, out=out, workspace=ws
+        )
         ms = bench_graph_ms(run, quick)
         kv_bytes = 2 * batch * ctx * hkv * d * kc.element_size()
-        row = {"page_size": page_size, "batch": batch, "context": ctx, "num_splits": plan.num_splits,
-               "triton_ms": ms, "triton_eager_ms": bench_ms(run, quick), "kv_bytes": kv_bytes, "tb_per_s": kv_bytes / ms / 1e9,
-               "hbm_fraction": kv_bytes / ms / 1e9 / (HBM_BYTES_PER_S / 1e12)}
+        row = {
+            "page_size": page_size,
+            "batch": batch,
+            "context": ctx,
+            "num_splits": plan.num_splits,
+            "triton_ms": ms,
+            "triton_eager_ms": bench_ms(run, quick),
+            "kv_bytes": kv_bytes,
+            "tb_per_s": kv_bytes / ms / 1e9,
+            "hbm_fraction": kv_bytes / ms / 1e9 / (HBM_BYTES_PER_S / 1e12),
+        }
         try:
             k, v, sdpa, _ = _sdpa_decode(q, kc, vc, pt, hkv)
             ref = sdpa().reshape(batch, hq, d)
@@ -132,8 +146,11 @@ def bench_decode(dev, quick, shapes, sweep_shapes) -> tuple[list, list]:
         except torch.OutOfMemoryError:
             row["sdpa_ms"] = None
         rows.append(row)
-        print(f"decode ps={page_size} B={batch} ctx={ctx}: {ms * 1e3:.1f} us, {row['hbm_fraction']:.1%} HBM, "
-              f"splits={plan.num_splits}, vs sdpa x{row.get('speedup_vs_sdpa') or float('nan'):.2f}", flush=True)
+        print(
+            f"decode ps={page_size} B={batch} ctx={ctx}: {ms * 1e3:.1f} us, {row['hbm_fraction']:.1%} HBM, "
+            f"splits={plan.num_splits}, vs sdpa x{row.get('speedup_vs_sdpa') or float('nan'):.2f}",
+            flush=True,
+        )
         del q, kc, vc, pt, ws, out
         if dev.type == "cuda":
             torch.cuda.empty_cache()
@@ -148,25 +165,62 @@ def bench_decode(dev, quick, shapes, sweep_shapes) -> tuple[list, list]:
                 for stages in (2, 3):
                     for split_mult in (1, 2):
                         splits = max(1, round(base.num_splits * split_mult))
-                        plan = dec.plan_decode(batch, hq, hkv, d, page_size, pt.shape[1], 1, block_n=block_n,
-                                               num_warps=warps, num_stages=stages, num_splits=splits)
+                        plan = dec.plan_decode(
+                            batch,
+                            hq,
+                            hkv,
+                            d,
+                            page_size,
+                            pt.shape[1],
+                            1,
+                            block_n=block_n,
+                            num_warps=warps,
+                            num_stages=stages,
+                            num_splits=splits,
+                        )
                         ws = torch.empty(dec.decode_workspace_numel(plan, batch, hq, d), device=dev)
                         try:
-                            ms = bench_graph_ms(lambda: dec.run_decode(plan, q, kc, vc, pt, qsl, sl,  # noqa: B023
-                                                                       scale=0.088, workspace=ws), True)
+                            ms = bench_graph_ms(
+                                functools.partial(
+                                    dec.run_decode, plan, q, kc, vc, pt, qsl, sl, scale=0.088, workspace=ws
+                                ),
+                                True,
+                            )
                         except Exception as e:  # e.g. out of shared memory for a tile/stage combination
-                            results.append({"block_n": block_n, "warps": warps, "stages": stages,
-                                            "splits": plan.num_splits, "error": type(e).__name__})
+                            results.append(
+                                {
+                                    "block_n": block_n,
+                                    "warps": warps,
+                                    "stages": stages,
+                                    "splits": plan.num_splits,
+                                    "error": type(e).__name__,
+                                }
+                            )
                             continue
-                        results.append({"block_n": block_n, "warps": warps, "stages": stages,
-                                        "splits": plan.num_splits, "ms": ms,
-                                        "hbm_fraction": kv_bytes / ms / 1e9 / (HBM_BYTES_PER_S / 1e12)})
+                        results.append(
+                            {
+                                "block_n": block_n,
+                                "warps": warps,
+                                "stages": stages,
+                                "splits": plan.num_splits,
+                                "ms": ms,
+                                "hbm_fraction": kv_bytes / ms / 1e9 / (HBM_BYTES_PER_S / 1e12),
+                            }
+                        )
                         if quick:
                             break
         ok = [r for r in results if "ms" in r]
         best = min(ok, key=lambda r: r["ms"]) if ok else None
-        sweep.append({"page_size": page_size, "batch": batch, "context": ctx, "default_splits": base.num_splits,
-                      "best": best, "all": results})
+        sweep.append(
+            {
+                "page_size": page_size,
+                "batch": batch,
+                "context": ctx,
+                "default_splits": base.num_splits,
+                "best": best,
+                "all": results,
+            }
+        )
         print(f"sweep ps={page_size} B={batch} ctx={ctx}: best {best}", flush=True)
         del q, kc, vc, pt
         if dev.type == "cuda":
@@ -187,8 +241,16 @@ def bench_elementwise(dev, quick, tokens) -> list:
 
     def add(name, shape, nbytes, fn):
         ms = bench_graph_ms(fn, quick)
-        rows.append({"op": name, "shape": shape, "bytes": nbytes, "ms": ms, "tb_per_s": nbytes / ms / 1e9,
-                     "hbm_fraction": nbytes / ms / 1e9 / (HBM_BYTES_PER_S / 1e12)})
+        rows.append(
+            {
+                "op": name,
+                "shape": shape,
+                "bytes": nbytes,
+                "ms": ms,
+                "tb_per_s": nbytes / ms / 1e9,
+                "hbm_fraction": nbytes / ms / 1e9 / (HBM_BYTES_PER_S / 1e12),
+            }
+        )
         print(f"{name} {shape}: {ms * 1e3:.1f} us, {rows[-1]['hbm_fraction']:.1%} HBM", flush=True)
 
     h = 4096
@@ -198,38 +260,65 @@ def bench_elementwise(dev, quick, tokens) -> list:
     out = torch.empty_like(x)
     add("rms_norm", [tokens, h], 2 * x.numel() * 2, lambda: norm.rms_norm(x, w, 1e-6, out=out))
     # reads x and residual, writes residual and out
-    add("fused_add_rms_norm", [tokens, h], 4 * x.numel() * 2, lambda: norm.fused_add_rms_norm(x, res, w, 1e-6))
+    add(
+        "fused_add_rms_norm", [tokens, h], 4 * x.numel() * 2, lambda: norm.fused_add_rms_norm(x, res, w, 1e-6)
+    )
     for warps in (4, 16):  # the default is 8 warps for H = 4096
-        add(f"rms_norm sweep warps={warps}", [tokens, h], 2 * x.numel() * 2,
-            lambda warps=warps: norm._launch(x, None, w, 1e-6, out, num_warps=warps))
-        add(f"fused_add_rms_norm sweep warps={warps}", [tokens, h], 4 * x.numel() * 2,
-            lambda warps=warps: norm._launch(x, res, w, 1e-6, out, num_warps=warps))
+        add(
+            f"rms_norm sweep warps={warps}",
+            [tokens, h],
+            2 * x.numel() * 2,
+            lambda warps=warps: norm._launch(x, None, w, 1e-6, out, num_warps=warps),
+        )
+        add(
+            f"fused_add_rms_norm sweep warps={warps}",
+            [tokens, h],
+            4 * x.numel() * 2,
+            lambda warps=warps: norm._launch(x, res, w, 1e-6, out, num_warps=warps),
+        )
     inter = 14336
     g = torch.randn(tokens // 2, 2 * inter, device=dev, dtype=dt)
     gout = torch.empty(tokens // 2, inter, device=dev, dtype=dt)
-    add("silu_and_mul", [tokens // 2, 2 * inter], 3 * gout.numel() * 2,
-        lambda: activation.silu_and_mul(g, out=gout))
+    add(
+        "silu_and_mul",
+        [tokens // 2, 2 * inter],
+        3 * gout.numel() * 2,
+        lambda: activation.silu_and_mul(g, out=gout),
+    )
     hq, hkv, d = 32, 8, 128
     qkv = torch.randn(tokens, (hq + 2 * hkv) * d, device=dev, dtype=dt)
     q = qkv[:, : hq * d].view(tokens, hq, d)
-    k = qkv[:, hq * d: (hq + hkv) * d].view(tokens, hkv, d)
+    k = qkv[:, hq * d : (hq + hkv) * d].view(tokens, hkv, d)
     cache = ref_rope.rope_cos_sin_cache(d, 8192, 500000.0, device=dev)
     pos = torch.randint(0, 8192, (tokens,), device=dev)
-    add("rope (neox, q+k in place)", [tokens, hq + hkv, d], 2 * tokens * (hq + hkv) * d * 2 + tokens * d * 4,
-        lambda: rope.apply_rope(pos, q, k, cache))
+    add(
+        "rope (neox, q+k in place)",
+        [tokens, hq + hkv, d],
+        2 * tokens * (hq + hkv) * d * 2 + tokens * d * 4,
+        lambda: rope.apply_rope(pos, q, k, cache),
+    )
     kv = torch.randn(2, tokens, hkv, d, device=dev, dtype=dt)
     page_size = 16
     pages = tokens // page_size + 1
     kc = torch.empty(pages, page_size, hkv, d, device=dev, dtype=dt)
     vc = torch.empty_like(kc)
     slots = torch.randperm(tokens, device=dev) + page_size
-    add("store_kv (page 16)", [tokens, hkv, d], 2 * 2 * kv[0].numel() * 2,
-        lambda: kv_store.store_kv(kv[0], kv[1], kc, vc, slots))
+    add(
+        "store_kv (page 16)",
+        [tokens, hkv, d],
+        2 * 2 * kv[0].numel() * 2,
+        lambda: kv_store.store_kv(kv[0], kv[1], kc, vc, slots),
+    )
     for tpp in (1, 4, 8):  # default: 2 tokens per program, 4 warps
         for warps in (2, 4, 8):
-            add(f"store_kv sweep tokens/program={tpp} warps={warps}", [tokens, hkv, d], 2 * 2 * kv[0].numel() * 2,
-                lambda tpp=tpp, warps=warps: kv_store.store_kv(kv[0], kv[1], kc, vc, slots, _tokens_per_program=tpp,
-                                                               _num_warps=warps))
+            add(
+                f"store_kv sweep tokens/program={tpp} warps={warps}",
+                [tokens, hkv, d],
+                2 * 2 * kv[0].numel() * 2,
+                lambda tpp=tpp, warps=warps: kv_store.store_kv(
+                    kv[0], kv[1], kc, vc, slots, _tokens_per_program=tpp, _num_warps=warps
+                ),
+            )
     return rows
 
 
@@ -237,9 +326,21 @@ def bench_elementwise(dev, quick, tokens) -> list:
 # fused MoE
 
 
+def _dense_pair(xs, hs, w13_e, w2_e):
+    return xs @ w13_e.t(), hs @ w2_e.t()
+
+
 MOE_SWEEP_TILES = [  # (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages)
-    (16, 64, 128, 4, 4), (16, 64, 64, 4, 3), (16, 128, 64, 4, 3), (16, 32, 128, 4, 4), (16, 64, 128, 4, 2),
-    (16, 128, 128, 8, 3), (32, 64, 64, 4, 4), (32, 128, 64, 4, 4), (64, 128, 64, 8, 3), (64, 64, 64, 4, 3),
+    (16, 64, 128, 4, 4),
+    (16, 64, 64, 4, 3),
+    (16, 128, 64, 4, 3),
+    (16, 32, 128, 4, 4),
+    (16, 64, 128, 4, 2),
+    (16, 128, 128, 8, 3),
+    (32, 64, 64, 4, 4),
+    (32, 128, 64, 4, 4),
+    (64, 128, 64, 8, 3),
+    (64, 64, 64, 4, 3),
 ]
 
 
@@ -254,36 +355,53 @@ def bench_moe(dev, quick, batches, experts=128, top_k=8, hidden=2048, inter=768,
     for t in batches:
         x = torch.randn(t, hidden, device=dev, dtype=dt)
         weights, ids = ref_moe.moe_topk(torch.randn(t, experts, device=dev), top_k)
-        fused = lambda: fused_moe.fused_experts(x, w13, w2, weights, ids)  # noqa: E731
+        fused = functools.partial(fused_moe.fused_experts, x, w13, w2, weights, ids)
         ms = bench_graph_ms(fused, quick)
         eager_ms = bench_ms(fused, quick)
         err = rel_err(fused(), ref_moe.fused_experts(x, w13, w2, weights, ids))
-        ref_ms = bench_ms(lambda: ref_moe.fused_experts(x, w13, w2, weights, ids), quick)
+        ref_ms = bench_ms(functools.partial(ref_moe.fused_experts, x, w13, w2, weights, ids), quick)
         # dense lower bound: the same T*k rows through one expert's weights with cuBLAS
         xs = torch.randn(t * top_k, hidden, device=dev, dtype=dt)
         hs = torch.randn(t * top_k, inter, device=dev, dtype=dt)
-        dense_ms = bench_graph_ms(lambda: (xs @ w13[0].t(), hs @ w2[0].t()), quick)  # noqa: B023
+        dense_ms = bench_graph_ms(functools.partial(_dense_pair, xs, hs, w13[0], w2[0]), quick)
         active = int(torch.unique(ids).numel())
         weight_bytes = active * 3 * hidden * inter * 2
         sweep = []
         if sweep_tiles and t in (1, 16, 256):
             for tiles in sweep_tiles:
                 try:
-                    tms = bench_graph_ms(lambda tiles=tiles: fused_moe.fused_experts(x, w13, w2, weights, ids,
-                                                                                    _tiles=tiles), True)
+                    tms = bench_graph_ms(
+                        functools.partial(fused_moe.fused_experts, x, w13, w2, weights, ids, _tiles=tiles),
+                        True,
+                    )
                     sweep.append({"tiles": list(tiles), "ms": tms})
                 except Exception as e:  # a tile/stage combination over the shared-memory budget
                     sweep.append({"tiles": list(tiles), "error": type(e).__name__})
         best = min((r for r in sweep if "ms" in r), key=lambda r: r["ms"], default=None)
-        rows.append({"batch": t, "active_experts": active, "triton_ms": ms, "triton_eager_ms": eager_ms,
-                     "tile_sweep": sweep, "best_tiles": best, "reference_ms": ref_ms,
-                     "dense_gemm_ms": dense_ms, "speedup_vs_reference": ref_ms / ms,
-                     "ratio_to_dense": ms / dense_ms, "weight_bytes": weight_bytes,
-                     "weight_roofline_ms": weight_bytes / HBM_BYTES_PER_S * 1e3,
-                     "hbm_fraction": weight_bytes / (ms / 1e3) / HBM_BYTES_PER_S, "rel_err": err})
-        print(f"moe T={t}: {ms * 1e3:.1f} us (eager {eager_ms * 1e3:.1f}, best tiles {best}, "
-              f"ref {ref_ms * 1e3:.0f} us, dense {dense_ms * 1e3:.1f} us, "
-              f"{active} experts, {rows[-1]['hbm_fraction']:.1%} of weight roofline) err {err:.1e}", flush=True)
+        rows.append(
+            {
+                "batch": t,
+                "active_experts": active,
+                "triton_ms": ms,
+                "triton_eager_ms": eager_ms,
+                "tile_sweep": sweep,
+                "best_tiles": best,
+                "reference_ms": ref_ms,
+                "dense_gemm_ms": dense_ms,
+                "speedup_vs_reference": ref_ms / ms,
+                "ratio_to_dense": ms / dense_ms,
+                "weight_bytes": weight_bytes,
+                "weight_roofline_ms": weight_bytes / HBM_BYTES_PER_S * 1e3,
+                "hbm_fraction": weight_bytes / (ms / 1e3) / HBM_BYTES_PER_S,
+                "rel_err": err,
+            }
+        )
+        print(
+            f"moe T={t}: {ms * 1e3:.1f} us (eager {eager_ms * 1e3:.1f}, best tiles {best}, "
+            f"ref {ref_ms * 1e3:.0f} us, dense {dense_ms * 1e3:.1f} us, "
+            f"{active} experts, {rows[-1]['hbm_fraction']:.1%} of weight roofline) err {err:.1e}",
+            flush=True,
+        )
     return rows
 
 
@@ -297,45 +415,76 @@ def _best_tiles(row: dict) -> str:
 
 def to_markdown(result: dict) -> str:
     meta = result["meta"]
-    lines = [f"# Kernel benchmarks — {meta['device']}", "",
-             f"date {meta['date']}, commit {meta['commit']}, torch {meta['torch']}, triton {meta['triton']}; "
-             f"HBM reference {HBM_BYTES_PER_S / 1e12:.2f} TB/s; measured copy "
-             f"{result['copy_bandwidth']['tb_per_s']:.2f} TB/s (read + write).", ""]
-    lines += ["## Paged decode attention (Llama-3-8B: 32 q / 8 kv heads, D 128, bf16, 1 query token)", "",
-              "Times are CUDA-graph replays (as decode runs in the engine); eager adds Python launch overhead.", "",
-              "| page | batch | context | splits | time (us) | eager (us) | TB/s | HBM fraction | SDPA (us) | x SDPA | rel err vs SDPA |",
-              "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# Kernel benchmarks — {meta['device']}",
+        "",
+        f"date {meta['date']}, commit {meta['commit']}, torch {meta['torch']}, triton {meta['triton']}; "
+        f"HBM reference {HBM_BYTES_PER_S / 1e12:.2f} TB/s; measured copy "
+        f"{result['copy_bandwidth']['tb_per_s']:.2f} TB/s (read + write).",
+        "",
+    ]
+    lines += [
+        "## Paged decode attention (Llama-3-8B: 32 q / 8 kv heads, D 128, bf16, 1 query token)",
+        "",
+        "Times are CUDA-graph replays (as decode runs in the engine); eager adds Python launch overhead.",
+        "",
+        "| page | batch | context | splits | time (us) | eager (us) | TB/s | HBM fraction | SDPA (us) | x SDPA | rel err vs SDPA |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in result.get("decode", []):
         sd = r.get("sdpa_ms")
         sdpa_us = "" if sd is None else f"{sd * 1e3:.1f}"
         speedup = "" if sd is None else f"{r['speedup_vs_sdpa']:.2f}"
-        lines.append(f"| {r['page_size']} | {r['batch']} | {r['context']} | {r['num_splits']} | "
-                     f"{r['triton_ms'] * 1e3:.1f} | {r.get('triton_eager_ms', float('nan')) * 1e3:.1f} | "
-                     f"{r['tb_per_s']:.2f} | {r['hbm_fraction']:.1%} | {sdpa_us} | {speedup} | {r.get('rel_err_vs_sdpa', float('nan')):.1e} |")
+        lines.append(
+            f"| {r['page_size']} | {r['batch']} | {r['context']} | {r['num_splits']} | "
+            f"{r['triton_ms'] * 1e3:.1f} | {r.get('triton_eager_ms', float('nan')) * 1e3:.1f} | "
+            f"{r['tb_per_s']:.2f} | {r['hbm_fraction']:.1%} | {sdpa_us} | {speedup} | {r.get('rel_err_vs_sdpa', float('nan')):.1e} |"
+        )
     if result.get("decode_sweep"):
-        lines += ["", "### Decode tile sweep (best of block_n x warps x stages x splits)", "",
-                  "| page | batch | context | default splits | best config | HBM fraction |", "|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            "### Decode tile sweep (best of block_n x warps x stages x splits)",
+            "",
+            "| page | batch | context | default splits | best config | HBM fraction |",
+            "|---|---|---|---|---|---|",
+        ]
         for s in result["decode_sweep"]:
             b = s["best"] or {}
             cfg = f"block_n {b.get('block_n')}, warps {b.get('warps')}, stages {b.get('stages')}, splits {b.get('splits')}"
-            lines.append(f"| {s['page_size']} | {s['batch']} | {s['context']} | {s['default_splits']} | {cfg} | "
-                         f"{b.get('hbm_fraction', float('nan')):.1%} |")
-    lines += ["", "## Elementwise ops (bf16; bytes read + written; CUDA-graph replays)", "", "| op | shape | time (us) | TB/s | HBM fraction |",
-              "|---|---|---|---|---|"]
+            lines.append(
+                f"| {s['page_size']} | {s['batch']} | {s['context']} | {s['default_splits']} | {cfg} | "
+                f"{b.get('hbm_fraction', float('nan')):.1%} |"
+            )
+    lines += [
+        "",
+        "## Elementwise ops (bf16; bytes read + written; CUDA-graph replays)",
+        "",
+        "| op | shape | time (us) | TB/s | HBM fraction |",
+        "|---|---|---|---|---|",
+    ]
     for r in result.get("elementwise", []):
-        lines.append(f"| {r['op']} | {r['shape']} | {r['ms'] * 1e3:.1f} | {r['tb_per_s']:.2f} | {r['hbm_fraction']:.1%} |")
-    lines += ["", "## Fused MoE (Qwen3-30B-A3B: 128 experts, top-8, hidden 2048, intermediate 768, bf16)", "",
-              "Triton and dense times are CUDA-graph replays; the reference loop syncs with the host and runs eager. "
-              "Dense bound: cuBLAS GEMMs of the same T*k rows through one expert (arithmetic only); roofline: "
-              "bytes of the distinct active experts' weights at 4.27 TB/s.", "",
-              "| batch | active experts | triton (us) | reference loop (us) | x reference | dense GEMM bound (us) | "
-              "triton / dense | weight-bytes roofline (us) | of roofline | rel err | best swept tiles (us) |",
-              "|---|---|---|---|---|---|---|---|---|---|---|"]
+        lines.append(
+            f"| {r['op']} | {r['shape']} | {r['ms'] * 1e3:.1f} | {r['tb_per_s']:.2f} | {r['hbm_fraction']:.1%} |"
+        )
+    lines += [
+        "",
+        "## Fused MoE (Qwen3-30B-A3B: 128 experts, top-8, hidden 2048, intermediate 768, bf16)",
+        "",
+        "Triton and dense times are CUDA-graph replays; the reference loop syncs with the host and runs eager. "
+        "Dense bound: cuBLAS GEMMs of the same T*k rows through one expert (arithmetic only); roofline: "
+        "bytes of the distinct active experts' weights at 4.27 TB/s.",
+        "",
+        "| batch | active experts | triton (us) | reference loop (us) | x reference | dense GEMM bound (us) | "
+        "triton / dense | weight-bytes roofline (us) | of roofline | rel err | best swept tiles (us) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in result.get("moe", []):
-        lines.append(f"| {r['batch']} | {r['active_experts']} | {r['triton_ms'] * 1e3:.1f} | {r['reference_ms'] * 1e3:.0f} | "
-                     f"{r['speedup_vs_reference']:.1f} | {r['dense_gemm_ms'] * 1e3:.1f} | {r['ratio_to_dense']:.2f} | "
-                     f"{r['weight_roofline_ms'] * 1e3:.1f} | {r['hbm_fraction']:.1%} | {r['rel_err']:.1e} | "
-                     f"{_best_tiles(r)} |")
+        lines.append(
+            f"| {r['batch']} | {r['active_experts']} | {r['triton_ms'] * 1e3:.1f} | {r['reference_ms'] * 1e3:.0f} | "
+            f"{r['speedup_vs_reference']:.1f} | {r['dense_gemm_ms'] * 1e3:.1f} | {r['ratio_to_dense']:.2f} | "
+            f"{r['weight_roofline_ms'] * 1e3:.1f} | {r['hbm_fraction']:.1%} | {r['rel_err']:.1e} | "
+            f"{_best_tiles(r)} |"
+        )
     for name, err in result.get("errors", {}).items():
         lines += ["", f"**{name} failed:** `{err}`"]
     return "\n".join(lines) + "\n"
@@ -351,9 +500,13 @@ def write(out: str, result: dict) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True, help="output path without extension (.json and .md are written)")
-    ap.add_argument("--commit", default=None, help="git commit of the code measured (default: git rev-parse HEAD)")
+    ap.add_argument(
+        "--commit", default=None, help="git commit of the code measured (default: git rev-parse HEAD)"
+    )
     ap.add_argument("--quick", action="store_true", help="fewer repetitions, no tile sweep")
-    ap.add_argument("--smoke", action="store_true", help="tiny shapes on CPU (TRITON_INTERPRET=1): checks the script")
+    ap.add_argument(
+        "--smoke", action="store_true", help="tiny shapes on CPU (TRITON_INTERPRET=1): checks the script"
+    )
     ap.add_argument("--no-sweep", action="store_true", help="no tile sweeps at all")
     ap.add_argument("--no-decode-sweep", action="store_true", help="skip the decode tile sweep (the slowest)")
     args = ap.parse_args(argv)
@@ -362,25 +515,40 @@ def main(argv=None) -> int:
 
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if dev.type == "cpu" and not args.smoke:
-        print("no CUDA device: run with --smoke (TRITON_INTERPRET=1) to check the script only", file=sys.stderr)
+        print(
+            "no CUDA device: run with --smoke (TRITON_INTERPRET=1) to check the script only", file=sys.stderr
+        )
         return 2
     commit = args.commit
     if commit is None:
         try:
-            commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+            commit = subprocess.run(
+                ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+            ).stdout.strip()
         except (OSError, subprocess.CalledProcessError):
             commit = "unknown"
-    meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "commit": commit,
-            "device": torch.cuda.get_device_name() if dev.type == "cuda" else f"cpu smoke ({platform.processor()})",
-            "torch": torch.__version__, "triton": triton.__version__, "python": platform.python_version(),
-            "hbm_reference_tb_per_s": HBM_BYTES_PER_S / 1e12}
+    meta = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "commit": commit,
+        "device": torch.cuda.get_device_name()
+        if dev.type == "cuda"
+        else f"cpu smoke ({platform.processor()})",
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "python": platform.python_version(),
+        "hbm_reference_tb_per_s": HBM_BYTES_PER_S / 1e12,
+    }
     if args.smoke:
         decode_shapes = [(16, 2, 64), (64, 1, 128)]
         sweep_shapes = []
         tokens, moe_batches, moe_kw = 64, [1, 4], {"experts": 8, "top_k": 2, "hidden": 64, "inter": 32}
     else:
         decode_shapes = [(ps, b, c) for ps in (16, 64) for b in (1, 16, 64, 256) for c in (1024, 8192, 32768)]
-        sweep_shapes = [] if (args.quick or args.no_sweep or args.no_decode_sweep) else [(16, 16, 8192), (16, 64, 8192), (16, 256, 32768)]
+        sweep_shapes = (
+            []
+            if (args.quick or args.no_sweep or args.no_decode_sweep)
+            else [(16, 16, 8192), (16, 64, 8192), (16, 256, 32768)]
+        )
         tokens, moe_batches, moe_kw = 16384, [1, 4, 16, 64, 256], {}
     torch.manual_seed(0)
     result = {"meta": meta, "copy_bandwidth": measure_copy_bandwidth(dev, args.quick), "errors": {}}
@@ -388,8 +556,16 @@ def main(argv=None) -> int:
     sections = [
         ("decode", lambda: bench_decode(dev, args.quick, decode_shapes, [])[0]),
         ("elementwise", lambda: bench_elementwise(dev, args.quick, tokens)),
-        ("moe", lambda: bench_moe(dev, args.quick, moe_batches, **moe_kw,
-                                  sweep_tiles=() if (args.smoke or args.no_sweep) else MOE_SWEEP_TILES)),
+        (
+            "moe",
+            lambda: bench_moe(
+                dev,
+                args.quick,
+                moe_batches,
+                **moe_kw,
+                sweep_tiles=() if (args.smoke or args.no_sweep) else MOE_SWEEP_TILES,
+            ),
+        ),
         ("decode_sweep", lambda: bench_decode(dev, True, [], sweep_shapes)[1]),
     ]
     for name, fn in sections:

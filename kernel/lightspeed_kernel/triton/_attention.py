@@ -19,11 +19,27 @@ def _tanh(x):
 
 @triton.jit
 def attend_tile(
-    acc, m_i, l_i, q,
-    k_cache, v_cache, pt_row_ptr, n0, kv_end, row_limit, head_off,
-    stride_cp, stride_co, qk_scale, soft_cap,
-    PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
-    HAS_SOFT_CAP: tl.constexpr, DOT_UPCAST: tl.constexpr,
+    acc,
+    m_i,
+    l_i,
+    q,
+    k_cache,
+    v_cache,
+    pt_row_ptr,
+    n0,
+    kv_end,
+    row_limit,
+    head_off,
+    stride_cp,
+    stride_co,
+    qk_scale,
+    soft_cap,
+    PAGE_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HAS_SOFT_CAP: tl.constexpr,
+    DOT_UPCAST: tl.constexpr,
 ):
     """acc: [M, BLOCK_D] fp32, m_i/l_i: [M] fp32, q: [M, BLOCK_D] (compute dtype);
     keys n0 .. n0+BLOCK_N of the request whose page-table row starts at pt_row_ptr; key j is visible

@@ -55,8 +55,9 @@ def act_and_mul(x: torch.Tensor, act: int, out: torch.Tensor | None = None) -> t
         return out
     block = min(2048, triton.next_power_of_2(inter))
     grid = (t, triton.cdiv(inter, block))
-    _act_and_mul_kernel[grid](x, out, inter, x.stride(0), out.stride(0), ACT=act, BLOCK=block,
-                              num_warps=4 if block <= 1024 else 8)
+    _act_and_mul_kernel[grid](
+        x, out, inter, x.stride(0), out.stride(0), ACT=act, BLOCK=block, num_warps=4 if block <= 1024 else 8
+    )
     return out
 
 
@@ -67,7 +68,9 @@ def silu_and_mul(x: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.T
 
 
 @register("activation", "gelu_and_mul", "triton_gelu_and_mul", FLOAT_DTYPES)
-def gelu_and_mul(x: torch.Tensor, approximate: str = "none", *, out: torch.Tensor | None = None) -> torch.Tensor:
+def gelu_and_mul(
+    x: torch.Tensor, approximate: str = "none", *, out: torch.Tensor | None = None
+) -> torch.Tensor:
     """x: [T, 2I] -> gelu(x[:, :I]) * x[:, I:]  [T, I]; approximate "none" (erf) or "tanh"."""
     check(approximate in ("none", "tanh"), f"approximate must be 'none' or 'tanh', got {approximate!r}")
     return act_and_mul(x, ACT_GELU if approximate == "none" else ACT_GELU_TANH, out)

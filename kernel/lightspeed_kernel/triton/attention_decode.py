@@ -29,13 +29,39 @@ MAX_QUERY_LEN = 16
 
 @triton.jit
 def _decode_kernel(
-    q_ptr, k_cache, v_cache, page_table, qsl_ptr, seq_lens_ptr, out_ptr, part_o_ptr, part_lse_ptr,
-    k_scale_ptr, v_scale_ptr, sm_scale, soft_cap, split_tokens, num_splits,
-    stride_qt, stride_qh, stride_ot, stride_oh, stride_pt,
-    stride_cp, stride_co, stride_ch,
-    GROUP: tl.constexpr, SPLIT: tl.constexpr, PAGE_SIZE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
-    HAS_SOFT_CAP: tl.constexpr, HAS_SCALE: tl.constexpr, DOT_UPCAST: tl.constexpr,
+    q_ptr,
+    k_cache,
+    v_cache,
+    page_table,
+    qsl_ptr,
+    seq_lens_ptr,
+    out_ptr,
+    part_o_ptr,
+    part_lse_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
+    sm_scale,
+    soft_cap,
+    split_tokens,
+    num_splits,
+    stride_qt,
+    stride_qh,
+    stride_ot,
+    stride_oh,
+    stride_pt,
+    stride_cp,
+    stride_co,
+    stride_ch,
+    GROUP: tl.constexpr,
+    SPLIT: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HAS_SOFT_CAP: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
+    DOT_UPCAST: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -56,8 +82,9 @@ def _decode_kernel(
     dims = tl.arange(0, BLOCK_D)
     dmask = dims < HEAD_DIM
     qmask = row_valid[:, None] & dmask[None, :]
-    q = tl.load(q_ptr + tokens[:, None] * stride_qt + head[:, None] * stride_qh + dims[None, :], mask=qmask,
-                other=0.0)
+    q = tl.load(
+        q_ptr + tokens[:, None] * stride_qt + head[:, None] * stride_qh + dims[None, :], mask=qmask, other=0.0
+    )
 
     qk_scale = sm_scale * 1.4426950408889634
     if HAS_SCALE:
@@ -69,9 +96,27 @@ def _decode_kernel(
     head_off = kvh.to(tl.int64) * stride_ch
     for n0 in range(kv_start, kv_end, BLOCK_N):
         acc, m_i, l_i = attend_tile(
-            acc, m_i, l_i, q, k_cache, v_cache, pt_row, n0, kv_end, row_limit, head_off,
-            stride_cp, stride_co, qk_scale, soft_cap,
-            PAGE_SIZE, BLOCK_N, BLOCK_D, HEAD_DIM, HAS_SOFT_CAP, DOT_UPCAST,
+            acc,
+            m_i,
+            l_i,
+            q,
+            k_cache,
+            v_cache,
+            pt_row,
+            n0,
+            kv_end,
+            row_limit,
+            head_off,
+            stride_cp,
+            stride_co,
+            qk_scale,
+            soft_cap,
+            PAGE_SIZE,
+            BLOCK_N,
+            BLOCK_D,
+            HEAD_DIM,
+            HAS_SOFT_CAP,
+            DOT_UPCAST,
         )
     if HAS_SCALE:
         acc = acc * tl.load(v_scale_ptr)
@@ -90,9 +135,18 @@ def _decode_kernel(
 
 
 @triton.jit
-def _combine_kernel(part_o_ptr, part_lse_ptr, out_ptr, n_heads, stride_ot, stride_oh, num_splits,
-                    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
-                    HEAD_DIM: tl.constexpr):
+def _combine_kernel(
+    part_o_ptr,
+    part_lse_ptr,
+    out_ptr,
+    n_heads,
+    stride_ot,
+    stride_oh,
+    num_splits,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+):
     tok = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     th = tok * n_heads + head
@@ -103,14 +157,20 @@ def _combine_kernel(part_o_ptr, part_lse_ptr, out_ptr, n_heads, stride_ot, strid
     w = tl.exp2(lse - m)
     w = w / tl.sum(w, axis=0)
     dims = tl.arange(0, BLOCK_D)
-    o = tl.load(part_o_ptr + (th * num_splits + splits[:, None]) * BLOCK_D + dims[None, :],
-                mask=smask[:, None], other=0.0)
+    o = tl.load(
+        part_o_ptr + (th * num_splits + splits[:, None]) * BLOCK_D + dims[None, :],
+        mask=smask[:, None],
+        other=0.0,
+    )
     res = tl.sum(o * w[:, None], axis=0)
-    tl.store(out_ptr + tok * stride_ot + head * stride_oh + dims, res.to(out_ptr.dtype.element_ty),
-             mask=dims < HEAD_DIM)
+    tl.store(
+        out_ptr + tok * stride_ot + head * stride_oh + dims,
+        res.to(out_ptr.dtype.element_ty),
+        mask=dims < HEAD_DIM,
+    )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _num_sms() -> int:
     if not torch.cuda.is_available():
         return 8
@@ -129,10 +189,21 @@ class DecodePlan:
     num_stages: int
 
 
-def plan_decode(batch_size: int, num_q_heads: int, num_kv_heads: int, head_dim: int, page_size: int,
-                max_pages: int, max_query_len: int = 1, *, num_sms: int | None = None,
-                block_n: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
-                num_splits: int | None = None) -> DecodePlan:
+def plan_decode(
+    batch_size: int,
+    num_q_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    page_size: int,
+    max_pages: int,
+    max_query_len: int = 1,
+    *,
+    num_sms: int | None = None,
+    block_n: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+    num_splits: int | None = None,
+) -> DecodePlan:
     """Choose the split count and tiles from shapes only (no device reads: graph-capture safe).
 
     Tiles (block_n 64, 4 warps, 2 stages) are the best of a block_n x warps x stages x splits sweep
@@ -155,8 +226,14 @@ def plan_decode(batch_size: int, num_q_heads: int, num_kv_heads: int, head_dim: 
         num_splits = max(1, min(want, triton.cdiv(max_ctx, 256), 64))
     split_tokens = triton.cdiv(triton.cdiv(max_ctx, num_splits), block_n) * block_n
     num_splits = triton.cdiv(max_ctx, split_tokens)
-    return DecodePlan(num_splits=num_splits, split_tokens=split_tokens, block_m=block_m, block_n=block_n,
-                      num_warps=num_warps or 4, num_stages=num_stages or 2)
+    return DecodePlan(
+        num_splits=num_splits,
+        split_tokens=split_tokens,
+        block_m=block_m,
+        block_n=block_n,
+        num_warps=num_warps or 4,
+        num_stages=num_stages or 2,
+    )
 
 
 def decode_workspace_numel(plan: DecodePlan, num_tokens: int, num_q_heads: int, head_dim: int) -> int:
@@ -175,20 +252,40 @@ def check_paged_args(q, k_cache, v_cache, page_table, query_start_loc, seq_lens)
     check(hq % hkv == 0, f"Hq={hq} must be a multiple of Hkv={hkv}")
     check(q.dtype in FLOAT_DTYPES, f"q dtype {q.dtype} unsupported")
     check(k_cache.dtype == q.dtype or k_cache.dtype in FP8_DTYPES, "cache dtype must be q's or fp8")
-    check(k_cache.stride(1) == v_cache.stride(1) and k_cache.stride(0) == v_cache.stride(0)
-          and k_cache.stride(2) == v_cache.stride(2), "k and v caches must share strides")
+    check(
+        k_cache.stride(1) == v_cache.stride(1)
+        and k_cache.stride(0) == v_cache.stride(0)
+        and k_cache.stride(2) == v_cache.stride(2),
+        "k and v caches must share strides",
+    )
     check(q.stride(2) == 1 and k_cache.stride(3) == 1, "last dims must be contiguous")
     check(page_table.dim() == 2 and page_table.dtype == torch.int32, "page_table must be int32 [B, P]")
     check(page_table.stride(1) == 1, "page_table rows must be contiguous")
     b = page_table.shape[0]
-    check(query_start_loc.shape == (b + 1,) and query_start_loc.dtype == torch.int32,
-          "query_start_loc must be int32 [B+1]")
+    check(
+        query_start_loc.shape == (b + 1,) and query_start_loc.dtype == torch.int32,
+        "query_start_loc must be int32 [B+1]",
+    )
     check(seq_lens.shape == (b,) and seq_lens.dtype == torch.int32, "seq_lens must be int32 [B]")
     return t, hq, d, hkv, b
 
 
-def run_decode(plan: DecodePlan, q, k_cache, v_cache, page_table, query_start_loc, seq_lens, *, scale: float,
-               soft_cap: float | None = None, k_scale=None, v_scale=None, out=None, workspace=None):
+def run_decode(
+    plan: DecodePlan,
+    q,
+    k_cache,
+    v_cache,
+    page_table,
+    query_start_loc,
+    seq_lens,
+    *,
+    scale: float,
+    soft_cap: float | None = None,
+    k_scale=None,
+    v_scale=None,
+    out=None,
+    workspace=None,
+):
     """Decode attention with a fixed plan; no allocation when `out` and `workspace` are given."""
     t, hq, d, hkv, b = check_paged_args(q, k_cache, v_cache, page_table, query_start_loc, seq_lens)
     if out is None:
@@ -210,33 +307,95 @@ def run_decode(plan: DecodePlan, q, k_cache, v_cache, page_table, query_start_lo
             workspace = torch.empty(need, dtype=torch.float32, device=q.device)
         check(workspace.dtype == torch.float32 and workspace.numel() >= need, f"workspace needs {need} fp32")
         part_o = workspace[: t * hq * splits * block_d]
-        part_lse = workspace[t * hq * splits * block_d: need]
+        part_lse = workspace[t * hq * splits * block_d : need]
     else:
         part_o = part_lse = out
     _decode_kernel[(b, hkv, splits)](
-        q, k_cache, v_cache, page_table, query_start_loc, seq_lens, out, part_o, part_lse, ks, vs,
-        float(scale), float(soft_cap or 0.0), plan.split_tokens, splits,
-        q.stride(0), q.stride(1), out.stride(0), out.stride(1), page_table.stride(0),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        GROUP=group, SPLIT=splits > 1, PAGE_SIZE=k_cache.shape[1], BLOCK_M=plan.block_m, BLOCK_N=plan.block_n,
-        BLOCK_D=block_d, HEAD_DIM=d, HAS_SOFT_CAP=soft_cap is not None and soft_cap > 0, HAS_SCALE=has_scale,
-        DOT_UPCAST=dot_upcast(), num_warps=plan.num_warps, num_stages=plan.num_stages,
+        q,
+        k_cache,
+        v_cache,
+        page_table,
+        query_start_loc,
+        seq_lens,
+        out,
+        part_o,
+        part_lse,
+        ks,
+        vs,
+        float(scale),
+        float(soft_cap or 0.0),
+        plan.split_tokens,
+        splits,
+        q.stride(0),
+        q.stride(1),
+        out.stride(0),
+        out.stride(1),
+        page_table.stride(0),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        GROUP=group,
+        SPLIT=splits > 1,
+        PAGE_SIZE=k_cache.shape[1],
+        BLOCK_M=plan.block_m,
+        BLOCK_N=plan.block_n,
+        BLOCK_D=block_d,
+        HEAD_DIM=d,
+        HAS_SOFT_CAP=soft_cap is not None and soft_cap > 0,
+        HAS_SCALE=has_scale,
+        DOT_UPCAST=dot_upcast(),
+        num_warps=plan.num_warps,
+        num_stages=plan.num_stages,
     )
     if splits > 1:
         _combine_kernel[(t, hq)](
-            part_o, part_lse, out, hq, out.stride(0), out.stride(1), splits,
-            BLOCK_S=next_pow2(splits), BLOCK_D=block_d, HEAD_DIM=d, num_warps=4,
+            part_o,
+            part_lse,
+            out,
+            hq,
+            out.stride(0),
+            out.stride(1),
+            splits,
+            BLOCK_S=next_pow2(splits),
+            BLOCK_D=block_d,
+            HEAD_DIM=d,
+            num_warps=4,
         )
     return out
 
 
 @register("attention", "decode", "triton_paged_decode", FLOAT_DTYPES, features=("fp8_kv", "soft_cap", "gqa"))
-def attention_decode(q, k_cache, v_cache, page_table, query_start_loc, seq_lens, *, max_query_len: int,
-                     scale: float, soft_cap=None, k_scale=None, v_scale=None, out=None):
+def attention_decode(
+    q,
+    k_cache,
+    v_cache,
+    page_table,
+    query_start_loc,
+    seq_lens,
+    *,
+    max_query_len: int,
+    scale: float,
+    soft_cap=None,
+    k_scale=None,
+    v_scale=None,
+    out=None,
+):
     """Paged decode attention. q: [T, Hq, D] (1..16 new tokens per request, causal among them and
     bottom-right aligned after the cached context); k/v_cache: [pages, page_size, Hkv, D];
     page_table int32 [B, P]; query_start_loc int32 [B+1]; seq_lens int32 [B] -> [T, Hq, D]."""
     t, hq, d, hkv, b = check_paged_args(q, k_cache, v_cache, page_table, query_start_loc, seq_lens)
     plan = plan_decode(b, hq, hkv, d, k_cache.shape[1], page_table.shape[1], max(1, int(max_query_len)))
-    return run_decode(plan, q, k_cache, v_cache, page_table, query_start_loc, seq_lens, scale=scale,
-                      soft_cap=soft_cap, k_scale=k_scale, v_scale=v_scale, out=out)
+    return run_decode(
+        plan,
+        q,
+        k_cache,
+        v_cache,
+        page_table,
+        query_start_loc,
+        seq_lens,
+        scale=scale,
+        soft_cap=soft_cap,
+        k_scale=k_scale,
+        v_scale=v_scale,
+        out=out,
+    )

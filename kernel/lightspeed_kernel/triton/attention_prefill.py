@@ -18,11 +18,33 @@ from .attention_decode import check_paged_args
 
 @triton.jit
 def _prefill_kernel(
-    q_ptr, k_cache, v_cache, page_table, qsl_ptr, seq_lens_ptr, out_ptr, k_scale_ptr, v_scale_ptr,
-    sm_scale, soft_cap,
-    stride_qt, stride_qh, stride_ot, stride_oh, stride_pt, stride_cp, stride_co, stride_ch,
-    GROUP: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr, HAS_SOFT_CAP: tl.constexpr, HAS_SCALE: tl.constexpr,
+    q_ptr,
+    k_cache,
+    v_cache,
+    page_table,
+    qsl_ptr,
+    seq_lens_ptr,
+    out_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
+    sm_scale,
+    soft_cap,
+    stride_qt,
+    stride_qh,
+    stride_ot,
+    stride_oh,
+    stride_pt,
+    stride_cp,
+    stride_co,
+    stride_ch,
+    GROUP: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HAS_SOFT_CAP: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
     DOT_UPCAST: tl.constexpr,
 ):
     mblock = tl.program_id(0)
@@ -40,7 +62,9 @@ def _prefill_kernel(
         tokens = (q_start + qi).to(tl.int64)
         dims = tl.arange(0, BLOCK_D)
         qmask = row_valid[:, None] & (dims < HEAD_DIM)[None, :]
-        q = tl.load(q_ptr + tokens[:, None] * stride_qt + head * stride_qh + dims[None, :], mask=qmask, other=0.0)
+        q = tl.load(
+            q_ptr + tokens[:, None] * stride_qt + head * stride_qh + dims[None, :], mask=qmask, other=0.0
+        )
         qk_scale = sm_scale * 1.4426950408889634
         if HAS_SCALE:
             qk_scale = qk_scale * tl.load(k_scale_ptr)
@@ -51,20 +75,56 @@ def _prefill_kernel(
         head_off = (head // GROUP).to(tl.int64) * stride_ch
         for n0 in range(0, kv_end, BLOCK_N):
             acc, m_i, l_i = attend_tile(
-                acc, m_i, l_i, q, k_cache, v_cache, pt_row, n0, kv_end, row_limit, head_off,
-                stride_cp, stride_co, qk_scale, soft_cap,
-                PAGE_SIZE, BLOCK_N, BLOCK_D, HEAD_DIM, HAS_SOFT_CAP, DOT_UPCAST,
+                acc,
+                m_i,
+                l_i,
+                q,
+                k_cache,
+                v_cache,
+                pt_row,
+                n0,
+                kv_end,
+                row_limit,
+                head_off,
+                stride_cp,
+                stride_co,
+                qk_scale,
+                soft_cap,
+                PAGE_SIZE,
+                BLOCK_N,
+                BLOCK_D,
+                HEAD_DIM,
+                HAS_SOFT_CAP,
+                DOT_UPCAST,
             )
         if HAS_SCALE:
             acc = acc * tl.load(v_scale_ptr)
         o = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
-        tl.store(out_ptr + tokens[:, None] * stride_ot + head * stride_oh + dims[None, :],
-                 o.to(out_ptr.dtype.element_ty), mask=qmask)
+        tl.store(
+            out_ptr + tokens[:, None] * stride_ot + head * stride_oh + dims[None, :],
+            o.to(out_ptr.dtype.element_ty),
+            mask=qmask,
+        )
 
 
-@register("attention", "prefill", "triton_paged_prefill", FLOAT_DTYPES, features=("fp8_kv", "soft_cap", "gqa"))
-def attention_prefill(q, k_cache, v_cache, page_table, query_start_loc, seq_lens, *, max_query_len: int,
-                      scale: float, soft_cap=None, k_scale=None, v_scale=None, out=None):
+@register(
+    "attention", "prefill", "triton_paged_prefill", FLOAT_DTYPES, features=("fp8_kv", "soft_cap", "gqa")
+)
+def attention_prefill(
+    q,
+    k_cache,
+    v_cache,
+    page_table,
+    query_start_loc,
+    seq_lens,
+    *,
+    max_query_len: int,
+    scale: float,
+    soft_cap=None,
+    k_scale=None,
+    v_scale=None,
+    out=None,
+):
     """Paged prefill attention. q: [T, Hq, D], the last q_len tokens of each request;
     k/v_cache: [pages, page_size, Hkv, D] already holding the new tokens' K/V; page_table int32 [B, P];
     query_start_loc int32 [B+1]; seq_lens int32 [B]; max_query_len >= every q_len -> [T, Hq, D]."""
@@ -86,12 +146,35 @@ def attention_prefill(q, k_cache, v_cache, page_table, query_start_loc, seq_lens
     vs = scale_tensor(1.0 if v_scale is None else v_scale, q.device) if has_scale else seq_lens
     grid = (triton.cdiv(int(max_query_len), block_m), b, hq)
     _prefill_kernel[grid](
-        q, k_cache, v_cache, page_table, query_start_loc, seq_lens, out, ks, vs,
-        float(scale), float(soft_cap or 0.0),
-        q.stride(0), q.stride(1), out.stride(0), out.stride(1), page_table.stride(0),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        GROUP=hq // hkv, PAGE_SIZE=k_cache.shape[1], BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
-        HEAD_DIM=d, HAS_SOFT_CAP=soft_cap is not None and soft_cap > 0, HAS_SCALE=has_scale,
-        DOT_UPCAST=dot_upcast(), num_warps=4, num_stages=2,
+        q,
+        k_cache,
+        v_cache,
+        page_table,
+        query_start_loc,
+        seq_lens,
+        out,
+        ks,
+        vs,
+        float(scale),
+        float(soft_cap or 0.0),
+        q.stride(0),
+        q.stride(1),
+        out.stride(0),
+        out.stride(1),
+        page_table.stride(0),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        GROUP=hq // hkv,
+        PAGE_SIZE=k_cache.shape[1],
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        BLOCK_D=block_d,
+        HEAD_DIM=d,
+        HAS_SOFT_CAP=soft_cap is not None and soft_cap > 0,
+        HAS_SCALE=has_scale,
+        DOT_UPCAST=dot_upcast(),
+        num_warps=4,
+        num_stages=2,
     )
     return out

@@ -17,9 +17,23 @@ SCALE_BLOCK = 128
 
 @triton.jit
 def _fp8_block_gemm_kernel(
-    a_ptr, as_ptr, b_ptr, bs_ptr, c_ptr, M, N, K,
-    stride_am, stride_asm, stride_bn, stride_bsn, stride_cm,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    a_ptr,
+    as_ptr,
+    b_ptr,
+    bs_ptr,
+    c_ptr,
+    M,
+    N,
+    K,
+    stride_am,
+    stride_asm,
+    stride_bn,
+    stride_bsn,
+    stride_cm,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
 ):
     pid = tl.program_id(0)
     grid_m = tl.cdiv(M, BLOCK_M)
@@ -54,8 +68,14 @@ def _fp8_block_gemm_kernel(
 
 
 @register("gemm", "fp8_block", "triton_fp8_block_gemm", (torch.float8_e4m3fn,), min_cc=(8, 9))
-def fp8_block_gemm(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor, *,
-                   out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+def fp8_block_gemm(
+    a: torch.Tensor,
+    a_scale: torch.Tensor,
+    b: torch.Tensor,
+    b_scale: torch.Tensor,
+    *,
+    out_dtype: torch.dtype = torch.bfloat16,
+) -> torch.Tensor:
     """a: [M, K] e4m3, a_scale: [M, ceil(K/128)] fp32, b: [N, K] e4m3, b_scale: [ceil(N/128), ceil(K/128)]
     fp32 -> [M, N] out_dtype."""
     check(a.dim() == 2 and b.dim() == 2 and a.shape[1] == b.shape[1], "a must be [M, K] and b [N, K]")
@@ -64,10 +84,14 @@ def fp8_block_gemm(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_sc
     n = b.shape[0]
     kb = triton.cdiv(k, SCALE_BLOCK)
     check(a_scale.shape == (m, kb) and a_scale.dtype == torch.float32, f"a_scale must be fp32 [{m}, {kb}]")
-    check(b_scale.shape == (triton.cdiv(n, SCALE_BLOCK), kb) and b_scale.dtype == torch.float32,
-          f"b_scale must be fp32 [{triton.cdiv(n, SCALE_BLOCK)}, {kb}]")
-    check(a.stride(1) == 1 and b.stride(1) == 1 and a_scale.stride(1) == 1 and b_scale.stride(1) == 1,
-          "last dims must be contiguous")
+    check(
+        b_scale.shape == (triton.cdiv(n, SCALE_BLOCK), kb) and b_scale.dtype == torch.float32,
+        f"b_scale must be fp32 [{triton.cdiv(n, SCALE_BLOCK)}, {kb}]",
+    )
+    check(
+        a.stride(1) == 1 and b.stride(1) == 1 and a_scale.stride(1) == 1 and b_scale.stride(1) == 1,
+        "last dims must be contiguous",
+    )
     out = torch.empty((m, n), dtype=out_dtype, device=a.device)
     if m == 0 or n == 0:
         return out
@@ -81,8 +105,24 @@ def fp8_block_gemm(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_sc
         block_m, block_n, warps, stages = 128, 128, 8, 3
     grid = (triton.cdiv(m, block_m) * triton.cdiv(n, block_n),)
     _fp8_block_gemm_kernel[grid](
-        a, a_scale, b, b_scale, out, m, n, k,
-        a.stride(0), a_scale.stride(0), b.stride(0), b_scale.stride(0), out.stride(0),
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=SCALE_BLOCK, GROUP_M=8, num_warps=warps, num_stages=stages,
+        a,
+        a_scale,
+        b,
+        b_scale,
+        out,
+        m,
+        n,
+        k,
+        a.stride(0),
+        a_scale.stride(0),
+        b.stride(0),
+        b_scale.stride(0),
+        out.stride(0),
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        BLOCK_K=SCALE_BLOCK,
+        GROUP_M=8,
+        num_warps=warps,
+        num_stages=stages,
     )
     return out

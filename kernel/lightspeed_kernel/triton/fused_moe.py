@@ -32,7 +32,9 @@ def align_pairs(topk_ids: torch.Tensor, num_experts: int, block_m: int):
     device = flat.device
     # scatter_add, not bincount: bincount on CUDA reads the max id back to the host (a sync that
     # breaks CUDA-graph capture)
-    counts = torch.zeros(num_experts, dtype=torch.int64, device=device).scatter_add_(0, flat, torch.ones_like(flat))
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=device).scatter_add_(
+        0, flat, torch.ones_like(flat)
+    )
     padded = (counts + block_m - 1) // block_m * block_m
     padded_end = torch.cumsum(padded, 0)
     padded_start = padded_end - padded
@@ -52,10 +54,26 @@ def align_pairs(topk_ids: torch.Tensor, num_experts: int, block_m: int):
 
 @triton.jit
 def _moe_gemm1_kernel(
-    x_ptr, w_ptr, out_ptr, pairs_ptr, block_expert_ptr, n_pairs, top_k, hidden, inter, n_experts,
-    stride_xt, stride_we, stride_wn, stride_ot,
-    ACT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    DOT_UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+    x_ptr,
+    w_ptr,
+    out_ptr,
+    pairs_ptr,
+    block_expert_ptr,
+    n_pairs,
+    top_k,
+    hidden,
+    inter,
+    n_experts,
+    stride_xt,
+    stride_we,
+    stride_wn,
+    stride_ot,
+    ACT: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    DOT_UPCAST: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     blk = tl.program_id(0)
     expert = tl.load(block_expert_ptr + blk)
@@ -94,9 +112,24 @@ def _moe_gemm1_kernel(
 
 @triton.jit
 def _moe_gemm2_kernel(
-    h_ptr, w_ptr, out_ptr, weights_ptr, pairs_ptr, block_expert_ptr, n_pairs, hidden, inter, n_experts,
-    stride_ht, stride_we, stride_wn, stride_ot,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_UPCAST: tl.constexpr,
+    h_ptr,
+    w_ptr,
+    out_ptr,
+    weights_ptr,
+    pairs_ptr,
+    block_expert_ptr,
+    n_pairs,
+    hidden,
+    inter,
+    n_experts,
+    stride_ht,
+    stride_we,
+    stride_wn,
+    stride_ot,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    DOT_UPCAST: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
     blk = tl.program_id(0)
@@ -122,7 +155,9 @@ def _moe_gemm2_kernel(
             acc += tl.dot(a, tl.trans(w), input_precision=PRECISION)
         routed = tl.load(weights_ptr + rows, mask=valid, other=0.0).to(tl.float32)
         y = acc.to(h_ptr.dtype.element_ty).to(tl.float32) * routed[:, None]
-        tl.store(out_ptr + rows[:, None] * stride_ot + offs_n[None, :], y, mask=valid[:, None] & n_mask[None, :])
+        tl.store(
+            out_ptr + rows[:, None] * stride_ot + offs_n[None, :], y, mask=valid[:, None] & n_mask[None, :]
+        )
 
 
 def _choose_tiles(n_pairs: int, num_experts: int):
@@ -138,8 +173,16 @@ def _choose_tiles(n_pairs: int, num_experts: int):
 
 
 @register("moe", "fused_experts", "triton_fused_experts", FLOAT_DTYPES)
-def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
-                  topk_ids: torch.Tensor, *, activation: str = "silu", _tiles: tuple | None = None) -> torch.Tensor:
+def fused_experts(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    *,
+    activation: str = "silu",
+    _tiles: tuple | None = None,
+) -> torch.Tensor:
     """x: [T, H]; w13: [E, 2I, H] (gate rows, then up rows); w2: [E, H, I]; topk_weights: [T, k];
     topk_ids: [T, k] -> [T, H] = sum_j topk_weights[:, j] * w2_e(act(gate) * up)."""
     check(activation in ("silu", "gelu"), f"activation must be 'silu' or 'gelu', got {activation!r}")
@@ -150,7 +193,9 @@ def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_wei
     check(w13.shape == (n_experts, 2 * inter, hidden), f"w13 must be [E, 2I, {hidden}]")
     check(w2.shape == (n_experts, hidden, inter), f"w2 must be [{n_experts}, {hidden}, {inter}]")
     check(topk_ids.shape == topk_weights.shape and topk_ids.shape[0] == t, "topk_ids/weights must be [T, k]")
-    check(x.dtype in FLOAT_DTYPES and w13.dtype == x.dtype and w2.dtype == x.dtype, "x, w13, w2 share a dtype")
+    check(
+        x.dtype in FLOAT_DTYPES and w13.dtype == x.dtype and w2.dtype == x.dtype, "x, w13, w2 share a dtype"
+    )
     check(x.stride(1) == 1 and w13.stride(2) == 1 and w2.stride(2) == 1, "last dims must be contiguous")
     top_k = topk_ids.shape[1]
     n_pairs = t * top_k
@@ -164,17 +209,52 @@ def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_wei
     n_blocks = block_expert.numel()
     hmid = torch.empty((n_pairs, inter), dtype=x.dtype, device=x.device)
     _moe_gemm1_kernel[(n_blocks, triton.cdiv(inter, block_n))](
-        x, w13, hmid, sorted_pairs, block_expert, n_pairs, top_k, hidden, inter, n_experts,
-        x.stride(0), w13.stride(0), w13.stride(1), hmid.stride(0),
-        ACT=ACT_SILU if activation == "silu" else ACT_GELU, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-        DOT_UPCAST=dot_upcast(), PRECISION=dot_precision(x.dtype), num_warps=warps, num_stages=stages,
+        x,
+        w13,
+        hmid,
+        sorted_pairs,
+        block_expert,
+        n_pairs,
+        top_k,
+        hidden,
+        inter,
+        n_experts,
+        x.stride(0),
+        w13.stride(0),
+        w13.stride(1),
+        hmid.stride(0),
+        ACT=ACT_SILU if activation == "silu" else ACT_GELU,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        BLOCK_K=block_k,
+        DOT_UPCAST=dot_upcast(),
+        PRECISION=dot_precision(x.dtype),
+        num_warps=warps,
+        num_stages=stages,
     )
     weights = topk_weights.reshape(-1).contiguous()
     partial = torch.empty((n_pairs, hidden), dtype=torch.float32, device=x.device)
     _moe_gemm2_kernel[(n_blocks, triton.cdiv(hidden, block_n))](
-        hmid, w2, partial, weights, sorted_pairs, block_expert, n_pairs, hidden, inter, n_experts,
-        hmid.stride(0), w2.stride(0), w2.stride(1), partial.stride(0),
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, DOT_UPCAST=dot_upcast(),
-        PRECISION=dot_precision(x.dtype), num_warps=warps, num_stages=stages,
+        hmid,
+        w2,
+        partial,
+        weights,
+        sorted_pairs,
+        block_expert,
+        n_pairs,
+        hidden,
+        inter,
+        n_experts,
+        hmid.stride(0),
+        w2.stride(0),
+        w2.stride(1),
+        partial.stride(0),
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        BLOCK_K=block_k,
+        DOT_UPCAST=dot_upcast(),
+        PRECISION=dot_precision(x.dtype),
+        num_warps=warps,
+        num_stages=stages,
     )
     return partial.view(t, top_k, hidden).sum(dim=1).to(x.dtype)

@@ -14,9 +14,25 @@ from ._common import FLOAT_DTYPES, FP8_DTYPES, check, check_dtype, register, sca
 
 
 @triton.jit
-def _store_one(src_ptr, cache_ptr, tok, slot, stride_st, stride_sh, stride_cp, stride_co, stride_ch,
-               page_size, n_heads, head_dim, scale_ptr,
-               HAS_SCALE: tl.constexpr, FP8_MAX: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+def _store_one(
+    src_ptr,
+    cache_ptr,
+    tok,
+    slot,
+    stride_st,
+    stride_sh,
+    stride_cp,
+    stride_co,
+    stride_ch,
+    page_size,
+    n_heads,
+    head_dim,
+    scale_ptr,
+    HAS_SCALE: tl.constexpr,
+    FP8_MAX: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
     # the source load does not depend on the slot: it is issued while the slot is still in flight
     page = slot // page_size
     off = slot % page_size
@@ -35,27 +51,92 @@ def _store_one(src_ptr, cache_ptr, tok, slot, stride_st, stride_sh, stride_cp, s
 
 
 @triton.jit
-def _store_kv_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr, k_scale_ptr, v_scale_ptr, n_tokens,
-                     stride_kt, stride_kh, stride_vt, stride_vh,
-                     stride_kcp, stride_kco, stride_kch, stride_vcp, stride_vco, stride_vch,
-                     page_size, n_heads, head_dim,
-                     HAS_SCALE: tl.constexpr, FP8_MAX: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
-                     TOKENS: tl.constexpr):
+def _store_kv_kernel(
+    k_ptr,
+    v_ptr,
+    kc_ptr,
+    vc_ptr,
+    slot_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
+    n_tokens,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_kcp,
+    stride_kco,
+    stride_kch,
+    stride_vcp,
+    stride_vco,
+    stride_vch,
+    page_size,
+    n_heads,
+    head_dim,
+    HAS_SCALE: tl.constexpr,
+    FP8_MAX: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    TOKENS: tl.constexpr,
+):
     # TOKENS tokens per program (unrolled): their independent loads overlap
     for i in tl.static_range(TOKENS):
         tok = tl.program_id(0).to(tl.int64) * TOKENS + i
         if tok < n_tokens:
             slot = tl.load(slot_ptr + tok).to(tl.int64)  # -1: skipped (masked stores)
-            _store_one(k_ptr, kc_ptr, tok, slot, stride_kt, stride_kh, stride_kcp, stride_kco, stride_kch,
-                       page_size, n_heads, head_dim, k_scale_ptr, HAS_SCALE, FP8_MAX, BLOCK_H, BLOCK_D)
-            _store_one(v_ptr, vc_ptr, tok, slot, stride_vt, stride_vh, stride_vcp, stride_vco, stride_vch,
-                       page_size, n_heads, head_dim, v_scale_ptr, HAS_SCALE, FP8_MAX, BLOCK_H, BLOCK_D)
+            _store_one(
+                k_ptr,
+                kc_ptr,
+                tok,
+                slot,
+                stride_kt,
+                stride_kh,
+                stride_kcp,
+                stride_kco,
+                stride_kch,
+                page_size,
+                n_heads,
+                head_dim,
+                k_scale_ptr,
+                HAS_SCALE,
+                FP8_MAX,
+                BLOCK_H,
+                BLOCK_D,
+            )
+            _store_one(
+                v_ptr,
+                vc_ptr,
+                tok,
+                slot,
+                stride_vt,
+                stride_vh,
+                stride_vcp,
+                stride_vco,
+                stride_vch,
+                page_size,
+                n_heads,
+                head_dim,
+                v_scale_ptr,
+                HAS_SCALE,
+                FP8_MAX,
+                BLOCK_H,
+                BLOCK_D,
+            )
 
 
 @register("kv_store", "paged", "triton_store_kv", FLOAT_DTYPES + FP8_DTYPES, features=("fp8_kv",))
-def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-             slot_mapping: torch.Tensor, *, k_scale=None, v_scale=None, _tokens_per_program: int = 1,
-             _num_warps: int = 2) -> None:
+def store_kv(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    *,
+    k_scale=None,
+    v_scale=None,
+    _tokens_per_program: int = 1,
+    _num_warps: int = 2,
+) -> None:
     """k, v: [T, Hkv, D] -> k_cache, v_cache: [num_pages, page_size, Hkv, D] at slot_mapping: int64 [T].
 
     Launch defaults (1 token per program, 2 warps) are the best of a tokens x warps sweep on the H200.
@@ -66,8 +147,10 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     check(tuple(k_cache.shape[2:]) == (hkv, d), "cache heads/dim differ from k")
     check(slot_mapping.shape == (t,), "slot_mapping must be [T]")
     check_dtype("k", k, FLOAT_DTYPES)
-    check(k.stride(2) == 1 and v.stride(2) == 1 and k_cache.stride(3) == 1 and v_cache.stride(3) == 1,
-          "last dims must be contiguous")
+    check(
+        k.stride(2) == 1 and v.stride(2) == 1 and k_cache.stride(3) == 1 and v_cache.stride(3) == 1,
+        "last dims must be contiguous",
+    )
     is_fp8 = k_cache.dtype in FP8_DTYPES
     check(is_fp8 or k_cache.dtype == k.dtype, "a non-fp8 cache must have k's dtype")
     check((k_scale is None) == (v_scale is None), "give both k_scale and v_scale or neither")
@@ -84,11 +167,31 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     block_h = max(1, min(triton.next_power_of_2(hkv), 2048 // block_d))
     tokens = max(1, int(_tokens_per_program))
     _store_kv_kernel[(triton.cdiv(t, tokens),)](
-        k, v, k_cache, v_cache, slot_mapping, ks, vs, t,
-        k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        k_cache.shape[1], hkv, d,
-        HAS_SCALE=has_scale, FP8_MAX=fp8_max, BLOCK_H=block_h, BLOCK_D=block_d, TOKENS=tokens,
+        k,
+        v,
+        k_cache,
+        v_cache,
+        slot_mapping,
+        ks,
+        vs,
+        t,
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        v_cache.stride(2),
+        k_cache.shape[1],
+        hkv,
+        d,
+        HAS_SCALE=has_scale,
+        FP8_MAX=fp8_max,
+        BLOCK_H=block_h,
+        BLOCK_D=block_d,
+        TOKENS=tokens,
         num_warps=_num_warps,
     )

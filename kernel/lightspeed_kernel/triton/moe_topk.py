@@ -15,9 +15,23 @@ from ._common import FLOAT_DTYPES, check, register
 
 @triton.jit
 def _topk_kernel(
-    logits_ptr, bias_ptr, w_ptr, ids_ptr, n_experts, stride_l, top_k, num_groups, topk_groups, scaling,
-    SIGMOID: tl.constexpr, HAS_BIAS: tl.constexpr, GROUPED: tl.constexpr, RENORM: tl.constexpr,
-    BLOCK_E: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_K: tl.constexpr,
+    logits_ptr,
+    bias_ptr,
+    w_ptr,
+    ids_ptr,
+    n_experts,
+    stride_l,
+    top_k,
+    num_groups,
+    topk_groups,
+    scaling,
+    SIGMOID: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    GROUPED: tl.constexpr,
+    RENORM: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    BLOCK_K: tl.constexpr,
 ):
     tok = tl.program_id(0).to(tl.int64)
     e = tl.arange(0, BLOCK_E)
@@ -77,9 +91,17 @@ def _topk_kernel(
 
 
 @register("moe", "topk", "triton_moe_topk", FLOAT_DTYPES, features=("grouped", "correction_bias"))
-def moe_topk(router_logits: torch.Tensor, top_k: int, *, scoring: str = "softmax", renormalize: bool = True,
-             correction_bias: torch.Tensor | None = None, num_groups: int | None = None,
-             topk_groups: int | None = None, routed_scaling_factor: float = 1.0):
+def moe_topk(
+    router_logits: torch.Tensor,
+    top_k: int,
+    *,
+    scoring: str = "softmax",
+    renormalize: bool = True,
+    correction_bias: torch.Tensor | None = None,
+    num_groups: int | None = None,
+    topk_groups: int | None = None,
+    routed_scaling_factor: float = 1.0,
+):
     """router_logits: [T, E] -> (weights fp32 [T, top_k], expert ids int32 [T, top_k])."""
     check(router_logits.dim() == 2, "router_logits must be [T, E]")
     check(scoring in ("softmax", "sigmoid"), f"scoring must be 'softmax' or 'sigmoid', got {scoring!r}")
@@ -87,8 +109,10 @@ def moe_topk(router_logits: torch.Tensor, top_k: int, *, scoring: str = "softmax
     check(1 <= top_k <= n_experts, f"top_k={top_k} must be in 1..{n_experts}")
     check(router_logits.stride(1) == 1, "router_logits rows must be contiguous")
     if num_groups:
-        check(n_experts % num_groups == 0 and bool(topk_groups),
-              f"grouped top-k: {n_experts} experts, {num_groups} groups, {topk_groups} kept")
+        check(
+            n_experts % num_groups == 0 and bool(topk_groups),
+            f"grouped top-k: {n_experts} experts, {num_groups} groups, {topk_groups} kept",
+        )
         check(topk_groups <= num_groups, "topk_groups must be <= num_groups")
     if correction_bias is not None:
         check(correction_bias.shape == (n_experts,), "correction_bias must be [E]")
@@ -99,11 +123,23 @@ def moe_topk(router_logits: torch.Tensor, top_k: int, *, scoring: str = "softmax
     if t == 0:
         return weights, ids
     _topk_kernel[(t,)](
-        router_logits, correction_bias if correction_bias is not None else router_logits, weights, ids,
-        n_experts, router_logits.stride(0), int(top_k), int(num_groups or 1), int(topk_groups or 1),
+        router_logits,
+        correction_bias if correction_bias is not None else router_logits,
+        weights,
+        ids,
+        n_experts,
+        router_logits.stride(0),
+        int(top_k),
+        int(num_groups or 1),
+        int(topk_groups or 1),
         float(routed_scaling_factor),
-        SIGMOID=scoring == "sigmoid", HAS_BIAS=correction_bias is not None, GROUPED=bool(num_groups),
-        RENORM=bool(renormalize), BLOCK_E=triton.next_power_of_2(n_experts),
-        BLOCK_G=triton.next_power_of_2(int(num_groups or 1)), BLOCK_K=triton.next_power_of_2(top_k), num_warps=4,
+        SIGMOID=scoring == "sigmoid",
+        HAS_BIAS=correction_bias is not None,
+        GROUPED=bool(num_groups),
+        RENORM=bool(renormalize),
+        BLOCK_E=triton.next_power_of_2(n_experts),
+        BLOCK_G=triton.next_power_of_2(int(num_groups or 1)),
+        BLOCK_K=triton.next_power_of_2(top_k),
+        num_warps=4,
     )
     return weights, ids

@@ -11,9 +11,17 @@ from ._common import FLOAT_DTYPES, check, check_dtype, check_last_contiguous, ne
 
 @triton.jit
 def _rms_norm_kernel(
-    x_ptr, res_ptr, w_ptr, out_ptr,
-    n_cols, stride_x, stride_res, stride_out, eps,
-    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr,
+    x_ptr,
+    res_ptr,
+    w_ptr,
+    out_ptr,
+    n_cols,
+    stride_x,
+    stride_res,
+    stride_out,
+    eps,
+    HAS_RESIDUAL: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
@@ -52,9 +60,18 @@ def _launch(x, residual, weight, eps, out, num_warps=None):
         # H200 sweep (bench/results/kernels_2026-11-29_h200.md), H = 4096: 4 warps 87.6% of HBM, 8 warps 80.6%
         num_warps = 4 if block <= 4096 else (8 if block <= 8192 else 16)
     _rms_norm_kernel[(t,)](
-        x, residual if residual is not None else x, weight, out,
-        h, x.stride(0), residual.stride(0) if residual is not None else 0, out.stride(0), float(eps),
-        HAS_RESIDUAL=residual is not None, BLOCK=block, num_warps=num_warps,
+        x,
+        residual if residual is not None else x,
+        weight,
+        out,
+        h,
+        x.stride(0),
+        residual.stride(0) if residual is not None else 0,
+        out.stride(0),
+        float(eps),
+        HAS_RESIDUAL=residual is not None,
+        BLOCK=block,
+        num_warps=num_warps,
     )
     return out
 

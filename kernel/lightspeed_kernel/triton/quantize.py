@@ -16,8 +16,19 @@ EPS = 1e-10  # amax floor, as the reference: an all-zero group gets a tiny finit
 
 
 @triton.jit
-def _quant_group_kernel(x_ptr, q_ptr, s_ptr, n_cols, group, groups_per_row, stride_xr, stride_qr, eps,
-                        FP8_MAX: tl.constexpr, BLOCK: tl.constexpr):
+def _quant_group_kernel(
+    x_ptr,
+    q_ptr,
+    s_ptr,
+    n_cols,
+    group,
+    groups_per_row,
+    stride_xr,
+    stride_qr,
+    eps,
+    FP8_MAX: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     pid = tl.program_id(0).to(tl.int64)
     row = pid // groups_per_row
     g = pid % groups_per_row
@@ -41,8 +52,18 @@ def _quant_rows(x2d: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tens
         return q, s
     block = triton.next_power_of_2(group)
     _quant_group_kernel[(r * groups,)](
-        x2d, q, s, c, group, groups, x2d.stride(0), q.stride(0), EPS,
-        FP8_MAX=FP8_E4M3_MAX, BLOCK=block, num_warps=4 if block <= 2048 else 8,
+        x2d,
+        q,
+        s,
+        c,
+        group,
+        groups,
+        x2d.stride(0),
+        q.stride(0),
+        EPS,
+        FP8_MAX=FP8_E4M3_MAX,
+        BLOCK=block,
+        num_warps=4 if block <= 2048 else 8,
     )
     return q, s
 

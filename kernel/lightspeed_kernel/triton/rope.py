@@ -14,8 +14,19 @@ from ._common import FLOAT_DTYPES, check, check_dtype, register
 
 
 @triton.jit
-def _rotate_heads(ptr, stride_t, stride_h, tok, n_heads, cos, sin,
-                  IS_NEOX: tl.constexpr, HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_R: tl.constexpr):
+def _rotate_heads(
+    ptr,
+    stride_t,
+    stride_h,
+    tok,
+    n_heads,
+    cos,
+    sin,
+    IS_NEOX: tl.constexpr,
+    HALF: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+):
     i = tl.arange(0, BLOCK_R)
     imask = i < HALF
     if IS_NEOX:  # pairs (i, i + rot/2)
@@ -37,10 +48,24 @@ def _rotate_heads(ptr, stride_t, stride_h, tok, n_heads, cos, sin,
 
 
 @triton.jit
-def _rope_kernel(pos_ptr, q_ptr, k_ptr, cache_ptr, n_q_heads, n_k_heads,
-                 stride_qt, stride_qh, stride_kt, stride_kh, stride_cache,
-                 IS_NEOX: tl.constexpr, HALF: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr,
-                 BLOCK_R: tl.constexpr):
+def _rope_kernel(
+    pos_ptr,
+    q_ptr,
+    k_ptr,
+    cache_ptr,
+    n_q_heads,
+    n_k_heads,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_cache,
+    IS_NEOX: tl.constexpr,
+    HALF: tl.constexpr,
+    BLOCK_HQ: tl.constexpr,
+    BLOCK_HK: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+):
     tok = tl.program_id(0).to(tl.int64)
     pos = tl.load(pos_ptr + tok)
     i = tl.arange(0, BLOCK_R)
@@ -52,8 +77,14 @@ def _rope_kernel(pos_ptr, q_ptr, k_ptr, cache_ptr, n_q_heads, n_k_heads,
 
 
 @register("rope", "rotary", "triton_rope", FLOAT_DTYPES)
-def apply_rope(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor,
-               *, is_neox: bool = True):
+def apply_rope(
+    positions: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    *,
+    is_neox: bool = True,
+):
     """Rotate q: [T, Hq, D] and k: [T, Hkv, D] in place by positions: int64 [T].
 
     cos_sin_cache: [max_pos, rot_dim] (cos half ‖ sin half); the first rot_dim features of each head
@@ -65,7 +96,9 @@ def apply_rope(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_si
     check(positions.shape == (t,), f"positions must be [{t}]")
     check_dtype("q", q, FLOAT_DTYPES)
     check(k.dtype == q.dtype, "q and k dtypes differ")
-    check(cos_sin_cache.dim() == 2 and cos_sin_cache.stride(1) == 1, "cos_sin_cache must be [max_pos, rot_dim]")
+    check(
+        cos_sin_cache.dim() == 2 and cos_sin_cache.stride(1) == 1, "cos_sin_cache must be [max_pos, rot_dim]"
+    )
     rot = cos_sin_cache.shape[1]
     check(rot % 2 == 0 and rot <= d, f"rot_dim {rot} must be even and <= head dim {d}")
     check(q.stride(2) == 1 and k.stride(2) == 1, "q, k: last dim must be contiguous")
@@ -77,8 +110,22 @@ def apply_rope(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_si
     block_hq = max(1, min(triton.next_power_of_2(hq), 4096 // block_r))
     block_hk = max(1, min(triton.next_power_of_2(hk), 4096 // block_r))
     _rope_kernel[(t,)](
-        positions, q, k, cos_sin_cache, hq, hk,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos_sin_cache.stride(0),
-        IS_NEOX=bool(is_neox), HALF=half, BLOCK_HQ=block_hq, BLOCK_HK=block_hk, BLOCK_R=block_r, num_warps=4,
+        positions,
+        q,
+        k,
+        cos_sin_cache,
+        hq,
+        hk,
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        cos_sin_cache.stride(0),
+        IS_NEOX=bool(is_neox),
+        HALF=half,
+        BLOCK_HQ=block_hq,
+        BLOCK_HK=block_hk,
+        BLOCK_R=block_r,
+        num_warps=4,
     )
     return q, k

@@ -29,8 +29,19 @@ MASK32 = 0xFFFFFFFF
 
 
 @triton.jit
-def _penalties_kernel(logits_ptr, counts_ptr, prompt_ptr, presence_ptr, frequency_ptr, repetition_ptr, vocab,
-                      stride_l, stride_c, stride_p, BLOCK: tl.constexpr):
+def _penalties_kernel(
+    logits_ptr,
+    counts_ptr,
+    prompt_ptr,
+    presence_ptr,
+    frequency_ptr,
+    repetition_ptr,
+    vocab,
+    stride_l,
+    stride_c,
+    stride_p,
+    BLOCK: tl.constexpr,
+):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < vocab
@@ -52,17 +63,30 @@ def apply_penalties(logits, output_counts, prompt_mask, presence, frequency, rep
     prompt_mask: [S, V] bool; presence, frequency, repetition: [S] fp32 (repetition 1 = off)."""
     check(logits.dim() == 2 and logits.dtype == torch.float32, "logits must be fp32 [S, V]")
     s, v = logits.shape
-    check(output_counts.shape == (s, v) and prompt_mask.shape == (s, v), "counts and prompt_mask must be [S, V]")
-    check(logits.stride(1) == 1 and output_counts.stride(1) == 1 and prompt_mask.stride(1) == 1,
-          "rows must be contiguous")
+    check(
+        output_counts.shape == (s, v) and prompt_mask.shape == (s, v), "counts and prompt_mask must be [S, V]"
+    )
+    check(
+        logits.stride(1) == 1 and output_counts.stride(1) == 1 and prompt_mask.stride(1) == 1,
+        "rows must be contiguous",
+    )
     if s == 0 or v == 0:
         return logits
     prompt = prompt_mask.view(torch.uint8) if prompt_mask.dtype == torch.bool else prompt_mask
     block = 1024
     _penalties_kernel[(s, triton.cdiv(v, block))](
-        logits, output_counts, prompt, presence.float().contiguous(), frequency.float().contiguous(),
-        repetition.float().contiguous(), v, logits.stride(0), output_counts.stride(0), prompt.stride(0),
-        BLOCK=block, num_warps=4,
+        logits,
+        output_counts,
+        prompt,
+        presence.float().contiguous(),
+        frequency.float().contiguous(),
+        repetition.float().contiguous(),
+        v,
+        logits.stride(0),
+        output_counts.stride(0),
+        prompt.stride(0),
+        BLOCK=block,
+        num_warps=4,
     )
     return logits
 
@@ -92,7 +116,15 @@ def _scaled(logits_row, cols, vocab, temp):
 
 @triton.jit
 def _sample_kernel(
-    logits_ptr, temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, keys_ptr, out_ptr, vocab, stride_l,
+    logits_ptr,
+    temp_ptr,
+    top_k_ptr,
+    top_p_ptr,
+    min_p_ptr,
+    keys_ptr,
+    out_ptr,
+    vocab,
+    stride_l,
     BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
@@ -194,8 +226,16 @@ def sample(logits, temperature, top_k, top_p, min_p, seeds, offsets):
         logits = logits.contiguous()
     keys = row_keys(seeds.to(logits.device), offsets.to(logits.device)).contiguous()  # [S] uint32 in int64
     _sample_kernel[(s,)](
-        logits, temperature.float().contiguous(), top_k.to(torch.int32).contiguous(), top_p.float().contiguous(),
-        min_p.float().contiguous(), keys, out, v, logits.stride(0), BLOCK=min(4096, triton.next_power_of_2(v)),
+        logits,
+        temperature.float().contiguous(),
+        top_k.to(torch.int32).contiguous(),
+        top_p.float().contiguous(),
+        min_p.float().contiguous(),
+        keys,
+        out,
+        v,
+        logits.stride(0),
+        BLOCK=min(4096, triton.next_power_of_2(v)),
         num_warps=8,
     )
     return out
@@ -231,7 +271,15 @@ def compute_logprobs(logits, token_ids, top_n: int):
     if s and v:
         if logits.stride(1) != 1:
             logits = logits.contiguous()
-        _logsumexp_kernel[(s,)](logits, token_ids.contiguous(), lse, token_lp, v, logits.stride(0),
-                                BLOCK=min(4096, triton.next_power_of_2(v)), num_warps=8)
+        _logsumexp_kernel[(s,)](
+            logits,
+            token_ids.contiguous(),
+            lse,
+            token_lp,
+            v,
+            logits.stride(0),
+            BLOCK=min(4096, triton.next_power_of_2(v)),
+            num_warps=8,
+        )
     top_vals, top_ids = logits.float().topk(top_n, dim=-1)
     return token_lp, top_ids, top_vals - lse[:, None]

@@ -7,6 +7,7 @@ Run: `python kernel/tests/triton/sm90_compile_check.py [name substrings]` (TRITO
 failure and prints each kernel's shared memory and register count.
 """
 
+# ruff: noqa: B023  (each yielded case runs before the generator advances, so late binding is harmless)
 from __future__ import annotations
 
 import os
@@ -16,7 +17,6 @@ import traceback
 os.environ.pop("TRITON_INTERPRET", None)
 
 import torch  # noqa: E402
-import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.runtime import driver  # noqa: E402
 from triton.runtime.jit import JITFunction  # noqa: E402
@@ -50,8 +50,19 @@ def _compile_only(self, *args, grid, warmup, **kwargs):
 
 def cases():
     from lightspeed_kernel.reference import moe as ref_moe
-    from lightspeed_kernel.triton import (activation, attention_decode, attention_prefill, fp8_gemm, fused_moe,
-                                          kv_store, moe_topk, norm, quantize, rope, sampling)
+    from lightspeed_kernel.triton import (
+        activation,
+        attention_decode,
+        attention_prefill,
+        fp8_gemm,
+        fused_moe,
+        kv_store,
+        moe_topk,
+        norm,
+        quantize,
+        rope,
+        sampling,
+    )
 
     bf, f16, f32 = torch.bfloat16, torch.float16, torch.float32
     e4m3 = torch.float8_e4m3fn
@@ -74,30 +85,58 @@ def cases():
                 kc = torch.zeros(10, ps, 8, 128, dtype=cache_dt)
                 slots = torch.arange(4, dtype=torch.int64)
                 scale = {} if cache_dt == dt else {"k_scale": 0.5, "v_scale": 0.5}
-                yield f"store_kv {cache_dt} ps{ps}", lambda kc=kc, k=k, scale=scale: kv_store.store_kv(
-                    k, k, kc, kc.clone(), slots, **scale)
+                yield (
+                    f"store_kv {cache_dt} ps{ps}",
+                    lambda kc=kc, k=k, scale=scale: kv_store.store_kv(k, k, kc, kc.clone(), slots, **scale),
+                )
                 pt = torch.ones(4, 3, dtype=torch.int32)
                 qsl = torch.arange(5, dtype=torch.int32)
                 sl = torch.full((4,), 20, dtype=torch.int32)
                 for cap in (None, 30.0):
                     kw = {"max_query_len": 1, "scale": 0.08, "soft_cap": cap, **scale}
-                    yield f"decode {dt} {cache_dt} ps{ps} cap{cap}", lambda kc=kc, q=q, pt=pt, kw=kw: (
-                        attention_decode.attention_decode(q, kc, kc, pt, qsl, sl, **kw))
+                    yield (
+                        f"decode {dt} {cache_dt} ps{ps} cap{cap}",
+                        lambda kc=kc, q=q, pt=pt, kw=kw: attention_decode.attention_decode(
+                            q, kc, kc, pt, qsl, sl, **kw
+                        ),
+                    )
                     plan = attention_decode.plan_decode(4, 32, 8, 128, ps, 3, 1, num_splits=3)
-                    yield f"decode split {dt} ps{ps}", lambda kc=kc, q=q, pt=pt, kw=kw, plan=plan: (
-                        attention_decode.run_decode(plan, q, kc, kc, pt, qsl, sl, scale=0.08))
-                    yield f"prefill {dt} {cache_dt} ps{ps} cap{cap}", lambda kc=kc, q=q, pt=pt, kw=kw: (
-                        attention_prefill.attention_prefill(q, kc, kc, pt, qsl, sl, **kw))
+                    yield (
+                        f"decode split {dt} ps{ps}",
+                        lambda kc=kc, q=q, pt=pt, kw=kw, plan=plan: attention_decode.run_decode(
+                            plan, q, kc, kc, pt, qsl, sl, scale=0.08
+                        ),
+                    )
+                    yield (
+                        f"prefill {dt} {cache_dt} ps{ps} cap{cap}",
+                        lambda kc=kc, q=q, pt=pt, kw=kw: attention_prefill.attention_prefill(
+                            q, kc, kc, pt, qsl, sl, **kw
+                        ),
+                    )
         qmulti = torch.randn(16, 32, 128, dtype=dt)
         qsl4 = torch.tensor([0, 4, 8, 12, 16], dtype=torch.int32)
         kc = torch.zeros(10, 16, 8, 128, dtype=dt)
-        yield "decode 4 query tokens", lambda kc=kc, q=qmulti: attention_decode.attention_decode(
-            q, kc, kc, torch.ones(4, 3, dtype=torch.int32), qsl4, torch.full((4,), 20, dtype=torch.int32),
-            max_query_len=4, scale=0.1)
+        yield (
+            "decode 4 query tokens",
+            lambda kc=kc, q=qmulti: attention_decode.attention_decode(
+                q,
+                kc,
+                kc,
+                torch.ones(4, 3, dtype=torch.int32),
+                qsl4,
+                torch.full((4,), 20, dtype=torch.int32),
+                max_query_len=4,
+                scale=0.1,
+            ),
+        )
         logits = torch.randn(8, 128, dtype=dt)
         yield "moe topk softmax", lambda lg=logits: moe_topk.moe_topk(lg, 8)
-        yield "moe topk grouped", lambda lg=logits: moe_topk.moe_topk(
-            lg, 8, scoring="sigmoid", correction_bias=torch.zeros(128), num_groups=8, topk_groups=4)
+        yield (
+            "moe topk grouped",
+            lambda lg=logits: moe_topk.moe_topk(
+                lg, 8, scoring="sigmoid", correction_bias=torch.zeros(128), num_groups=8, topk_groups=4
+            ),
+        )
         if True:
             hid, inter = (2048, 768) if dt != f32 else (256, 128)  # fp32: small, the IEEE-dot path
             xm = torch.randn(n := 64, hid, dtype=dt)
@@ -108,14 +147,30 @@ def cases():
     for m in (8, 512):
         a = torch.zeros(m, 1024, dtype=e4m3)
         b = torch.zeros(2048, 1024, dtype=e4m3)
-        yield f"fp8 gemm m{m}", lambda a=a, b=b, m=m: fp8_gemm.fp8_block_gemm(
-            a, torch.ones(m, 8), b, torch.ones(16, 8))
+        yield (
+            f"fp8 gemm m{m}",
+            lambda a=a, b=b, m=m: fp8_gemm.fp8_block_gemm(a, torch.ones(m, 8), b, torch.ones(16, 8)),
+        )
     lg = torch.randn(4, 1000)
     one = torch.ones(4)
-    yield "penalties", lambda: sampling.apply_penalties(lg, torch.zeros(4, 1000, dtype=torch.int32),
-                                                         torch.zeros(4, 1000, dtype=torch.bool), one, one, one)
-    yield "sample", lambda: sampling.sample(lg, one, torch.full((4,), 5, dtype=torch.int32), 0.9 * one, 0 * one,
-                                            torch.arange(4), torch.arange(4))
+    yield (
+        "penalties",
+        lambda: sampling.apply_penalties(
+            lg, torch.zeros(4, 1000, dtype=torch.int32), torch.zeros(4, 1000, dtype=torch.bool), one, one, one
+        ),
+    )
+    yield (
+        "sample",
+        lambda: sampling.sample(
+            lg,
+            one,
+            torch.full((4,), 5, dtype=torch.int32),
+            0.9 * one,
+            0 * one,
+            torch.arange(4),
+            torch.arange(4),
+        ),
+    )
     yield "logprobs", lambda: sampling.compute_logprobs(lg, torch.zeros(4, dtype=torch.int64), 5)
 
 
@@ -136,8 +191,10 @@ def main(argv: list[str]) -> int:
             continue
         for kname, kernel in COMPILED[before:]:
             md = kernel.metadata
-            print(f"ok   {name:40s} {kname:28s} smem {md.shared:6d} B  regs {getattr(kernel, 'n_regs', '?')}",
-                  flush=True)
+            print(
+                f"ok   {name:40s} {kname:28s} smem {md.shared:6d} B  regs {getattr(kernel, 'n_regs', '?')}",
+                flush=True,
+            )
     print(f"{failures} failures")
     return 1 if failures else 0
 

@@ -2,11 +2,10 @@ import math
 
 import pytest
 import torch
-from tk_helpers import TOL, paged_batch, rel_err
-
 from lightspeed_kernel.reference import attention as ref
 from lightspeed_kernel.triton import attention_decode as dec
 from lightspeed_kernel.triton import attention_prefill as pre
+from tk_helpers import TOL, paged_batch, rel_err
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # p @ V runs on tensor cores in the input dtype (fp32: tf32 on the GPU), so allow a bit more than one rounding
@@ -14,8 +13,14 @@ ATOL = {torch.float32: 2e-3, torch.float16: 4e-3, torch.bfloat16: 2.5e-2}
 
 
 def _args(batch):
-    return (batch["q"], batch["k_cache"], batch["v_cache"], batch["page_table"], batch["query_start_loc"],
-            batch["seq_lens"])
+    return (
+        batch["q"],
+        batch["k_cache"],
+        batch["v_cache"],
+        batch["page_table"],
+        batch["query_start_loc"],
+        batch["seq_lens"],
+    )
 
 
 def _kw(batch, **extra):
@@ -57,9 +62,18 @@ def test_decode_split_kv_and_gqa(device, num_splits, group):
     # 6 query heads per kv head: a group that is not a power of two
     batch = paged_batch([70, 9, 33], [2, 1, 3], 16, 2 * group, 2, 64, torch.bfloat16, device, seed=num_splits)
     want = ref.attention_decode(*_args(batch), **_kw(batch))
-    q, k_cache = batch["q"], batch["k_cache"]
-    plan = dec.plan_decode(3, q.shape[1], 2, 64, 16, batch["page_table"].shape[1], batch["max_query_len"],
-                           num_splits=num_splits, block_n=16)
+    q = batch["q"]
+    plan = dec.plan_decode(
+        3,
+        q.shape[1],
+        2,
+        64,
+        16,
+        batch["page_table"].shape[1],
+        batch["max_query_len"],
+        num_splits=num_splits,
+        block_n=16,
+    )
     workspace = torch.empty(dec.decode_workspace_numel(plan, q.shape[0], q.shape[1], 64), device=device)
     got = dec.run_decode(plan, *_args(batch), scale=0.125, workspace=workspace)
     _check(got, want, torch.bfloat16)
@@ -67,9 +81,13 @@ def test_decode_split_kv_and_gqa(device, num_splits, group):
 
 @pytest.mark.parametrize("soft_cap", [None, 5.0])
 def test_decode_soft_cap_and_fp8(device, soft_cap):
-    batch = paged_batch([30, 3], [1, 2], 16, 8, 2, 32, torch.bfloat16, device, cache_dtype=torch.float8_e4m3fn)
+    batch = paged_batch(
+        [30, 3], [1, 2], 16, 8, 2, 32, torch.bfloat16, device, cache_dtype=torch.float8_e4m3fn
+    )
     kw = _kw(batch, soft_cap=soft_cap, k_scale=0.5, v_scale=torch.tensor(2.0, device=device))
-    _check(dec.attention_decode(*_args(batch), **kw), ref.attention_decode(*_args(batch), **kw), torch.bfloat16)
+    _check(
+        dec.attention_decode(*_args(batch), **kw), ref.attention_decode(*_args(batch), **kw), torch.bfloat16
+    )
 
 
 def test_decode_empty_batch(device):
@@ -106,15 +124,22 @@ def test_prefill_matches_reference(device, dtype, page_size, cached, q_lens):
 
 @pytest.mark.parametrize("soft_cap", [None, 20.0])
 def test_prefill_soft_cap_fp8_gqa(device, soft_cap):
-    batch = paged_batch([20, 0], [19, 5], 16, 6, 1, 64, torch.float16, device, cache_dtype=torch.float8_e4m3fn)
+    batch = paged_batch(
+        [20, 0], [19, 5], 16, 6, 1, 64, torch.float16, device, cache_dtype=torch.float8_e4m3fn
+    )
     kw = _kw(batch, soft_cap=soft_cap, k_scale=torch.tensor(0.25, device=device), v_scale=1.5)
-    _check(pre.attention_prefill(*_args(batch), **kw), ref.attention_prefill(*_args(batch), **kw), torch.float16)
+    _check(
+        pre.attention_prefill(*_args(batch), **kw), ref.attention_prefill(*_args(batch), **kw), torch.float16
+    )
 
 
 def test_prefill_with_zero_length_request(device):
     batch = paged_batch([4, 7, 2], [3, 0, 2], 16, 2, 2, 16, torch.float32, device)
-    _check(pre.attention_prefill(*_args(batch), **_kw(batch)), ref.attention_prefill(*_args(batch), **_kw(batch)),
-           torch.float32)
+    _check(
+        pre.attention_prefill(*_args(batch), **_kw(batch)),
+        ref.attention_prefill(*_args(batch), **_kw(batch)),
+        torch.float32,
+    )
 
 
 def test_prefill_equals_decode_for_short_queries(device):
@@ -131,11 +156,19 @@ def test_attention_gpu_sizes(page_size, dtype):
     # Llama-3-8B heads; contexts up to 5K with prefix caching; decode with 1 and 4 query tokens
     cached = [0, 1000, 4999, 17]
     batch = paged_batch(cached, [300, 64, 1, 129], page_size, 32, 8, 128, dtype, "cuda", seed=3)
-    _check(pre.attention_prefill(*_args(batch), **_kw(batch)), ref.attention_prefill(*_args(batch), **_kw(batch)),
-           dtype)
-    batch = paged_batch([8191, 33, 2048, 100, 0] * 4, [1, 1, 4, 16, 1] * 4, page_size, 32, 8, 128, dtype, "cuda")
-    _check(dec.attention_decode(*_args(batch), **_kw(batch)), ref.attention_decode(*_args(batch), **_kw(batch)),
-           dtype)
+    _check(
+        pre.attention_prefill(*_args(batch), **_kw(batch)),
+        ref.attention_prefill(*_args(batch), **_kw(batch)),
+        dtype,
+    )
+    batch = paged_batch(
+        [8191, 33, 2048, 100, 0] * 4, [1, 1, 4, 16, 1] * 4, page_size, 32, 8, 128, dtype, "cuda"
+    )
+    _check(
+        dec.attention_decode(*_args(batch), **_kw(batch)),
+        ref.attention_decode(*_args(batch), **_kw(batch)),
+        dtype,
+    )
 
 
 @pytest.mark.gpu

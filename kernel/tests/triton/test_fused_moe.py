@@ -1,9 +1,8 @@
 import pytest
 import torch
-from tk_helpers import rel_err
-
 from lightspeed_kernel.reference import moe as ref_moe
 from lightspeed_kernel.triton import fused_moe
+from tk_helpers import rel_err
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # fp32 runs IEEE fp32 dots (tf32 gave 2.7e-3 on the H200); fp16/bf16 round each GEMM output like the reference
@@ -25,7 +24,7 @@ def test_align_pairs_groups_by_expert(device):
     pairs, block_expert = pairs.cpu().tolist(), block_expert.cpu().tolist()
     flat = ids.reshape(-1).cpu().tolist()
     for blk, expert in enumerate(block_expert):
-        members = [p for p in pairs[blk * 2: blk * 2 + 2] if p < 6]
+        members = [p for p in pairs[blk * 2 : blk * 2 + 2] if p < 6]
         if expert < 5:
             assert members and all(flat[p] == expert for p in members)
         else:

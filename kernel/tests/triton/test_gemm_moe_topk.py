@@ -1,11 +1,10 @@
 import pytest
 import torch
-from tk_helpers import rel_err
-
 from lightspeed_kernel.reference import gemm as ref_gemm
 from lightspeed_kernel.reference import moe as ref_moe
 from lightspeed_kernel.reference import quantize as ref_q
 from lightspeed_kernel.triton import fp8_gemm, moe_topk
+from tk_helpers import rel_err
 
 
 def _fp8_operands(m, n, k, device):
@@ -71,6 +70,11 @@ def test_fp8_gemm_and_topk_gpu_sizes():
     assert rel_err(fp8_gemm.fp8_block_gemm(a, a_s, b, b_s), ref_gemm.fp8_block_gemm(a, a_s, b, b_s)) < 8e-3
     logits = torch.randn(4096, 256, device="cuda")
     bias = torch.randn(256, device="cuda") * 0.1
-    kw = {"scoring": "sigmoid", "correction_bias": bias, "num_groups": 8, "topk_groups": 4,
-          "routed_scaling_factor": 2.5}
+    kw = {
+        "scoring": "sigmoid",
+        "correction_bias": bias,
+        "num_groups": 8,
+        "topk_groups": 4,
+        "routed_scaling_factor": 2.5,
+    }
     _same_routing(moe_topk.moe_topk(logits, 8, **kw), ref_moe.moe_topk(logits, 8, **kw))

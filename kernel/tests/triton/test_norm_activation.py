@@ -1,10 +1,9 @@
 import pytest
 import torch
-from tk_helpers import TOL, assert_rounded_equal, rel_err
-
 from lightspeed_kernel.reference import activation as ref_act
 from lightspeed_kernel.reference import norm as ref_norm
 from lightspeed_kernel.triton import activation, norm
+from tk_helpers import TOL, assert_rounded_equal, rel_err
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 

@@ -1,9 +1,8 @@
 import pytest
 import torch
-from tk_helpers import assert_fp8_codes_match
-
 from lightspeed_kernel.reference import quantize as ref_q
 from lightspeed_kernel.triton import quantize
+from tk_helpers import assert_fp8_codes_match
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 

@@ -1,24 +1,25 @@
 import pytest
 import torch
-from tk_helpers import TOL, assert_fp8_codes_match, rel_err
-
 from lightspeed_kernel.reference import kv_store as ref_kv
 from lightspeed_kernel.reference import rope as ref_rope
 from lightspeed_kernel.triton import kv_store, rope
+from tk_helpers import TOL, assert_fp8_codes_match, rel_err
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("is_neox", [True, False])
-@pytest.mark.parametrize("t,hq,hkv,d,rot", [(0, 2, 1, 16, 16), (1, 1, 1, 8, 8), (5, 4, 2, 32, 32), (3, 3, 1, 64, 16)])
+@pytest.mark.parametrize(
+    "t,hq,hkv,d,rot", [(0, 2, 1, 16, 16), (1, 1, 1, 8, 8), (5, 4, 2, 32, 32), (3, 3, 1, 64, 16)]
+)
 def test_rope_matches_reference(device, dtype, is_neox, t, hq, hkv, d, rot):
     cache = ref_rope.rope_cos_sin_cache(rot, 64, 10000.0, device=device)
     pos = torch.randint(0, 64, (t,), device=device)
     # q as a strided view of a fused qkv projection, as models produce it
     qkv = torch.randn(t, (hq + 2 * hkv) * d, device=device).to(dtype)
     q = qkv[:, : hq * d].view(t, hq, d)
-    k = qkv[:, hq * d: (hq + hkv) * d].view(t, hkv, d)
+    k = qkv[:, hq * d : (hq + hkv) * d].view(t, hkv, d)
     rq, rk = ref_rope.apply_rope(pos, q.clone(), k.clone(), cache, is_neox=is_neox)
     gq, gk = rope.apply_rope(pos, q, k, cache, is_neox=is_neox)
     assert gq is q and gk is k
@@ -28,8 +29,13 @@ def test_rope_matches_reference(device, dtype, is_neox, t, hq, hkv, d, rot):
 
 
 def test_rope_llama3_scaled_cache(device):
-    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-               "original_max_position_embeddings": 64}
+    scaling = {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64,
+    }
     cache = ref_rope.rope_cos_sin_cache(32, 256, 500000.0, scaling, device=device)
     pos = torch.tensor([0, 1, 255, 100], device=device)
     q, k = torch.randn(4, 2, 32, device=device), torch.randn(4, 1, 32, device=device)
@@ -70,7 +76,9 @@ def test_store_kv_tokens_per_program(device, tokens_per_program):
     rkc, rvc = kc.clone(), vc.clone()
     ref_kv.store_kv(k, v, rkc, rvc, slots)
     kc, vc = kc.to(device), vc.to(device)
-    kv_store.store_kv(k.to(device), v.to(device), kc, vc, slots.to(device), _tokens_per_program=tokens_per_program)
+    kv_store.store_kv(
+        k.to(device), v.to(device), kc, vc, slots.to(device), _tokens_per_program=tokens_per_program
+    )
     assert torch.equal(kc.cpu(), rkc) and torch.equal(vc.cpu(), rvc)
 
 
@@ -101,7 +109,7 @@ def test_rope_kv_store_gpu_sizes():
     pages = 1024
     kc = torch.zeros(pages, 16, 8, 128, device="cuda", dtype=torch.bfloat16)
     vc = torch.zeros_like(kc)
-    slots = (torch.randperm((pages - 1) * 16, device="cuda")[:t] + 16)
+    slots = torch.randperm((pages - 1) * 16, device="cuda")[:t] + 16
     rkc, rvc = kc.clone(), vc.clone()
     ref_kv.store_kv(k, k, rkc, rvc, slots)
     kv_store.store_kv(k, k, kc, vc, slots)

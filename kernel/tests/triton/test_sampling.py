@@ -1,15 +1,19 @@
 import pytest
 import torch
-
 from lightspeed_kernel.reference import sampling as ref
 from lightspeed_kernel.triton import sampling
 
 
 def _params(s, device, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0):
     full = lambda v, dt: torch.full((s,), v, dtype=dt, device=device)  # noqa: E731
-    return (full(temperature, torch.float32), full(top_k, torch.int32), full(top_p, torch.float32),
-            full(min_p, torch.float32), torch.arange(s, dtype=torch.int64, device=device) * 7919 - 3,
-            torch.arange(s, dtype=torch.int64, device=device) + (1 << 33))
+    return (
+        full(temperature, torch.float32),
+        full(top_k, torch.int32),
+        full(top_p, torch.float32),
+        full(min_p, torch.float32),
+        torch.arange(s, dtype=torch.int64, device=device) * 7919 - 3,
+        torch.arange(s, dtype=torch.int64, device=device) + (1 << 33),
+    )
 
 
 @pytest.mark.parametrize("s,v", [(0, 10), (1, 1), (3, 37), (4, 300)])

@@ -30,15 +30,28 @@ def assert_rounded_equal(got: torch.Tensor, ref: torch.Tensor) -> None:
         assert torch.equal(got, ref)
 
 
-def paged_batch(cached_lens, q_lens, page_size, num_q_heads, num_kv_heads, head_dim, dtype, device,
-                *, cache_dtype=None, spare_pages=2, extra_table_cols=1, seed=0):
+def paged_batch(
+    cached_lens,
+    q_lens,
+    page_size,
+    num_q_heads,
+    num_kv_heads,
+    head_dim,
+    dtype,
+    device,
+    *,
+    cache_dtype=None,
+    spare_pages=2,
+    extra_table_cols=1,
+    seed=0,
+):
     """A random paged batch: every cache slot (page 0, unused pages and slots past a request's end too)
     holds random values, so a kernel that reads what it must not gets a wrong answer.
 
     Returns dict(q [T, Hq, D], k_cache, v_cache, page_table int32 [B, P], query_start_loc int32 [B+1],
     seq_lens int32 [B], max_query_len)."""
     gen = torch.Generator().manual_seed(seed)
-    seq_lens = [c + n for c, n in zip(cached_lens, q_lens)]
+    seq_lens = [c + n for c, n in zip(cached_lens, q_lens, strict=True)]
     pages_per_req = [-(-s // page_size) for s in seq_lens]
     num_pages = 1 + sum(pages_per_req) + spare_pages
     order = (torch.randperm(num_pages - 1, generator=gen) + 1).tolist()
@@ -56,9 +69,13 @@ def paged_batch(cached_lens, q_lens, page_size, num_q_heads, num_kv_heads, head_
     q = torch.randn(sum(q_lens), num_q_heads, head_dim, generator=gen).to(dtype)
     to = {"device": device}
     return {
-        "q": q.to(**to), "k_cache": k_cache.to(**to), "v_cache": v_cache.to(**to),
-        "page_table": page_table.to(**to), "query_start_loc": qsl.to(**to),
-        "seq_lens": torch.tensor(seq_lens, dtype=torch.int32).to(**to), "max_query_len": max(q_lens, default=0),
+        "q": q.to(**to),
+        "k_cache": k_cache.to(**to),
+        "v_cache": v_cache.to(**to),
+        "page_table": page_table.to(**to),
+        "query_start_loc": qsl.to(**to),
+        "seq_lens": torch.tensor(seq_lens, dtype=torch.int32).to(**to),
+        "max_query_len": max(q_lens, default=0),
     }
 
 
