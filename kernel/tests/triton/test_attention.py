@@ -188,3 +188,18 @@ def test_decode_cuda_graph_replay():
     torch.cuda.synchronize()
     want = ref.attention_decode(*_args(batch), max_query_len=1, scale=0.088)
     _check(out, want, torch.bfloat16)
+
+
+@pytest.mark.parametrize("batch,max_pages", [(1, 2048), (16, 512), (64, 512), (256, 2048), (3, 1)])
+def test_plan_decode_splits(batch, max_pages):
+    plan = dec.plan_decode(batch, 32, 8, 128, 16, max_pages, 1, num_sms=132)
+    ctx = max_pages * 16
+    assert plan.split_tokens % plan.block_n == 0
+    assert plan.num_splits * plan.split_tokens >= ctx  # every key is covered
+    assert (plan.num_splits - 1) * plan.split_tokens < ctx  # no split starts past the page table
+    if batch * 8 >= 3 * 132:
+        assert plan.num_splits == 1  # enough (request, kv head) programs already: no combine pass
+    elif ctx >= 512:
+        assert plan.num_splits > 1 and plan.split_tokens >= 256
+    ws = dec.decode_workspace_numel(plan, batch, 32, 128)
+    assert ws == (0 if plan.num_splits == 1 else batch * 32 * plan.num_splits * 129)
