@@ -115,7 +115,7 @@ class FakeAsyncLLM:
         pages = math.ceil(len(prompt_ids) / self.engine_info.page_size)
         self._running[request_id] = pages
         states = []
-        for i in range(params.n):
+        for _ in range(params.n):
             ids, reason = self._script(prompt_text, params.max_tokens)
             cut = next((k for k, t in enumerate(ids) if t in params.stop_token_ids), None)
             if cut is not None:

@@ -3,7 +3,6 @@
 import sys
 
 from fake_engine import FakeAsyncLLM
-
 from lightspeed_gateway.cli import build_parser
 from lightspeed_gateway.cli.serve import build_configs, serve
 

@@ -5,6 +5,7 @@ import time
 
 import httpx
 import pytest
+
 from conftest import start_server, stop_cleanly
 
 KEY = "s3cret-key"

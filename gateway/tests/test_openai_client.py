@@ -8,6 +8,7 @@ import httpx
 import jsonschema
 import openai
 import pytest
+
 from conftest import requires_real_engine
 
 USER = [{"role": "user", "content": "SAY:The capital of France is Paris. It is a big city."}]

@@ -3,7 +3,6 @@
 import json
 
 import pytest
-
 from lightspeed_gateway.parsers import (
     HermesToolParser,
     JsonStreamToolParser,

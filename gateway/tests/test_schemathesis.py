@@ -2,9 +2,10 @@
 
 import pytest
 import schemathesis
-from conftest import start_server, stop_cleanly
 from hypothesis import HealthCheck, given, settings
 from schemathesis.checks import content_type_conformance, not_a_server_error, status_code_conformance
+
+from conftest import start_server, stop_cleanly
 
 # Bounded token budgets keep ~100 generated requests within a minute or two on 2 CPU cores.
 CLAMP = {"max_tokens": 4, "max_completion_tokens": 4, "n": 2, "top_logprobs": 2, "logprobs": 2}

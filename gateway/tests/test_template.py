@@ -3,7 +3,6 @@
 import pytest
 from lightspeed import default_model
 from lightspeed.frontend.tokenizer import load_tokenizer
-
 from lightspeed_gateway.openai.protocol import ChatMessage, Tool
 from lightspeed_gateway.template import ChatRenderer, load_chat_template
 

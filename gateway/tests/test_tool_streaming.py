@@ -9,10 +9,9 @@ import openai
 import pytest
 from fake_engine import FakeAsyncLLM
 from lightspeed import default_model
-from starlette.testclient import TestClient
-
 from lightspeed_gateway.config import ServerConfig
 from lightspeed_gateway.server.app import build_app
+from starlette.testclient import TestClient
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]

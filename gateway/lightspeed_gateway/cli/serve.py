@@ -66,8 +66,8 @@ def run(args: argparse.Namespace) -> int:
 def serve(server_config: ServerConfig, engine_config, make_engine=None) -> int:
     """Run until SIGINT/SIGTERM. `make_engine(model_path)` builds the AsyncLLM (tests swap it)."""
     import uvicorn
-
     from lightspeed import AsyncLLM, default_model
+
     from lightspeed_gateway.server.app import build_app
 
     model_path = engine_config.model or default_model()

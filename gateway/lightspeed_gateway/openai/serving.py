@@ -12,7 +12,13 @@ from typing import Any
 from starlette.requests import Request
 
 from lightspeed_gateway.config import ServerConfig
-from lightspeed_gateway.openai.errors import APIError, bad_request, engine_unavailable, model_not_found, overloaded
+from lightspeed_gateway.openai.errors import (
+    APIError,
+    bad_request,
+    engine_unavailable,
+    model_not_found,
+    overloaded,
+)
 from lightspeed_gateway.openai.protocol import SamplingFields
 from lightspeed_gateway.server.engine import EngineClient
 from lightspeed_gateway.server.metrics import GatewayMetrics
