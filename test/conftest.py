@@ -23,6 +23,7 @@ def load_transformers_gguf(path: str):
     from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
+    torch.set_num_threads(1)  # the engine core runs beside us: two busy processes on two cores
     p = Path(path)
     config = AutoConfig.from_pretrained(str(p.parent), gguf_file=p.name)
     with torch.device("meta"):

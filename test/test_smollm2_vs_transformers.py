@@ -40,7 +40,7 @@ def hf_greedy(model, ids: list[int], num_tokens: int) -> list[int]:
 
 
 def test_greedy_matches_transformers_and_prefix_cache_hit(smollm2_path, hf_smollm2):
-    llm = LLM(smollm2_path, kv_cache_memory="256MiB", max_model_len=1024, max_num_seqs=8)
+    llm = LLM(smollm2_path, kv_cache_memory="256MiB", max_model_len=1024, max_num_seqs=8, num_threads=1)
     try:
         tok = llm.get_tokenizer()
         prompts = [llm.engine.apply_chat_template([{"role": "user", "content": p}]) for p in PROMPTS]

@@ -126,10 +126,16 @@ def run_engine(args, rng: np.random.Generator, report: dict) -> None:
     vocab = mc.vocab_size
     report["model"] = {"preset": args.model, "dtype": args.dtype, "layers": mc.num_hidden_layers,
                        "hidden": mc.hidden_size, "vocab": vocab, "num_device_pages": engine.built.num_device_pages}
-    report["kernels"] = {f"{f}/{m}": lk.select_kernel(f, m, getattr(torch, args.dtype), platform=lk.current_platform()).name
-                         for f, m in (("attention", "decode"), ("attention", "prefill"), ("norm", "rms"),
-                                      ("kv_store", "paged"), ("gemm", "bf16"), ("sampling", "sample"))
-                         if lk.REGISTRY.specs(f, m)} if device.type == "cuda" else {}
+    report["kernels"] = {}
+    if device.type == "cuda":
+        for family, mode in (("attention", "decode"), ("attention", "prefill"), ("norm", "rms"),
+                             ("norm", "fused_add_rms"), ("rope", "rotary"), ("kv_store", "paged"), ("gemm", "bf16"),
+                             ("activation", "silu_and_mul"), ("sampling", "sample")):
+            try:
+                chosen = lk.select_kernel(family, mode, getattr(torch, args.dtype), platform=lk.current_platform())
+                report["kernels"][f"{family}/{mode}"] = chosen.name
+            except Exception as e:  # a family without a kernel for this dtype: record why
+                report["kernels"][f"{family}/{mode}"] = f"n/a ({type(e).__name__})"
 
     # 1. Registry kernels vs torch references, greedy, short prompt.
     prompt = rng.integers(0, vocab, args.check_prompt_len).tolist()

@@ -52,7 +52,7 @@ def build_model_runner(config: EngineConfig, *, output_tokens_of: Callable[[int]
     from ..loader import load_model
 
     device = resolve_device(config.device)
-    if device.type == "cuda":
+    if device.type == "cuda" and device.index is not None:
         torch.cuda.set_device(device)
     dtype_name = resolve_dtype(config.dtype, device)
     load_format = "hf" if config.load_format == "safetensors" else config.load_format

@@ -35,14 +35,17 @@ class InputBuilder:
         self._staging: list[torch.Tensor] = []
         self._turn = 0
 
-    def _stage(self, n: int) -> np.ndarray:
+    def _stage(self, n: int) -> tuple[np.ndarray, torch.Tensor]:
+        """A host int32 buffer of n elements: (numpy view to fill, tensor to upload)."""
         if not self._pinned:
-            return np.empty(n, dtype=np.int32)
+            host = torch.empty(n, dtype=torch.int32)
+            return host.numpy(), host
         if not self._staging or self._staging[0].numel() < n:
             size = max(n, 1 << 16)
             self._staging = [torch.empty(size, dtype=torch.int32, pin_memory=True) for _ in range(2)]
         self._turn ^= 1
-        return self._staging[self._turn].numpy()[:n]
+        host = self._staging[self._turn][:n]
+        return host.numpy(), host
 
     def build(self, plan, prev_sampled: torch.Tensor | None) -> StepTensors:
         num_tokens, num_rows = plan.input_ids.shape[0], plan.req_ids.shape[0]
@@ -51,10 +54,9 @@ class InputBuilder:
         parts = (plan.input_ids, plan.positions, plan.slot_mapping, plan.query_start_loc, plan.seq_lens,
                  plan.logits_indices, h_sample_slots, plan.page_table.reshape(-1))
         total = 3 * num_tokens + 2 * num_rows + 1 + 2 * num_sampled + plan.page_table.size
-        packed = np.concatenate(parts, out=self._stage(total), casting="unsafe")
-        dev = torch.from_numpy(packed)
-        if dev.device != self.device:
-            dev = dev.to(self.device, non_blocking=True)
+        packed, host = self._stage(total)
+        np.concatenate(parts, out=packed, casting="unsafe")
+        dev = host if self.device.type == "cpu" else host.to(self.device, non_blocking=True)
         cuts = np.cumsum([num_tokens, num_tokens, num_tokens, num_rows + 1, num_rows, num_sampled, num_sampled])
         (input_ids, positions, slot_mapping, qsl, seq_lens, logits_indices, sample_slots,
          page_table) = torch.tensor_split(dev, cuts.tolist())
