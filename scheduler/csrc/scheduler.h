@@ -96,6 +96,8 @@ class Scheduler {
   bool schedule_chunk(Plan& plan, Budget& budget, int32_t record);
   void readmit_retracted(Plan& plan);
   void admit_waiting(Plan& plan, Budget& budget);
+  void start(Plan& plan, Budget& budget, int32_t record, prefix::MatchResult match, kv::PageList device_pages,
+             kv::PageList host_pins);
   bool grow_pages(Plan& plan, int32_t record, kv::PageList& pages, int32_t num_tokens, bool may_retract_decodes);
   bool retract_victim(Plan& plan, int32_t record, bool decodes_too);
   void retract(Plan& plan, int32_t record);

@@ -281,41 +281,48 @@ void Scheduler::admit_waiting(Plan& plan, Budget& budget) {
     // Copy targets cannot come from pages this plan freed; those are free again next step.
     if (!ensure_device_free(match.num_host, true)) break;
     blocked_req_id_ = -1;
-
-    if (r.slot < 0) {
-      r.slot = free_slots_.back();
-      free_slots_.pop_back();
-      slot_record_[r.slot] = record;
-    }
-    const int32_t cached_tokens = (match.num_device + match.num_host) * page_size_;
-    if (!r.admitted_once) {
-      r.admitted_once = true;
-      r.num_cached_tokens = cached_tokens;
-      prefix_hit_tokens_ += cached_tokens;
-      prefix_query_tokens_ += r.num_prompt_tokens;
-    }
-    r.cache_path.assign(match_path_.begin(), match_path_.end());
-    ++r.page_epoch;
     waiting_.erase(waiting_.begin() + static_cast<ptrdiff_t>(i));
-    if (match.num_host > 0) {
-      for (int32_t k = match.num_device; k < match.num_device + match.num_host; ++k) {
-        const int32_t node = match_path_[k];
-        const int32_t page = device_.allocate();
-        device_pages.push_owned(page);
-        cache_.attach_device(node, page);
-        plan.load_back.push_back(cache_.node(node).host_page);
-        plan.load_back.push_back(page);
-      }
-      r.state = fsm::admit_loading(std::get<fsm::Waiting>(std::move(r.state)), std::move(device_pages),
-                                   std::move(host_pins), cached_tokens);
-      loading_.push_back(record);
-      plan.copy_waiters.push_back(r.req_id);
-      continue;
-    }
-    r.state = fsm::admit(std::get<fsm::Waiting>(std::move(r.state)), std::move(device_pages), cached_tokens);
-    insert_sorted(running_, record);
-    schedule_chunk(plan, budget, record);
+    start(plan, budget, record, match, std::move(device_pages), std::move(host_pins));
   }
+}
+
+// Admits a request whose pages are secured: it loads its host hits first (LoadingPrefix), or
+// starts computing the rest of its prompt in this very plan (Prefilling).
+void Scheduler::start(Plan& plan, Budget& budget, int32_t record, prefix::MatchResult match,
+                      kv::PageList device_pages, kv::PageList host_pins) {
+  Request& r = records_[record];
+  if (r.slot < 0) {
+    r.slot = free_slots_.back();
+    free_slots_.pop_back();
+    slot_record_[r.slot] = record;
+  }
+  const int32_t cached_tokens = (match.num_device + match.num_host) * page_size_;
+  if (!r.admitted_once) {
+    r.admitted_once = true;
+    r.num_cached_tokens = cached_tokens;
+    prefix_hit_tokens_ += cached_tokens;
+    prefix_query_tokens_ += r.num_prompt_tokens;
+  }
+  r.cache_path.assign(match_path_.begin(), match_path_.end());
+  ++r.page_epoch;
+  if (match.num_host > 0) {
+    for (int32_t k = match.num_device; k < match.num_device + match.num_host; ++k) {
+      const int32_t node = match_path_[k];
+      const int32_t page = device_.allocate();
+      device_pages.push_owned(page);
+      cache_.attach_device(node, page);
+      plan.load_back.push_back(cache_.node(node).host_page);
+      plan.load_back.push_back(page);
+    }
+    r.state = fsm::admit_loading(std::get<fsm::Waiting>(std::move(r.state)), std::move(device_pages),
+                                 std::move(host_pins), cached_tokens);
+    loading_.push_back(record);
+    plan.copy_waiters.push_back(r.req_id);
+    return;
+  }
+  r.state = fsm::admit(std::get<fsm::Waiting>(std::move(r.state)), std::move(device_pages), cached_tokens);
+  insert_sorted(running_, record);
+  schedule_chunk(plan, budget, record);
 }
 
 void Scheduler::emit_row(Plan& plan, Request& r, const kv::PageList& pages, int32_t kv_start, int32_t num_tokens,
