@@ -89,7 +89,8 @@ def format_table(levels: list[dict[str, Any]]) -> str:
     rows = [head]
 
     def num(v: Any, fmt: str) -> str:
-        return "-" if v is None else format(v, fmt)
+        width = int(fmt.split(".")[0])
+        return "-".rjust(width) if v is None else format(v, fmt)
 
     for s in levels:
         rows.append(
