@@ -80,17 +80,29 @@ def stream_chat(url: str, content: str, max_tokens: int, ignore_eos: bool) -> di
             "e2e_tok_s": tokens / (last - sent)}
 
 
-def profile(pid: int, seconds: int, out: Path) -> list[tuple[str, float]]:
+def concurrent_streams(url: str, streams: int, tokens: int) -> list[dict]:
+    results: list[dict] = []
+    threads = [threading.Thread(target=lambda i=i: results.append(
+        stream_chat(url, f"Story number {i}: write about the sea.", tokens, True))) for i in range(streams)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
+
+
+def profile(pid: int, seconds: int, out: Path) -> tuple[list[tuple[str, float]], list[tuple[str, float]]]:
     """py-spy samples of the server's threads; the top functions by own time (fraction of samples)."""
     pyspy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     if not Path(pyspy).exists():
-        return []
+        return [], []
     raw = out.with_suffix(".txt")
     subprocess.run([pyspy, "record", "-p", str(pid), "-d", str(seconds), "-r", "200", "-f", "raw", "-o", str(raw),
                     "--nonblocking"], check=False, capture_output=True)
     if not raw.exists():
-        return []
+        return [], []
     own: dict[str, int] = {}
+    packages: dict[str, int] = {}
     total = 0
     for line in raw.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
@@ -101,42 +113,62 @@ def profile(pid: int, seconds: int, out: Path) -> list[tuple[str, float]]:
         if "select" in leaf or "epoll" in leaf or "poll (" in leaf or "_run_once" in leaf and len(frames) < 3:
             continue  # the event loop waiting: idle, not cost
         own[leaf] = own.get(leaf, 0) + int(count)
+        package = _package_of(leaf)
+        packages[package] = packages.get(package, 0) + int(count)
         total += int(count)
     raw.unlink()
-    return [(name, n / total) for name, n in sorted(own.items(), key=lambda kv: -kv[1])[:12]] if total else []
+    if not total:
+        return [], []
+    top = [(name, n / total) for name, n in sorted(own.items(), key=lambda kv: -kv[1])[:12]]
+    return top, [(name, n / total) for name, n in sorted(packages.items(), key=lambda kv: -kv[1])]
+
+
+def _package_of(frame: str) -> str:
+    """`func (path/to/file.py:12)` -> the top-level package of the file (or the stdlib module)."""
+    match = re.search(r"\(([^:)]+)", frame)
+    path = match.group(1) if match else frame
+    parts = [p for p in path.split("/") if p]
+    if "site-packages" in parts:
+        parts = parts[parts.index("site-packages") + 1:]
+    for anchor in ("lightspeed_gateway", "lightspeed"):
+        if anchor in parts:
+            return anchor
+    return parts[0].removesuffix(".py") if parts else path
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--cpu-tokens", type=int, default=256, help="tokens streamed for the CPU-cost figure")
+    parser.add_argument("--streams", type=int, default=8, help="concurrent streams for the CPU-cost figure")
+    parser.add_argument("--stream-tokens", type=int, default=48, help="tokens per stream (ignore_eos)")
     args = parser.parse_args()
     serve_args = ["--max-model-len", "2048"]
     proc, url, ready_s, lines = start(serve_args)
     try:
-        stream_chat(url, "Hi!", 4, False)  # warm-up: first-request costs (grammar, allocator)
-        short = [stream_chat(url, "What is the capital of France? Answer in one sentence.", 32, False)
+        stream_chat(url, "Hi!", 4, False)  # warm-up: first-request costs (allocator, caches)
+        short = [stream_chat(url, "What is the capital of France? Answer in one sentence.", 32, True)
                  for _ in range(3)]
         idle_before = cpu_seconds(proc.pid)
         time.sleep(5)
         idle_rate = (cpu_seconds(proc.pid) - idle_before) / 5
         before, wall = cpu_seconds(proc.pid), time.monotonic()
-        long = stream_chat(url, "Write a long story about a lighthouse keeper.", args.cpu_tokens, True)
+        batch = concurrent_streams(url, args.streams, args.stream_tokens)
         used = cpu_seconds(proc.pid) - before
         wall = time.monotonic() - wall
-        gateway_cpu_per_token = (used - idle_rate * wall) / long["tokens"]
-        spy: list[tuple[str, float]] = []
+        tokens = sum(r["tokens"] for r in batch)
+        gateway_cpu_per_token = (used - idle_rate * wall) / tokens
         holder: dict = {}
-        worker = threading.Thread(target=lambda: holder.update(r=stream_chat(url, "Tell me about the sea.",
-                                                                             args.cpu_tokens, True)))
+        worker = threading.Thread(target=lambda: holder.update(r=concurrent_streams(url, args.streams,
+                                                                                   args.stream_tokens)))
         worker.start()
         time.sleep(1.0)
-        spy = profile(proc.pid, max(3, int(long["e2e_s"] * 0.6)), args.out)
+        spy = profile(proc.pid, max(3, int(wall * 0.7)), args.out)
         worker.join()
     finally:
         proc.terminate()
         proc.wait(30)
     median = sorted(short, key=lambda r: r["ttft_s"])[1]
+    top, packages = spy
     lines_out = [
         f"# Gateway figures, CPU ({datetime.date.today().isoformat()})",
         "",
@@ -148,22 +180,26 @@ def main() -> int:
         "| figure | value |",
         "|---|---|",
         f"| `lightspeed serve` start to ready line (venv installed, model on disk) | {ready_s:.1f} s |",
-        f"| short chat (32 tokens max, greedy, streamed): TTFT, median of 3 | {median['ttft_s'] * 1000:.0f} ms |",
+        f"| short chat (32 tokens, greedy, streamed, ignore_eos): TTFT, median of 3 | {median['ttft_s'] * 1000:.0f} ms |",
         f"| same request: decode tokens/s (after the first token) | {median['decode_tok_s']:.1f} tok/s |",
         f"| same request: tokens / end-to-end seconds ({median['tokens']} tokens) | {median['e2e_tok_s']:.1f} tok/s |",
-        f"| gateway process CPU per streamed token ({long['tokens']} tokens, idle {idle_rate * 1000:.1f} ms/s "
-        f"subtracted) | {gateway_cpu_per_token * 1e6:.0f} µs |",
-        f"| gateway CPU share of one core while streaming one request at {long['tokens'] / long['e2e_s']:.1f} "
-        f"tok/s | {100 * used / wall:.1f} % |",
+        f"| gateway process CPU per streamed token ({args.streams} concurrent streams, {tokens} tokens in "
+        f"{wall:.0f} s; idle {idle_rate * 1000:.1f} ms/s subtracted) | {gateway_cpu_per_token * 1e6:.0f} µs |",
+        f"| gateway process CPU share of one core during that run ({tokens / wall:.1f} tok/s aggregate) | "
+        f"{100 * used / wall:.1f} % |",
         "",
         "Short-request runs (TTFT ms / decode tok/s / tokens): "
         + ", ".join(f"{r['ttft_s'] * 1000:.0f} / {r['decode_tok_s']:.1f} / {r['tokens']}" for r in short),
         "",
     ]
-    if spy:
-        lines_out += ["## Where the gateway's CPU goes (py-spy, own time, busy samples only)", "",
-                      "| share | function |", "|---|---|"]
-        lines_out += [f"| {share * 100:.1f} % | `{name}` |" for name, share in spy]
+    if top:
+        lines_out += ["## Where the gateway process's CPU goes (py-spy during the same load, busy samples)", "",
+                      "By package of the running frame (`lightspeed` = the engine's AsyncLLM client in this "
+                      "process: ZMQ receive, msgspec decode, incremental detokenisation, stop strings):", "",
+                      "| share | package |", "|---|---|"]
+        lines_out += [f"| {share * 100:.1f} % | `{name}` |" for name, share in packages[:10]]
+        lines_out += ["", "Top functions by own time:", "", "| share | function |", "|---|---|"]
+        lines_out += [f"| {share * 100:.1f} % | `{name}` |" for name, share in top]
         lines_out.append("")
     args.out.write_text("\n".join(lines_out))
     print("\n".join(lines_out))

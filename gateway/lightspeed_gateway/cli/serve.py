@@ -85,10 +85,26 @@ def serve(server_config: ServerConfig, engine_config, make_engine=None) -> int:
     # re-raises the signal afterwards; by then shutdown is complete, so exit 0 instead of dying by it.
     signal.signal(signal.SIGTERM, lambda signum, frame: None)
     try:
-        asyncio.run(_serve_and_announce(server, started))
+        # uvloop: uvicorn only installs it in Server.run(), which we do not use (we announce readiness).
+        factory = _loop_factory()
+        if hasattr(asyncio, "Runner"):  # Python >= 3.11
+            with asyncio.Runner(loop_factory=factory) as runner:
+                runner.run(_serve_and_announce(server, started))
+        else:
+            if factory is not None:
+                asyncio.set_event_loop_policy(__import__("uvloop").EventLoopPolicy())
+            asyncio.run(_serve_and_announce(server, started))
     except KeyboardInterrupt:
         pass
     return 0 if server.started else 1
+
+
+def _loop_factory():
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
 
 
 async def _serve_and_announce(server, started: float) -> None:
