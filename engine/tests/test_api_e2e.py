@@ -246,3 +246,9 @@ def test_shutdown_and_killed_client_leave_no_orphan(tiny_model_dir, default_mode
     client.kill()
     client.wait()
     assert _wait_gone(core_pid)
+    # A script that simply ends without shutdown(): the finalizer stops the core at exit.
+    script.write_text(script.read_text().replace("sys.stdin.read()", "llm.generate('bye')"))
+    done = subprocess.run([sys.executable, str(script)], stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert _wait_gone(int(done.stdout.split()[0]), timeout=5)

@@ -61,6 +61,22 @@ def engine_concurrent(llm, prompts: list[list[int]], n: int) -> dict:
     return {"output_tokens": total, "wall_s": wall, "output_tok_s": total / wall}
 
 
+def load_transformers_gguf(path: str):
+    """transformers' model from the GGUF through transformers' own reader (no `accelerate` needed)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    p = Path(path)
+    config = AutoConfig.from_pretrained(str(p.parent), gguf_file=p.name)
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(config)
+    tensors = load_gguf_checkpoint(str(p), return_tensors=True, model_to_load=skeleton)["tensors"]
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(tensors, strict=False)
+    model.tie_weights()
+    return model.eval()
+
+
 @torch.inference_mode()
 def hf_single(model, prompt_ids: list[int], n: int) -> float:
     ids = torch.tensor([prompt_ids])
@@ -81,15 +97,18 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=128, help="output tokens per request")
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch threads (engine and transformers)")
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="both engines' dtype")
     p.add_argument("--out", default="bench/results")
     args = p.parse_args()
 
     from lightspeed import LLM, default_model
-    from transformers import AutoModelForCausalLM
 
+    torch.set_num_threads(args.threads)
     path = Path(default_model())
-    llm = LLM(str(path), kv_cache_memory="512MiB", max_model_len=2048, max_num_seqs=args.concurrency)
-    hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
+    llm = LLM(str(path), dtype=args.dtype, kv_cache_memory="512MiB", max_model_len=2048,
+              max_num_seqs=args.concurrency, num_threads=args.threads)
+    hf = load_transformers_gguf(str(path)).to(getattr(torch, args.dtype))
     chat = [llm.engine.apply_chat_template([{"role": "user", "content": q}]) for q in PROMPTS]
     prompts = [chat[i % len(chat)] for i in range(args.concurrency)]
     engine_one, hf_one, conc = [], [], []
@@ -109,8 +128,9 @@ def main() -> None:
     report = {
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
-                    "torch_threads": torch.get_num_threads(), "loadavg_after": load},
-        "model": f"{path.name} (dequantised to fp32)", "output_tokens": args.tokens, "reps": args.reps,
+                    "torch_threads": args.threads, "loadavg_after": load},
+        "dtype": args.dtype,
+        "model": f"{path.name} (dequantised to {args.dtype})", "output_tokens": args.tokens, "reps": args.reps,
         "transformers_single_tok_s": hf_one, "lightspeed_single_tok_s": engine_one,
         "lightspeed_concurrent": conc, "concurrency": args.concurrency,
         "median": {"transformers_single_tok_s": hf_med, "lightspeed_single_tok_s": eng_med,
@@ -120,11 +140,11 @@ def main() -> None:
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    stem = out / f"engine_cpu_{dt.date.today().isoformat()}"
+    stem = out / f"engine_cpu_{dt.date.today().isoformat()}_{args.dtype}"
     stem.with_suffix(".json").write_text(json.dumps(report, indent=2))
     r = report["ratios"]
     md = [f"# Lightspeed engine on CPU ({report['date']})", "",
-          f"{report['model']}, {os.cpu_count()} cores, torch {torch.__version__}, greedy, {args.tokens} output tokens, "
+          f"{report['model']}, {os.cpu_count()} cores, {args.threads} torch threads each, torch {torch.__version__}, greedy, {args.tokens} output tokens, "
           f"median of {args.reps} interleaved reps; load average after the run {load[0]:.1f} (shared machine).", "",
           "| measure | tok/s | ratio | target |", "|---|---|---|---|",
           f"| transformers generate, single stream (decode) | {hf_med:.1f} | 1.00 | |",

@@ -48,8 +48,9 @@ class EngineCore:
                 self._send(m.RequestErrors(errors))
             if not engine.has_work():
                 continue
-            outputs = engine.step()                      # next_plan -> execute -> advance
-            self._send(self._with_stats(outputs))
+            outputs = self._with_stats(engine.step())    # next_plan -> execute -> advance
+            if outputs.request_ids or outputs.finished or outputs.stats is not None:
+                self._send(outputs)
 
     def _drain_inputs(self, block: bool) -> dict[str, str]:
         errors: dict[str, str] = {}
