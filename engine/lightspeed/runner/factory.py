@@ -81,7 +81,7 @@ def build_model_runner(config: EngineConfig, *, output_tokens_of: Callable[[int]
         max_model_len = max_fit  # the model's default length does not fit: cap it to what the cache holds
     host_budget = config.host_cache_memory
     if host_budget is None:
-        host_budget = 2 * budget if device.type == "cuda" else _CPU_HOST_CACHE_DEFAULT
+        host_budget = default_host_cache_bytes(device, num_device_pages * layout.bytes_per_page)
     num_host_pages = max(2, layout.pages_for(host_budget))
     kv_cache = KVCache(layout, num_device_pages, num_host_pages, device)
     log.info("model %s on %s (%s); KV cache %d device pages, %d host pages of %d tokens (%s); max_model_len %d",
@@ -98,3 +98,14 @@ def build_model_runner(config: EngineConfig, *, output_tokens_of: Callable[[int]
                          output_tokens_of=output_tokens_of)
     return BuiltRunner(runner, model_config, max_model_len, num_device_pages, num_host_pages, device,
                        model_config.torch_dtype, kv_dtype)
+
+
+def default_host_cache_bytes(device: torch.device, device_pool_bytes: int) -> int:
+    """Host (pinned) KV tier when the user names none: twice the device pool on GPU, so prefixes
+    evicted from the device survive, but never more than a quarter of the RAM available now
+    (pinned memory cannot be swapped; taking it all would starve the process)."""
+    if device.type != "cuda":
+        return _CPU_HOST_CACHE_DEFAULT
+    import psutil
+
+    return min(2 * device_pool_bytes, psutil.virtual_memory().available // 4)
