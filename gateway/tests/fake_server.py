@@ -1,5 +1,6 @@
 """`lightspeed serve` with the fake engine (tests only): same CLI, same app, scripted model."""
 
+import os
 import sys
 
 from fake_engine import FakeAsyncLLM
@@ -11,4 +12,4 @@ if __name__ == "__main__":
     server_config, engine_config = build_configs(args)
     sys.exit(serve(server_config, engine_config,
                    make_engine=lambda model: FakeAsyncLLM(model, max_model_len=engine_config.max_model_len or 2048,
-                                                        max_num_seqs=engine_config.max_num_seqs, token_delay_s=0.02)))
+                                                        max_num_seqs=engine_config.max_num_seqs, token_delay_s=float(os.environ.get("FAKE_TOKEN_DELAY_S", "0.02")))))
