@@ -101,6 +101,28 @@ def reference_overrides() -> dict[str, str]:
     return {f"{s.family}/{s.mode}": s.name for s in lk.REGISTRY.specs() if s.solution == "reference"}
 
 
+def exact_check(args, rng: np.random.Generator) -> dict:
+    """The same comparison in fp32 (TF32 off) on a smaller preset: random bf16 weights give near-tied
+    logits, so a bf16 flip says little; in fp32 the two paths must agree token for token."""
+    import lightspeed_kernel as lk
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    small = argparse.Namespace(**{**vars(args), "model": args.exact_check_model, "dtype": "float32",
+                                  "batches": [4], "kv_cache_memory": "2GiB"})
+    engine = InProcessEngine(small)
+    prompts = [rng.integers(0, engine.model_config.vocab_size, n).tolist() for n in (7, 33, 100, 300)]
+    fast = list(engine.generate(prompts, args.check_len).values())
+    with lk.override(**reference_overrides()):
+        ref = list(engine.generate(prompts, args.check_len).values())
+    del engine
+    gc.collect()
+    torch.cuda.empty_cache()
+    result = {"model": args.exact_check_model, "equal": fast == ref, "prompts": len(prompts),
+              "tokens_each": args.check_len}
+    print(f"fp32 greedy registry == reference on {args.exact_check_model}: {fast == ref}", flush=True)
+    return result
+
+
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -146,6 +168,9 @@ def run_engine(args, rng: np.random.Generator, report: dict) -> None:
     report["greedy_vs_reference"] = {"equal": fast == ref, "tokens": len(fast), "first_divergence": agree,
                                      "fast": fast, "reference": ref}
     print(f"greedy registry == reference: {fast == ref} (agree on first {agree}/{len(fast)} tokens)", flush=True)
+
+    if args.exact_check_model and device.type == "cuda":
+        report["greedy_vs_reference_fp32"] = exact_check(args, rng)
 
     # Warm-up (Triton JIT, allocator) on the shapes measured below.
     engine.generate([rng.integers(0, vocab, args.input_len).tolist()], 4)
@@ -236,10 +261,14 @@ def write_report(report: dict, out: Path) -> None:
              + ", ".join(f"{k}={v}" for k, v in report.get("kernels", {}).items()), "",
              f"Greedy with registry kernels == torch references: **{report['greedy_vs_reference']['equal']}** "
              f"(first divergence at token {report['greedy_vs_reference']['first_divergence']} of "
-             f"{report['greedy_vs_reference']['tokens']})", "",
-             "| measure | lightspeed | transformers |", "|---|---|---|",
-             f"| decode tok/s, batch 1 ({b1['prompt_len']}-token prompt) | {b1['decode_tok_s']:.1f} | "
-             f"{hf.get('batch1_decode_tok_s', float('nan')):.1f} |"]
+             f"{report['greedy_vs_reference']['tokens']}; bf16 random weights have near-tied logits)", ""]
+    if "greedy_vs_reference_fp32" in report:
+        exact = report["greedy_vs_reference_fp32"]
+        lines += [f"fp32 (TF32 off) on {exact['model']}, {exact['prompts']} prompts x {exact['tokens_each']} tokens: "
+                  f"registry == reference: **{exact['equal']}**", ""]
+    lines += ["| measure | lightspeed | transformers |", "|---|---|---|",
+              f"| decode tok/s, batch 1 ({b1['prompt_len']}-token prompt) | {b1['decode_tok_s']:.1f} | "
+              f"{hf.get('batch1_decode_tok_s', float('nan')):.1f} |"]
     for batch, t in report["throughput"].items():
         lines.append(f"| output tok/s, {batch} concurrent ({report['args']['input_len']} in / "
                      f"{report['args']['output_len']} out) | {t['output_tok_s']:.1f} | "
@@ -263,6 +292,8 @@ def main() -> None:
     p.add_argument("--decode-len", type=int, default=128, help="tokens generated for the batch-1 measurement")
     p.add_argument("--check-prompt-len", type=int, default=16)
     p.add_argument("--check-len", type=int, default=16, help="tokens compared against the reference path")
+    p.add_argument("--exact-check-model", default="llama-3.2-1b",
+                   help="preset for the fp32 registry-vs-reference greedy check on GPU ('' to skip)")
     p.add_argument("--max-model-len", type=int, default=2048)
     p.add_argument("--max-num-batched-tokens", type=int, default=8192)
     p.add_argument("--page-size", type=int, default=16)
