@@ -6,7 +6,7 @@ import time
 import httpx
 import pytest
 
-from conftest import start_server, stop_cleanly
+from conftest import requires_real_engine, start_server, stop_cleanly
 
 KEY = "s3cret-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -152,3 +152,16 @@ def test_bad_requests_do_not_disturb_a_running_stream(url):
     text = "".join(json.loads(line[6:])["choices"][0]["delta"].get("content", "")
                    for line in results["s"][:-1] if json.loads(line[6:])["choices"])
     assert text == baseline
+
+
+@requires_real_engine
+def test_edge_values_never_reach_the_core_as_poison(url):
+    # uint64 seeds (OpenAI allows them) with n=2 once overflowed the core's int64 seed table and killed it.
+    resp = post(url, "/v1/chat/completions", {**OK_CHAT, "seed": 2**64 - 1, "n": 2, "temperature": 1})
+    assert resp.status_code == 200 and len(resp.json()["choices"]) == 2
+    assert post(url, "/v1/chat/completions", {**OK_CHAT, "seed": -(2**63)}).status_code == 200
+    bad_schema = {**OK_CHAT, "response_format": {"type": "json_schema",
+                                                 "json_schema": {"name": "x", "schema": {"type": "foo"}}}}
+    assert_error(post(url, "/v1/chat/completions", bad_schema), 400)
+    assert_error(post(url, "/v1/chat/completions", {**OK_CHAT, "stream": True, **bad_schema}), 400)
+    assert httpx.get(url + "/health").status_code == 200

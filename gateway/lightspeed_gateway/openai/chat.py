@@ -16,6 +16,7 @@ from lightspeed_gateway.openai.serving import (
     GatewayState,
     TokenText,
     cancel_on_disconnect,
+    first_then_rest,
     sampling_params,
     sse,
     sse_error,
@@ -124,7 +125,8 @@ async def create_chat_completion(state: GatewayState, req: ChatCompletionRequest
     run = _ChatRun(state, req, prompt.token_ids, params, tool_mode, tool_name,
                    prompt.text.rstrip().endswith("<think>"))
     if req.stream:
-        return StreamingResponse(run.stream(), media_type="text/event-stream",
+        outputs = await run.first_output(raw)
+        return StreamingResponse(run.stream(outputs), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     return JSONResponse(await cancel_on_disconnect(raw, run.full()))
 
@@ -224,11 +226,22 @@ class _ChatRun:
             return None
         return choice
 
-    async def stream(self) -> AsyncIterator[str]:
+    async def first_output(self, raw: Request) -> AsyncIterator[Any]:
+        """The engine's outputs, started: rejection and engine death surface here as status codes."""
+        outputs = self.state.engine.generate(self.prompt_ids, self.params, self.request_id, self.timing)
+        try:
+            return await first_then_rest(outputs, raw)
+        except EngineDead as e:
+            raise APIError(503, f"The engine failed while serving this request: {e}", "service_unavailable",
+                           code="engine_dead") from None
+        except RequestRejected as e:
+            raise bad_request(str(e)) from None
+
+    async def stream(self, outputs: AsyncIterator[Any]) -> AsyncIterator[str]:
         try:
             yield self._chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                                 "finish_reason": None} for i in range(self.req.n)])
-            async for out in self.state.engine.generate(self.prompt_ids, self.params, self.request_id, self.timing):
+            async for out in outputs:
                 self.cached_tokens = max(self.cached_tokens, out.num_cached_tokens or 0)
                 choices = []
                 for c in out.outputs:

@@ -16,6 +16,7 @@ from lightspeed_gateway.openai.serving import (
     GatewayState,
     TokenText,
     cancel_on_disconnect,
+    first_then_rest,
     merge_streams,
     sampling_params,
     sse,
@@ -57,7 +58,14 @@ async def create_completion(state: GatewayState, req: CompletionRequest, raw: Re
     state.admit()
     run = _CompletionRun(state, req, prompts, params)
     if req.stream:
-        return StreamingResponse(run.stream(), media_type="text/event-stream",
+        try:
+            outputs = await first_then_rest(run.streams(), raw)
+        except EngineDead as e:
+            raise APIError(503, f"The engine failed while serving this request: {e}", "service_unavailable",
+                           code="engine_dead") from None
+        except RequestRejected as e:
+            raise bad_request(str(e)) from None
+        return StreamingResponse(run.stream(outputs), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     return JSONResponse(await cancel_on_disconnect(raw, run.full()))
 
@@ -75,7 +83,7 @@ class _CompletionRun:
         self.finish_reasons: list[str | None] = [None] * (len(prompts) * req.n)
         self.text_offsets = [0] * (len(prompts) * req.n)
 
-    def _streams(self):
+    def streams(self):
         engine = self.state.engine
         rid = self.request_id
         return merge_streams([engine.generate(ids, p, f"{rid}-{i}" if len(self.prompts) > 1 else rid, t)
@@ -111,7 +119,7 @@ class _CompletionRun:
         texts: list[list[str]] = [[] for _ in self.finish_reasons]
         logprobs: list[dict | None] = [None] * len(self.finish_reasons)
         try:
-            async for which, out in self._streams():
+            async for which, out in self.streams():
                 self.cached_tokens[which] = max(self.cached_tokens[which], out.num_cached_tokens or 0)
                 for c in out.outputs:
                     choice = which * n + c.index
@@ -151,11 +159,11 @@ class _CompletionRun:
             payload["usage"] = self._usage() if options.continuous_usage_stats else None
         return sse(payload)
 
-    async def stream(self) -> AsyncIterator[str]:
+    async def stream(self, outputs: AsyncIterator[tuple[int, Any]]) -> AsyncIterator[str]:
         n = self.req.n
         echoed = [False] * len(self.finish_reasons)
         try:
-            async for which, out in self._streams():
+            async for which, out in outputs:
                 self.cached_tokens[which] = max(self.cached_tokens[which], out.num_cached_tokens or 0)
                 choices = []
                 for c in out.outputs:

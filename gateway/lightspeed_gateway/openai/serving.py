@@ -47,6 +47,11 @@ class GatewayState:
             raise overloaded(self.config.retry_after_s)
 
 
+# The engine keeps seeds in int64 and gives choice i of a request seed + i: fold any OpenAI seed (an
+# int64 or uint64) into a range where that cannot overflow. Same seed in, same seed out.
+ENGINE_SEED_RANGE = 2**63 - 1024
+
+
 def token_budget(state: GatewayState, prompt_len: int, requested: int | None) -> int:
     limit = state.engine.max_model_len
     if prompt_len >= limit:
@@ -78,7 +83,7 @@ def sampling_params(state: GatewayState, req: SamplingFields, prompt_len: int, m
     kwargs = dict(
         n=req.n, max_tokens=budget, temperature=1.0 if req.temperature is None else req.temperature,
         top_p=1.0 if req.top_p is None else req.top_p, top_k=req.top_k or 0,
-        min_p=req.min_p or 0.0, seed=req.seed, stop=req.stop, stop_token_ids=req.stop_token_ids,
+        min_p=req.min_p or 0.0, seed=None if req.seed is None else req.seed % ENGINE_SEED_RANGE, stop=req.stop, stop_token_ids=req.stop_token_ids,
         ignore_eos=req.ignore_eos, presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
         repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
         logit_bias=logit_bias, logprobs=logprobs, min_tokens=min(req.min_tokens, budget),
@@ -220,6 +225,25 @@ async def merge_streams(streams: list[AsyncIterator[Any]]) -> AsyncIterator[tupl
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def first_then_rest(stream: AsyncIterator[Any], request: Request) -> AsyncIterator[Any]:
+    """Wait for a stream's first item before the response starts, so a request the engine rejects
+    (or an engine that is down) still gets a proper status code instead of an error event after 200."""
+    iterator = stream.__aiter__()
+    try:
+        first = await cancel_on_disconnect(request, iterator.__anext__())
+    except StopAsyncIteration:
+        first = None
+
+    async def chained() -> AsyncIterator[Any]:
+        if first is None:
+            return
+        yield first
+        async for item in iterator:
+            yield item
+
+    return chained()
 
 
 def usage_dict(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict:

@@ -108,6 +108,11 @@ class EngineClient:
         previous: dict[int, tuple[int, int, int]] = {}  # index -> (text, tokens, logprobs) seen
         try:
             async for out in self.llm.generate(prompt_token_ids, params, request_id=request_id):
+                current = asyncio.current_task()
+                if current is not task:  # consumed by another task now (a stream after its first token)
+                    self.inflight.discard(task)
+                    task = current
+                    self.inflight.add(task)
                 now = time.monotonic()
                 if not started:
                     started, timing.first_token = True, now
@@ -127,7 +132,7 @@ class EngineClient:
         except self._dead_errors as e:
             self.mark_dead(str(e) or type(e).__name__)
             raise EngineDead(self.dead_reason) from None
-        except ValueError as e:
+        except (ValueError, OverflowError) as e:
             raise RequestRejected(str(e)) from None
         finally:
             self.inflight.discard(task)
