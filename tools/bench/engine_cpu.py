@@ -7,7 +7,8 @@ Measures, in one run and interleaved so machine load hits both alike:
   - aggregate output tok/s of Lightspeed with 16 concurrent requests (wall clock, prefill included).
 Targets: single stream >= 1.2x transformers; 16 streams >= 8x transformers' single stream.
 
-    python tools/bench/engine_cpu.py --out bench/results
+    python tools/bench/engine_cpu.py --out bench/results                    # fp32, 1 thread each
+    python tools/bench/engine_cpu.py --dtype bfloat16 --out bench/results   # both sides in bf16
 """
 
 from __future__ import annotations
@@ -97,7 +98,9 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=128, help="output tokens per request")
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--reps", type=int, default=3)
-    p.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch threads (engine and transformers)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch threads of each side (engine core, transformers); 1 keeps OpenMP from spinning "
+                        "against the other process on a shared 2-core machine")
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="both engines' dtype")
     p.add_argument("--out", default="bench/results")
     args = p.parse_args()
