@@ -3,7 +3,6 @@
 import numpy as np
 import pytest
 import torch
-
 from lightspeed.config import EngineConfig
 from lightspeed.core.messages import SamplingSpec
 from lightspeed.runner.factory import build_model_runner
