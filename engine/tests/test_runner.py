@@ -12,8 +12,9 @@ def _engine(tiny_model_dir, **overrides):
     from lightspeed_scheduler import Scheduler, SchedulerConfig
 
     torch.set_num_threads(1)
-    cfg = EngineConfig(model=tiny_model_dir, load_format="dummy", kv_cache_memory="8MiB", host_cache_memory="1MiB",
-                       max_num_seqs=8, max_model_len=256, **overrides)
+    settings = {"kv_cache_memory": "8MiB", "host_cache_memory": "1MiB", "max_num_seqs": 8, "max_model_len": 256,
+                **overrides}
+    cfg = EngineConfig(model=tiny_model_dir, load_format="dummy", **settings)
     built = build_model_runner(cfg)
     sched = Scheduler(SchedulerConfig(
         page_size=cfg.page_size, num_device_pages=built.num_device_pages, num_host_pages=built.num_host_pages,
@@ -127,3 +128,29 @@ def test_logprobs_rows(tiny_model_dir):
     assert int(result.top_ids[0, 0]) == int(result.tokens[rows[0]])
     assert result.token_logprobs[0] == pytest.approx(result.top_logprobs[0, 0])
     sched.advance(plan, result.tokens)
+
+
+def test_host_tier_write_back_and_load_back_keep_outputs(tiny_model_dir):
+    """A tiny device pool forces the prefix cache to spill to the host pool; a later hit loads the
+    pages back (plan.load_back) and must reproduce the same tokens as the first run."""
+    runner, sched = _engine(tiny_model_dir, kv_cache_memory=48 * 4096, host_cache_memory=256 * 4096,
+                            max_num_seqs=2, max_model_len=256)
+    copies = {"write_back": 0, "load_back": 0}
+    original = runner.execute
+
+    def counting(plan):
+        copies["write_back"] += plan.write_back.shape[0]
+        copies["load_back"] += plan.load_back.shape[0]
+        return original(plan)
+
+    runner.execute = counting
+    first = list(range(10, 170))
+    spec = SamplingSpec(max_tokens=6, temperature=0.0, ignore_eos=True)
+    outs = []
+    for prompt in (first, list(range(300, 460)), list(range(600, 760)), first):
+        (rid,) = _submit(runner, sched, [prompt], spec)
+        outs.append(_run_sync(runner, sched)[rid])
+    assert copies["write_back"] > 0, "the device pool never spilled to the host"
+    assert copies["load_back"] > 0, "the repeated prompt was not served from the host tier"
+    assert outs[3] == outs[0]
+    sched.check_invariants()

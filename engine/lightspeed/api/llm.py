@@ -54,17 +54,27 @@ class LLM:
         return self._engine.stats()
 
     def generate(self, prompts: PromptType | Sequence[PromptType],
-                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[RequestOutput]:
+                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, *,
+                 use_tqdm: bool = False) -> list[RequestOutput]:
         """Generate for every prompt (text or token ids) concurrently; outputs in prompt order."""
         prompts = _as_prompt_list(prompts)
         params = _as_params_list(sampling_params, len(prompts))
-        return self._call(self._generate_all(prompts, params))
+        return self._call(self._generate_all(prompts, params, use_tqdm))
 
-    async def _generate_all(self, prompts: list, params: list[SamplingParams]) -> list[RequestOutput]:
+    async def _generate_all(self, prompts: list, params: list[SamplingParams],
+                            use_tqdm: bool = False) -> list[RequestOutput]:
+        progress = None
+        if use_tqdm:
+            from tqdm import tqdm
+
+            progress = tqdm(total=len(prompts), desc="requests", unit="req")
+
         async def one(prompt, p: SamplingParams) -> RequestOutput:
             final = None
             async for out in self._engine.generate(prompt, dataclasses.replace(p, output_kind=RequestOutputKind.FINAL_ONLY)):
                 final = out
+            if progress is not None:
+                progress.update(1)
             return final
 
         tasks = [asyncio.ensure_future(one(pr, pa)) for pr, pa in zip(prompts, params, strict=True)]
@@ -75,6 +85,9 @@ class LLM:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             raise
+        finally:
+            if progress is not None:
+                progress.close()
 
     def generate_stream(self, prompt: PromptType, sampling_params: SamplingParams | None = None,
                         request_id: str | None = None) -> Iterator[RequestOutput]:
