@@ -13,7 +13,7 @@ from lightspeed_gateway.cli import build_parser, main
 from lightspeed_gateway.cli.serve import build_configs
 from lightspeed_gateway.config import ServerConfig
 
-from conftest import pid_alive, start_server
+from conftest import pid_alive, requires_real_engine, start_server
 
 VLLM_FLAGS = ["--host", "--port", "--api-key", "--served-model-name", "--max-model-len", "--max-num-seqs",
               "--max-num-batched-tokens", "--gpu-memory-utilization", "--kv-cache-dtype", "--dtype", "--load-format",
@@ -98,3 +98,14 @@ def test_serve_ready_chat_and_sigint_leaves_no_orphan():
     while any(pid_alive(p) for p in engines) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(pid_alive(p) for p in engines)
+
+
+@requires_real_engine
+def test_chat_in_process_engine():
+    chat = subprocess.run([sys.executable, "-m", "lightspeed_gateway", "chat", "--max-tokens", "4",
+                           "--temperature", "0", "--system", "Be brief."], input="Hello\n/reset\nHi\n/exit\n",
+                          capture_output=True, text=True, timeout=300)
+    assert chat.returncode == 0, chat.stderr[-3000:]
+    assert "in-process" in chat.stdout
+    replies = [line for line in chat.stdout.splitlines() if line.startswith("> ") and len(line) > 2]
+    assert len(replies) >= 2, chat.stdout  # the prompt marker, then the streamed reply on the same line
