@@ -17,10 +17,14 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from lightspeed import CompletionOutput, EngineDeadError, RequestOutput
-from lightspeed.api.outputs import Logprob
-from lightspeed.api.sampling_params import RequestOutputKind
-from lightspeed.frontend.tokenizer import load_tokenizer
+from lightspeed import (
+    CompletionOutput,
+    EngineDeadError,
+    Logprob,
+    RequestOutput,
+    RequestOutputKind,
+    load_tokenizer,
+)
 
 
 @dataclass

@@ -3,7 +3,12 @@
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
-from schemathesis.checks import content_type_conformance, not_a_server_error, status_code_conformance
+from schemathesis.checks import (
+    content_type_conformance,
+    not_a_server_error,
+    response_schema_conformance,
+    status_code_conformance,
+)
 
 from conftest import start_server, stop_cleanly
 
@@ -44,7 +49,8 @@ def test_api_never_fails_server_side(api_schema):
         def run(case):
             nonlocal checked
             _clamp(case.body)
-            case.call_and_validate(checks=[not_a_server_error, status_code_conformance, content_type_conformance],
+            case.call_and_validate(checks=[not_a_server_error, status_code_conformance, content_type_conformance,
+                                           response_schema_conformance],
                                    timeout=120)
             checked += 1
 

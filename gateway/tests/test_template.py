@@ -1,8 +1,7 @@
 """Chat rendering: each turn's prompt tokens extend the previous turn's exactly."""
 
 import pytest
-from lightspeed import default_model
-from lightspeed.frontend.tokenizer import load_tokenizer
+from lightspeed import default_model, load_tokenizer
 from lightspeed_gateway.openai.protocol import ChatMessage, Tool
 from lightspeed_gateway.template import ChatRenderer, load_chat_template
 

@@ -58,8 +58,7 @@ class _LocalEngine:
         self.counter = 0
 
     async def reply(self, args, messages: list[dict]) -> AsyncIterator[str]:
-        from lightspeed import SamplingParams
-        from lightspeed.api.sampling_params import RequestOutputKind
+        from lightspeed import RequestOutputKind, SamplingParams
 
         from lightspeed_gateway.openai.protocol import ChatMessage
 

@@ -1,7 +1,7 @@
 """EngineClient: the gateway's one view of `lightspeed.AsyncLLM`.
 
-It normalises what the engine yields to delta outputs (only new text, tokens and logprobs per
-CompletionOutput), tracks in-flight requests for admission control and engine-death handling, and
+It asks for delta outputs (only new text, tokens and logprobs per CompletionOutput), tracks in-flight
+requests for admission control and engine-death handling, aborts requests whose consumer left, and
 reads liveness and the stats snapshot the metrics need.
 """
 
@@ -59,7 +59,6 @@ class EngineClient:
         self.num_waiting = 0  # admitted requests that have not produced their first token
         self.inflight: set[asyncio.Task] = set()
         self._dead_errors = _engine_dead_types()
-        self._delta_kind = _delta_output_kind()
 
     # -- liveness --------------------------------------------------------------------------
     @property
@@ -90,11 +89,10 @@ class EngineClient:
 
     # -- requests --------------------------------------------------------------------------
     def make_sampling_params(self, **kwargs: Any) -> Any:
-        from lightspeed import SamplingParams
+        """SamplingParams asking for delta outputs: each yield carries only the new text and tokens."""
+        from lightspeed import RequestOutputKind, SamplingParams
 
-        if self._delta_kind is not None:
-            kwargs["output_kind"] = self._delta_kind
-        return SamplingParams(**kwargs)
+        return SamplingParams(output_kind=RequestOutputKind.DELTA, **kwargs)
 
     async def generate(self, prompt_token_ids: list[int], params: Any, request_id: str,
                        timing: RequestTiming) -> AsyncIterator[Any]:
@@ -105,7 +103,6 @@ class EngineClient:
         self.inflight.add(task)
         self.num_waiting += 1
         started = finished = False
-        previous: dict[int, tuple[int, int, int]] = {}  # index -> (text, tokens, logprobs) seen
         try:
             async for out in self.llm.generate(prompt_token_ids, params, request_id=request_id):
                 current = asyncio.current_task()
@@ -120,8 +117,6 @@ class EngineClient:
                 else:
                     timing.gaps.append(now - timing.last_token)
                 timing.last_token = now
-                if self._delta_kind is None:
-                    out = _to_delta(out, previous)
                 finished = bool(out.finished)
                 yield out
             finished = True
@@ -151,36 +146,9 @@ class EngineClient:
         self.llm.shutdown()
 
 
-def _delta_output_kind() -> Any:
-    try:
-        from lightspeed.api.sampling_params import RequestOutputKind
-    except ImportError:
-        return None
-    return RequestOutputKind.DELTA
-
-
 def _engine_failure(llm: Any) -> str | None:
     """Why the engine is down, or None while it is healthy (`errored` checks the core process)."""
     if llm.errored:
         pid = getattr(llm, "engine_pid", "?")
         return f"engine core process (pid {pid}) is not running"
     return None
-
-
-def _to_delta(out: Any, previous: dict[int, tuple[int, int, int]]) -> Any:
-    """Turn a cumulative RequestOutput into a delta one (engines that cannot emit deltas)."""
-    import copy
-
-    delta = copy.copy(out)
-    delta.outputs = []
-    for completion in out.outputs:
-        seen_text, seen_tokens, seen_logprobs = previous.get(completion.index, (0, 0, 0))
-        piece = copy.copy(completion)
-        piece.text = completion.text[seen_text:]
-        piece.token_ids = list(completion.token_ids[seen_tokens:])
-        if completion.logprobs is not None:
-            piece.logprobs = completion.logprobs[seen_logprobs:]
-        previous[completion.index] = (len(completion.text), len(completion.token_ids),
-                                      len(completion.logprobs or ()))
-        delta.outputs.append(piece)
-    return delta
