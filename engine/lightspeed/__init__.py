@@ -27,7 +27,7 @@ _EXPORTS = {
     "EngineConfig": "lightspeed.config",
     "engine_arg_specs": "lightspeed.config",
     "EngineDeadError": "lightspeed.core.errors",
-    "default_model": "lightspeed.default_model",
+    "default_model": "lightspeed.model_files",
     "load_tokenizer": "lightspeed.frontend.tokenizer",
     "apply_chat_template": "lightspeed.frontend.tokenizer",
 }
@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from .api.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputParams
     from .config import EngineConfig, engine_arg_specs
     from .core.errors import EngineDeadError
-    from .default_model import default_model
+    from .model_files import default_model
     from .frontend.tokenizer import apply_chat_template, load_tokenizer
 
 

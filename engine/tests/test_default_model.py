@@ -17,7 +17,7 @@ from conftest_models import (
     assert_close_rel,
     single_thread,  # noqa: F401  (fixture used by pytestmark)
 )
-from lightspeed.default_model import default_model
+from lightspeed.model_files import default_model
 from lightspeed.loader import load_model
 
 # Token ids of a few chat-formatted and plain prompts (SmolLM2 tokenizer).

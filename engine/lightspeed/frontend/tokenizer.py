@@ -50,7 +50,7 @@ def resolve_model_path(model: str | None) -> str:
     """The model argument or, when None, the default model's path."""
     if model is not None:
         return model
-    from ..default_model import default_model
+    from ..model_files import default_model
 
     return str(default_model())
 

@@ -36,7 +36,7 @@ def load_model(model: str | Path | None, *, load_format: str = "auto", dtype: st
     `torch_dtype` is the dtype actually loaded. Bad or truncated files raise ValueError.
     """
     if model is None:
-        from ..default_model import default_model
+        from ..model_files import default_model
 
         model = default_model()
     files = resolve_model_files(model, load_format)
