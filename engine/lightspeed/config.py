@@ -84,6 +84,10 @@ class EngineConfig:
     tensor_parallel_size: int = _f(1, "Tensor-parallel ranks (only 1 is supported in this version).")
     max_logprobs: int = _f(20, "Largest number of top logprobs a request may ask for.")
     num_threads: int | None = _f(None, "torch threads of the engine core on CPU (default: torch's choice).")
+    enforce_eager: bool = _f(False, "Disable CUDA graphs: run every step eagerly (CUDA graphs are never used on CPU).")
+    cuda_graph_max_batch_size: int = _f(256, "Largest decode batch replayed from a CUDA graph (capped by "
+                                        "--max-num-seqs); graphs are captured at startup for padded sizes "
+                                        "1, 2, 4, 8, 16, 24, 32, then every 16 up to it. Larger batches run eagerly.")
 
     def __post_init__(self) -> None:
         # Normalise CLI-edge strings into typed values (still immutable afterwards).
@@ -98,7 +102,7 @@ class EngineConfig:
         if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device):
             raise ValueError(f"device={self.device!r}: expected auto, cpu, cuda or cuda:N")
         positive = ("max_num_seqs", "max_num_batched_tokens", "chunked_prefill_size", "page_size",
-                    "tensor_parallel_size")
+                    "tensor_parallel_size", "cuda_graph_max_batch_size")
         for name in positive:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -119,6 +123,18 @@ class EngineConfig:
             raise ValueError(f"max_logprobs must be >= 0, got {self.max_logprobs}")
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError(f"num_threads must be >= 1, got {self.num_threads}")
+        if not isinstance(self.enforce_eager, bool):
+            raise ValueError(f"enforce_eager must be a bool, got {self.enforce_eager!r}")
+
+    def cuda_graph_batch_sizes(self) -> list[int]:
+        """Padded decode batch sizes captured as CUDA graphs: 1, 2, 4, 8, 16, 24, 32, 48, 64, ... up to
+        min(cuda_graph_max_batch_size, max_num_seqs), which is always included. Empty with enforce_eager."""
+        if self.enforce_eager:
+            return []
+        top = min(self.cuda_graph_max_batch_size, self.max_num_seqs)
+        sizes = [s for s in (1, 2, 4, 8, 16, 24) if s < top]
+        sizes += [s for s in range(32, top, 16)]
+        return sizes + [top]
 
     @classmethod
     def from_cli(cls, **kwargs: Any) -> EngineConfig:

@@ -10,6 +10,7 @@ import torch
 
 from ..config import EngineConfig
 from ..kv import KVCache, KVLayout, device_kv_budget, resolve_kv_dtype
+from .cuda_graph import build_cuda_graph_runner
 from .model_runner import ModelRunner
 
 log = logging.getLogger("lightspeed.runner")
@@ -96,6 +97,10 @@ def build_model_runner(config: EngineConfig, *, output_tokens_of: Callable[[int]
     runner = ModelRunner(model, kv_cache, max_num_seqs=config.max_num_seqs, vocab_size=model_config.vocab_size,
                          device=device, engine_seed=config.seed, load_tokenizer=load_tokenizer,
                          output_tokens_of=output_tokens_of)
+    # After the KV cache exists: the graphs bake in its addresses.
+    runner.graphs = build_cuda_graph_runner(model, kv_cache, batch_sizes=config.cuda_graph_batch_sizes(),
+                                            max_model_len=max_model_len, vocab_size=model_config.vocab_size,
+                                            device=device)
     return BuiltRunner(runner, model_config, max_model_len, num_device_pages, num_host_pages, device,
                        model_config.torch_dtype, kv_dtype)
 

@@ -5,6 +5,9 @@ execute(plan): bind newly scheduled requests to their state rows -> run the plan
 the sampled positions -> logprobs (of the raw logits, when asked) -> penalties / bias / min_tokens
 / grammar masks -> batched sampler -> tokens to the host.
 
+The forward is eager, or replayed from CUDA graphs for decode-only steps when a `CudaGraphRunner`
+is plugged in (`graphs`, set by the factory on GPU; see cuda_graph.py). Sampling is always eager.
+
 Overlap-ready: inputs come from the plan alone plus the previous step's sampled tensor kept on the
 device (deferred inputs), and the only host synchronisation is the final `.cpu()` of the tokens,
 which an overlapped loop can postpone by one step.
@@ -23,6 +26,7 @@ if TYPE_CHECKING:  # the runner never needs msgspec at run time (GPU benchmarks 
     from ..core.messages import SamplingSpec
 
 from ..kv import KVCache
+from .cuda_graph import CudaGraphRunner
 from .inputs import InputBuilder, StepTensors
 from .sampling_state import SamplingState
 from .structured import StructuredOutputs
@@ -55,6 +59,7 @@ class ModelRunner:
         self._requests: dict[int, tuple[SamplingSpec, list[int]]] = {}
         self._output_tokens_of = output_tokens_of
         self._prev_sampled: torch.Tensor | None = None
+        self.graphs: CudaGraphRunner | None = None  # decode steps it can run are replayed, the rest eager
 
     # -- request lifecycle ---------------------------------------------------------------------
     def add_request(self, req_id: int, spec: SamplingSpec, prompt_ids: list[int]) -> None:
@@ -94,6 +99,12 @@ class ModelRunner:
 
     def forward(self, plan, t: StepTensors) -> torch.Tensor:
         """Logits fp32 [S, V] at the plan's sampled positions."""
+        if self.graphs is not None and self.graphs.can_run(plan):
+            return self.graphs.forward(plan, t)
+        return self.forward_eager(plan, t)
+
+    def forward_eager(self, plan, t: StepTensors) -> torch.Tensor:
+        """`forward` without CUDA graphs."""
         from ..layers.attention import AttentionMetadata
 
         pool = self.kv_cache.device_pool
