@@ -38,8 +38,6 @@ class CudaGraphRunner:
 
     def __init__(self, model: torch.nn.Module, kv_cache: KVCache, *, batch_sizes: list[int], max_model_len: int,
                  vocab_size: int, device: torch.device):
-        if device.type != "cuda":
-            raise ValueError(f"CUDA graphs need a CUDA device, got {device}")
         if not batch_sizes or min(batch_sizes) < 1:
             raise ValueError(f"CUDA graph batch sizes must be positive, got {batch_sizes}")
         self.model, self.kv_cache, self.device = model, kv_cache, device
@@ -56,13 +54,15 @@ class CudaGraphRunner:
         self.query_start_loc = torch.arange(max_batch + 1, dtype=torch.int32, device=device)  # [Bmax+1]
         self.page_table = torch.zeros(max_batch, self.max_pages, dtype=torch.int32, device=device)  # [Bmax, P]
         self.logits = torch.zeros(max_batch, vocab_size, dtype=torch.float32, device=device)  # [Bmax, V]
-        self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self._graphs: dict[int, torch.cuda.CUDAGraph | None] = {}  # captured size -> graph
         self.num_replays = 0  # steps served by a graph (tests and benchmarks read it)
 
     # -- capture -------------------------------------------------------------------------------
     @torch.inference_mode()
     def capture(self) -> None:
         """Capture every batch size, largest first (smaller graphs reuse the pool's blocks)."""
+        if self.device.type != "cuda":
+            raise ValueError(f"CUDA graphs need a CUDA device, got {self.device}")
         start = time.perf_counter()
         pool = torch.cuda.graph_pool_handle()
         for size in reversed(self.batch_sizes):
@@ -96,6 +96,9 @@ class CudaGraphRunner:
         return graph
 
     # -- replay --------------------------------------------------------------------------------
+    def _replay(self, size: int) -> None:
+        self._graphs[size].replay()
+
     def padded_size(self, num_rows: int) -> int | None:
         """The smallest captured size that holds num_rows, None when none does."""
         for size in self.batch_sizes:
@@ -123,7 +126,7 @@ class CudaGraphRunner:
             # Rows a larger step filled before: they must not write its tokens' K/V again.
             self.slot_mapping[n:size].fill_(-1)
             self.seq_lens[n:size].fill_(1)
-        self._graphs[size].replay()
+        self._replay(size)
         self.num_replays += 1
         indices = plan.logits_indices
         if indices.shape[0] == n and np.array_equal(indices, np.arange(n)):

@@ -1,0 +1,169 @@
+"""CUDA-graph decode replay (runner/cuda_graph.py): config and CPU fallback here, graph == eager on GPU."""
+
+import numpy as np
+import pytest
+import torch
+from lightspeed.config import EngineConfig
+from lightspeed.core.messages import SamplingSpec
+from lightspeed.runner.cuda_graph import CudaGraphRunner, build_cuda_graph_runner
+from test_runner import _engine, _run_overlapped, _run_sync
+
+gpu = pytest.mark.gpu
+
+# Prompt lengths around page boundaries (page_size 16) and outputs of different lengths, so the
+# decode batch shrinks step by step through padded (3, 5, 7, ...) and captured sizes.
+PROMPT_LENS = [1, 15, 16, 17, 31, 33, 47, 5, 64, 2, 90, 40, 13]
+MAX_TOKENS = [40, 3, 18, 33, 25, 9, 50, 12, 29, 6, 21, 45, 15]
+
+
+def test_capture_sizes_follow_config():
+    assert EngineConfig().cuda_graph_batch_sizes() == [1, 2, 4, 8, 16, 24, *range(32, 256, 16), 256]
+    assert EngineConfig(max_num_seqs=8).cuda_graph_batch_sizes() == [1, 2, 4, 8]
+    assert EngineConfig(max_num_seqs=5).cuda_graph_batch_sizes() == [1, 2, 4, 5]
+    assert EngineConfig(cuda_graph_max_batch_size=40).cuda_graph_batch_sizes() == [1, 2, 4, 8, 16, 24, 32, 40]
+    assert EngineConfig(cuda_graph_max_batch_size=1).cuda_graph_batch_sizes() == [1]
+    assert EngineConfig(enforce_eager=True).cuda_graph_batch_sizes() == []
+    assert EngineConfig.from_cli(enforce_eager="true").enforce_eager is True
+    with pytest.raises(ValueError, match="cuda_graph_max_batch_size"):
+        EngineConfig(cuda_graph_max_batch_size=0)
+    with pytest.raises(ValueError, match="enforce_eager"):
+        EngineConfig(enforce_eager="yes")
+
+
+def test_graphs_are_off_on_cpu(tiny_model_dir):
+    runner, _ = _engine(tiny_model_dir)
+    assert runner.graphs is None
+    assert build_cuda_graph_runner(runner.model, runner.kv_cache, batch_sizes=[1, 2], max_model_len=256,
+                                   vocab_size=runner.vocab_size, device=torch.device("cpu")) is None
+    with pytest.raises(ValueError, match="CUDA device"):
+        CudaGraphRunner(runner.model, runner.kv_cache, batch_sizes=[1], max_model_len=256,
+                        vocab_size=runner.vocab_size, device=torch.device("cpu")).capture()
+
+
+class _ForwardInsteadOfReplay(CudaGraphRunner):
+    """The graph runner's static buffers, padding and slicing, with each replay run as the eager
+    forward it would have captured: checks the replay bookkeeping on CPU."""
+
+    def mark_captured(self) -> None:
+        self._graphs = dict.fromkeys(self.batch_sizes)
+
+    def _replay(self, size: int) -> None:
+        self._forward(size)
+
+
+@pytest.mark.parametrize("sizes", [[1, 2, 4, 8, 16], [16]])
+def test_replay_bookkeeping_matches_eager_on_cpu(tiny_model_dir, sizes):
+    """Padded rows, rows left over from a larger step, page tables narrower than the static one."""
+    runner, sched = _engine(tiny_model_dir, max_num_seqs=16, kv_cache_memory="16MiB")
+    graphs = _ForwardInsteadOfReplay(runner.model, runner.kv_cache, batch_sizes=sizes, max_model_len=256,
+                                     vocab_size=runner.vocab_size, device=torch.device("cpu"))
+    graphs.mark_captured()
+    _submit_varied(runner, sched)
+    worst, replays, padded_rows = 0.0, 0, 0
+    with torch.inference_mode():
+        while sched.has_unfinished():
+            plan = sched.next_plan()
+            runner._bind_new_rows(plan)
+            t = runner.inputs.build(plan, runner._prev_sampled)
+            eager = runner.forward_eager(plan, t).clone()
+            logits = eager
+            if graphs.can_run(plan):
+                logits = graphs.forward(plan, t).clone()
+                worst, replays = max(worst, (logits - eager).abs().max().item()), replays + 1
+                n, size = plan.num_reqs, graphs.padded_size(plan.num_reqs)
+                padded_rows += size - n
+                # Padding rows (some left over from a larger step) write nothing into the cache.
+                assert (graphs.slot_mapping[n:size] == -1).all() and (graphs.seq_lens[n:size] == 1).all()
+            sched.advance(plan, runner._sample(logits, t).tokens)
+    assert replays >= max(MAX_TOKENS) - 1
+    assert padded_rows > 0
+    assert worst < 1e-4, worst
+
+
+def _submit_varied(runner, sched):
+    from lightspeed_scheduler import RequestSpec
+
+    rng = np.random.default_rng(0)
+    for i, (plen, max_tokens) in enumerate(zip(PROMPT_LENS, MAX_TOKENS, strict=True)):
+        prompt = rng.integers(3, 40000, plen).tolist()
+        spec = SamplingSpec(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+        rid = sched.submit(RequestSpec(rid=f"r{i}", token_ids=prompt, max_new_tokens=max_tokens, ignore_eos=True))
+        runner.add_request(rid, spec, prompt)
+
+
+def _gpu_engine(tiny_model_dir, **overrides):
+    settings = {"device": "cuda", "max_num_seqs": 16, "max_model_len": 2048, "kv_cache_memory": "256MiB",
+                "host_cache_memory": "16MiB", "cuda_graph_max_batch_size": 16, **overrides}
+    return _engine(tiny_model_dir, **settings)
+
+
+@gpu
+@pytest.mark.parametrize(("dtype", "kv_cache_dtype", "rel_tol"),
+                         [("float32", "auto", 1e-4), ("bfloat16", "auto", 3e-2), ("bfloat16", "fp8", 1e-1)])
+def test_graph_replay_equals_eager_forward(tiny_model_dir, dtype, kv_cache_dtype, rel_tol):
+    """Every decode-only step runs eagerly and from its graph on the same cache; the logits must agree.
+
+    max_model_len 2048 gives the graphs a 128-page table (several attention splits) while the eager
+    plans' tables are a few pages wide (one split): the splits past each seq_len must be masked."""
+    runner, sched = _gpu_engine(tiny_model_dir, dtype=dtype, kv_cache_dtype=kv_cache_dtype)
+    assert runner.graphs is not None, "CUDA graph capture failed: see the lightspeed.runner warning in the log"
+    assert runner.graphs.batch_sizes == [1, 2, 4, 8, 16]
+    _submit_varied(runner, sched)
+    rows, sizes_used, argmax_agree, argmax_total = [], set(), 0, 0
+    while sched.has_unfinished():
+        plan = sched.next_plan()
+        runner._bind_new_rows(plan)
+        if plan.write_back.shape[0]:
+            runner.kv_cache.write_back(plan.write_back)
+        if plan.load_back.shape[0]:
+            runner.kv_cache.load_back(plan.load_back)
+        if plan.input_ids.shape[0] == 0:
+            continue
+        t = runner.inputs.build(plan, runner._prev_sampled)
+        eager = runner.forward_eager(plan, t).clone()
+        logits = eager
+        if runner.graphs.can_run(plan):
+            n = plan.input_ids.shape[0]
+            logits = runner.graphs.forward(plan, t).clone()
+            diff = (logits - eager).abs().max().item()
+            scale = max(1.0, eager.abs().max().item())
+            agree = int((logits.argmax(-1) == eager.argmax(-1)).sum().item())
+            argmax_agree, argmax_total = argmax_agree + agree, argmax_total + n
+            rows.append((n, runner.graphs.padded_size(n), int(plan.seq_lens.max()), diff, diff / scale))
+            sizes_used.add(runner.graphs.padded_size(n))
+            assert torch.isfinite(logits).all()
+        result = runner._sample(logits, t)
+        sched.advance(plan, result.tokens)
+    torch.cuda.synchronize()
+    worst = max(rows, key=lambda r: r[4])
+    print(f"\n{dtype}/{kv_cache_dtype}: {len(rows)} graph steps, sizes {sorted(sizes_used)}, "
+          f"worst rel diff {worst[4]:.2e} (batch {worst[0]} padded to {worst[1]}, max seq_len {worst[2]}, "
+          f"max abs diff {worst[3]:.3e}); argmax agreement {argmax_agree}/{argmax_total}")
+    for n, size, max_len, diff, rel in rows[:: max(1, len(rows) // 12)]:
+        print(f"  batch {n:2d} -> graph {size:2d}  max seq_len {max_len:3d}  max abs diff {diff:.3e}  rel {rel:.2e}")
+    assert sizes_used == {1, 2, 4, 8, 16}, f"graph sizes exercised: {sorted(sizes_used)}"
+    assert any(r[0] != r[1] for r in rows), "no padded batch was replayed"
+    bad = [r for r in rows if r[4] > rel_tol]
+    assert not bad, f"graph vs eager logits beyond rel {rel_tol}: {bad[:5]}"
+    if dtype == "float32":
+        assert argmax_agree == argmax_total
+
+
+@gpu
+def test_engine_with_graphs_generates_what_eager_does(tiny_model_dir):
+    """Whole execute() path, sync and overlapped (deferred inputs), fp32: same greedy tokens."""
+    outputs = {}
+    for eager in (True, False):
+        for loop in (_run_sync, _run_overlapped):
+            runner, sched = _gpu_engine(tiny_model_dir, dtype="float32", enforce_eager=eager)
+            assert (runner.graphs is None) == eager, "CUDA graph capture failed: see the warning in the log"
+            _submit_varied(runner, sched)
+            out = loop(runner, sched)
+            outputs[eager, loop.__name__] = out[0] if isinstance(out, tuple) else out
+            if not eager:
+                assert runner.graphs.num_replays > 0
+                print(f"\n{loop.__name__}: {runner.graphs.num_replays} graph replays")
+    reference = outputs[True, "_run_sync"]
+    assert len(reference) == len(PROMPT_LENS)
+    for key, out in outputs.items():
+        assert out == reference, f"{key} differs from eager sync"
