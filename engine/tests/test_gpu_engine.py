@@ -21,7 +21,9 @@ def test_triton_greedy_equals_reference(tiny_model_dir, kv_cache_dtype):
     spec = SamplingSpec(max_tokens=8, temperature=0.0, ignore_eos=True)
     runs = []
     for forced in (None, _reference_overrides()):
-        runner, sched = _engine(tiny_model_dir, device="cuda", dtype="bfloat16", kv_cache_dtype=kv_cache_dtype)
+        # The reference run is eager: CUDA graphs replay the kernels they were captured with.
+        runner, sched = _engine(tiny_model_dir, device="cuda", dtype="bfloat16", kv_cache_dtype=kv_cache_dtype,
+                                enforce_eager=forced is not None)
         ids = _submit(runner, sched, PROMPTS, spec)
         if forced is None:
             out = _run_sync(runner, sched)

@@ -8,6 +8,8 @@ Reports, in one run:
   2. decode tok/s at batch 1 and its fraction of the speed of light:
      SOL step = (weight bytes read + KV bytes read per step) / 4.27 TB/s (H200 HBM);
   3. output tok/s with 32 and 128 concurrent requests (1024 prompt tokens, 128 output tokens);
+  2-3 run twice: with CUDA graphs for decode steps (the default engine) and with --enforce-eager
+     (no graphs), unless --enforce-eager (eager only) or --no-eager-compare (graphs only) is given;
   4. transformers `generate` (random-init LlamaForCausalLM from the same config, bf16, cuda) on
      the same shapes.
 
@@ -44,7 +46,7 @@ def sampling_spec(max_tokens: int) -> SimpleNamespace:
 class InProcessEngine:
     """Scheduler + ModelRunner in this process (what the engine core runs, minus the sockets)."""
 
-    def __init__(self, args):
+    def __init__(self, args, enforce_eager: bool = False):
         from lightspeed.config import EngineConfig
         from lightspeed.runner.factory import build_model_runner
         from lightspeed_scheduler import Scheduler, SchedulerConfig
@@ -54,7 +56,8 @@ class InProcessEngine:
                                    max_num_batched_tokens=args.max_num_batched_tokens,
                                    chunked_prefill_size=args.max_num_batched_tokens,
                                    kv_cache_memory=args.kv_cache_memory, host_cache_memory=args.host_cache_memory,
-                                   enable_prefix_cache=False, page_size=args.page_size)
+                                   enable_prefix_cache=False, page_size=args.page_size,
+                                   enforce_eager=enforce_eager)
         self.built = build_model_runner(self.config)
         self.runner, self.model_config = self.built.runner, self.built.model_config
         self.scheduler = Scheduler(SchedulerConfig(
@@ -93,6 +96,18 @@ class InProcessEngine:
                 self.runner.remove_request(rid)
         return outputs
 
+    def generate_reference(self, prompts: list[list[int]], max_tokens: int) -> dict[int, list[int]]:
+        """`generate` with every op forced to its torch reference; eager, since the CUDA graphs
+        replay the kernels they were captured with."""
+        import lightspeed_kernel as lk
+
+        graphs, self.runner.graphs = self.runner.graphs, None
+        try:
+            with lk.override(**reference_overrides()):
+                return self.generate(prompts, max_tokens)
+        finally:
+            self.runner.graphs = graphs
+
 
 def reference_overrides() -> dict[str, str]:
     """family/mode -> the torch reference kernel's name, for every registered op."""
@@ -104,16 +119,13 @@ def reference_overrides() -> dict[str, str]:
 def exact_check(args, rng: np.random.Generator) -> dict:
     """The same comparison in fp32 (TF32 off) on a smaller preset: random bf16 weights give near-tied
     logits, so a bf16 flip says little; in fp32 the two paths must agree token for token."""
-    import lightspeed_kernel as lk
-
     torch.backends.cuda.matmul.allow_tf32 = False
     small = argparse.Namespace(**{**vars(args), "model": args.exact_check_model, "dtype": "float32",
                                   "batches": [4], "kv_cache_memory": "2GiB"})
     engine = InProcessEngine(small)
     prompts = [rng.integers(0, engine.model_config.vocab_size, n).tolist() for n in (7, 33, 100, 300)]
     fast = list(engine.generate(prompts, args.check_len).values())
-    with lk.override(**reference_overrides()):
-        ref = list(engine.generate(prompts, args.check_len).values())
+    ref = list(engine.generate_reference(prompts, args.check_len).values())
     del engine
     gc.collect()
     torch.cuda.empty_cache()
@@ -139,15 +151,37 @@ def weight_bytes_per_step(model: torch.nn.Module, tied: bool) -> int:
     return total
 
 
-def run_engine(args, rng: np.random.Generator, report: dict) -> None:
-    import lightspeed_kernel as lk
-
+def run_engine(args, rng: np.random.Generator, report: dict, *, enforce_eager: bool = False, suffix: str = "",
+               checks: bool = True) -> None:
+    """Measures 2-3 into report["batch1" + suffix] / ["throughput" + suffix]; 1 too with `checks`."""
     device = torch.device(args.device)
-    engine = InProcessEngine(args)
+    engine = InProcessEngine(args, enforce_eager)
+    graphs = engine.runner.graphs
+    report["cuda_graphs" + suffix] = {"enabled": graphs is not None,
+                                      "batch_sizes": graphs.batch_sizes if graphs is not None else []}
+    print(f"[{'eager' if enforce_eager else 'graphs'}] CUDA graphs: "
+          f"{graphs.batch_sizes if graphs is not None else 'off'}", flush=True)
+    if device.type == "cuda" and not enforce_eager and graphs is None:
+        print("WARNING: CUDA graphs were asked for but not captured (see the lightspeed.runner warning)", flush=True)
     mc = engine.model_config
     vocab = mc.vocab_size
     report["model"] = {"preset": args.model, "dtype": args.dtype, "layers": mc.num_hidden_layers,
                        "hidden": mc.hidden_size, "vocab": vocab, "num_device_pages": engine.built.num_device_pages}
+    if checks:
+        run_checks(args, rng, report, engine)
+    measure(args, rng, report, engine, suffix)
+    if graphs is not None:
+        report["cuda_graphs" + suffix]["replays"] = graphs.num_replays
+    del engine, graphs
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def run_checks(args, rng: np.random.Generator, report: dict, engine: InProcessEngine) -> None:
+    import lightspeed_kernel as lk
+
+    device, vocab = torch.device(args.device), engine.model_config.vocab_size
     report["kernels"] = {}
     if device.type == "cuda":
         for family, mode in (("attention", "decode"), ("attention", "prefill"), ("norm", "rms"),
@@ -162,8 +196,7 @@ def run_engine(args, rng: np.random.Generator, report: dict) -> None:
     # 1. Registry kernels vs torch references, greedy, short prompt.
     prompt = rng.integers(0, vocab, args.check_prompt_len).tolist()
     fast = list(engine.generate([prompt], args.check_len).values())[0]
-    with lk.override(**reference_overrides()):
-        ref = list(engine.generate([prompt], args.check_len).values())[0]
+    ref = list(engine.generate_reference([prompt], args.check_len).values())[0]
     agree = next((i for i, (a, b) in enumerate(zip(fast, ref, strict=False)) if a != b), len(fast))
     report["greedy_vs_reference"] = {"equal": fast == ref, "tokens": len(fast), "first_divergence": agree,
                                      "fast": fast, "reference": ref}
@@ -172,6 +205,10 @@ def run_engine(args, rng: np.random.Generator, report: dict) -> None:
     if args.exact_check_model and device.type == "cuda":
         report["greedy_vs_reference_fp32"] = exact_check(args, rng)
 
+
+def measure(args, rng: np.random.Generator, report: dict, engine: InProcessEngine, suffix: str) -> None:
+    device, mc = torch.device(args.device), engine.model_config
+    vocab, label = mc.vocab_size, "eager" if engine.config.enforce_eager else "graphs"
     # Warm-up (Triton JIT, allocator) on the shapes measured below.
     engine.generate([rng.integers(0, vocab, args.input_len).tolist()], 4)
     engine.generate([rng.integers(0, vocab, args.input_len).tolist() for _ in range(min(4, max(args.batches)))], 4)
@@ -186,15 +223,15 @@ def run_engine(args, rng: np.random.Generator, report: dict) -> None:
     avg_ctx = args.input_len + args.decode_len / 2
     bytes_per_step = weight_bytes_per_step(engine.runner.model, mc.tie_word_embeddings) + avg_ctx * kv_bytes_per_token
     sol_s = bytes_per_step / HBM_BYTES_PER_S
-    report["batch1"] = {"decode_tok_s": 1.0 / step_s, "median_step_ms": step_s * 1e3,
-                        "mean_step_ms": float(np.mean(decode)) * 1e3, "bytes_per_step": bytes_per_step,
-                        "speed_of_light_step_ms": sol_s * 1e3, "fraction_of_speed_of_light": sol_s / step_s,
-                        "prompt_len": args.input_len, "decode_steps": len(decode)}
-    print(f"batch 1: {1 / step_s:.1f} tok/s, step {step_s * 1e3:.2f} ms, SOL {sol_s * 1e3:.2f} ms "
+    report["batch1" + suffix] = {
+        "decode_tok_s": 1.0 / step_s, "median_step_ms": step_s * 1e3, "mean_step_ms": float(np.mean(decode)) * 1e3,
+        "bytes_per_step": bytes_per_step, "speed_of_light_step_ms": sol_s * 1e3,
+        "fraction_of_speed_of_light": sol_s / step_s, "prompt_len": args.input_len, "decode_steps": len(decode)}
+    print(f"[{label}] batch 1: {1 / step_s:.1f} tok/s, step {step_s * 1e3:.2f} ms, SOL {sol_s * 1e3:.2f} ms "
           f"({sol_s / step_s:.1%})", flush=True)
 
     # 3. Concurrent requests.
-    report["throughput"] = {}
+    report["throughput" + suffix] = {}
     for batch in args.batches:
         prompts = [rng.integers(0, vocab, args.input_len).tolist() for _ in range(batch)]
         sync(device)
@@ -203,13 +240,9 @@ def run_engine(args, rng: np.random.Generator, report: dict) -> None:
         sync(device)
         wall = time.perf_counter() - t0
         produced = sum(len(v) for v in outs.values())
-        report["throughput"][str(batch)] = {"output_tok_s": produced / wall, "wall_s": wall,
-                                            "output_tokens": produced}
-        print(f"{batch} concurrent: {produced / wall:.1f} output tok/s ({wall:.2f} s)", flush=True)
-    del engine
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
+        report["throughput" + suffix][str(batch)] = {"output_tok_s": produced / wall, "wall_s": wall,
+                                                     "output_tokens": produced}
+        print(f"[{label}] {batch} concurrent: {produced / wall:.1f} output tok/s ({wall:.2f} s)", flush=True)
 
 
 @torch.inference_mode()
@@ -266,17 +299,26 @@ def write_report(report: dict, out: Path) -> None:
         exact = report["greedy_vs_reference_fp32"]
         lines += [f"fp32 (TF32 off) on {exact['model']}, {exact['prompts']} prompts x {exact['tokens_each']} tokens: "
                   f"registry == reference: **{exact['equal']}**", ""]
-    lines += ["| measure | lightspeed | transformers |", "|---|---|---|",
+    graphs = report["cuda_graphs"]
+    eager_b1, eager_tp = report.get("batch1_eager"), report.get("throughput_eager", {})
+    main_name = f"lightspeed, CUDA graphs {graphs['batch_sizes']}" if graphs["enabled"] else "lightspeed, eager"
+    lines += [f"Engine: {main_name}" + (f"; {graphs['replays']} decode steps replayed" if graphs["enabled"] else ""), "",
+              "| measure | lightspeed | lightspeed --enforce-eager | transformers |", "|---|---|---|---|",
               f"| decode tok/s, batch 1 ({b1['prompt_len']}-token prompt) | {b1['decode_tok_s']:.1f} | "
+              f"{eager_b1['decode_tok_s'] if eager_b1 else float('nan'):.1f} | "
               f"{hf.get('batch1_decode_tok_s', float('nan')):.1f} |"]
     for batch, t in report["throughput"].items():
+        eager_t = eager_tp.get(batch, {}).get("output_tok_s", float("nan"))
         lines.append(f"| output tok/s, {batch} concurrent ({report['args']['input_len']} in / "
-                     f"{report['args']['output_len']} out) | {t['output_tok_s']:.1f} | "
+                     f"{report['args']['output_len']} out) | {t['output_tok_s']:.1f} | {eager_t:.1f} | "
                      f"{hf.get(f'output_tok_s_{batch}', float('nan')):.1f} |")
     lines += ["", f"Batch-1 step {b1['median_step_ms']:.2f} ms vs speed of light {b1['speed_of_light_step_ms']:.2f} ms "
               f"({b1['bytes_per_step'] / 1e9:.2f} GB per step / 4.27 TB/s): **{b1['fraction_of_speed_of_light']:.1%} "
-              f"of speed of light**. No CUDA graphs or overlap scheduling yet: per-step Python and launch "
-              f"overhead is included.", ""]
+              f"of speed of light** ({main_name}; step time includes the scheduler, input upload and sampling)."]
+    if eager_b1:
+        lines.append(f"Eager: step {eager_b1['median_step_ms']:.2f} ms, "
+                     f"{eager_b1['fraction_of_speed_of_light']:.1%} of speed of light.")
+    lines.append("")
     stem.with_suffix(".md").write_text("\n".join(lines))
     print(f"wrote {stem}.json and {stem}.md")
 
@@ -300,6 +342,9 @@ def main() -> None:
     p.add_argument("--kv-cache-memory", default="24GiB")
     p.add_argument("--host-cache-memory", default="1GiB")
     p.add_argument("--no-hf", action="store_true", help="skip the transformers comparison")
+    p.add_argument("--enforce-eager", action="store_true", help="measure the engine without CUDA graphs only")
+    p.add_argument("--no-eager-compare", action="store_true",
+                   help="skip the second, --enforce-eager measurement of the engine")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="bench/results", help="folder for engine_gpu_<date>.json/.md")
     args = p.parse_args()
@@ -310,7 +355,9 @@ def main() -> None:
               "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
               "torch": torch.__version__}
     t0 = time.perf_counter()
-    run_engine(args, np.random.default_rng(args.seed), report)
+    run_engine(args, np.random.default_rng(args.seed), report, enforce_eager=args.enforce_eager)
+    if not args.enforce_eager and not args.no_eager_compare:
+        run_engine(args, np.random.default_rng(args.seed), report, enforce_eager=True, suffix="_eager", checks=False)
     if not args.no_hf:
         run_transformers(args, np.random.default_rng(args.seed + 1), report)
     report["total_s"] = time.perf_counter() - t0

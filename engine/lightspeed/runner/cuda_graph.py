@@ -26,8 +26,8 @@ import time
 import numpy as np
 import torch
 
-from ..layers.attention import AttentionMetadata
 from ..kv import KVCache
+from ..layers.attention import AttentionMetadata
 from .inputs import StepTensors
 
 log = logging.getLogger("lightspeed.runner")
