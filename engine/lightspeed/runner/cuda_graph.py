@@ -27,7 +27,6 @@ import numpy as np
 import torch
 
 from ..kv import KVCache
-from ..layers.attention import AttentionMetadata
 from .inputs import StepTensors
 
 log = logging.getLogger("lightspeed.runner")
@@ -72,6 +71,8 @@ class CudaGraphRunner:
                  time.perf_counter() - start)
 
     def _forward(self, size: int) -> None:
+        from ..layers.attention import AttentionMetadata  # as in ModelRunner: kernels load on first use
+
         pool = self.kv_cache.device_pool
         meta = AttentionMetadata(
             query_start_loc=self.query_start_loc[: size + 1], seq_lens=self.seq_lens[:size],

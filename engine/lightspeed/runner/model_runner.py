@@ -24,9 +24,9 @@ import torch
 
 if TYPE_CHECKING:  # the runner never needs msgspec at run time (GPU benchmarks drive it directly)
     from ..core.messages import SamplingSpec
+    from .cuda_graph import CudaGraphRunner
 
 from ..kv import KVCache
-from .cuda_graph import CudaGraphRunner
 from .inputs import InputBuilder, StepTensors
 from .sampling_state import SamplingState
 from .structured import StructuredOutputs
