@@ -190,6 +190,41 @@ def test_decode_cuda_graph_replay():
     _check(out, want, torch.bfloat16)
 
 
+@pytest.mark.gpu
+def test_public_decode_op_graph_replays_any_seq_len():
+    """What an engine's decode graph does: the public op (workspace allocated inside the capture, from
+    the graph's pool) captured once over a fixed-width page table; replays with other requests' pages
+    and lengths (1 .. 4001 tokens, several splits each) must match the reference each time."""
+    from lightspeed_kernel import ops
+
+    b, page_size, max_pages = 8, 16, 256
+    big = paged_batch([4000, 17, 1000, 15, 63, 2500, 0, 300], [1] * b, page_size, 32, 8, 128, torch.bfloat16, "cuda")
+    assert dec.plan_decode(b, 32, 8, 128, page_size, max_pages, 1).num_splits > 1
+    caches = (big["k_cache"], big["v_cache"])
+    page_table = torch.zeros(b, max_pages, dtype=torch.int32, device="cuda")  # [B, P], static
+    seq_lens = torch.ones(b, dtype=torch.int32, device="cuda")
+    qsl = torch.arange(b + 1, dtype=torch.int32, device="cuda")
+    q = torch.zeros_like(big["q"])
+    kw = {"max_query_len": 1, "scale": 128**-0.5}
+    ops.attention_decode(q, *caches, page_table, qsl, seq_lens, **kw)  # compile outside the graph
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = ops.attention_decode(q, *caches, page_table, qsl, seq_lens, **kw)
+    gen = torch.Generator().manual_seed(1)
+    for frac in (1.0, 0.5, 0.02, 1.0):
+        perm = torch.randperm(b, generator=gen).cuda()
+        page_table.zero_()
+        page_table[:, : big["page_table"].shape[1]].copy_(big["page_table"][perm])
+        seq_lens.copy_((big["seq_lens"][perm].float() * frac).ceil().clamp(min=1).int())
+        q.copy_(torch.randn(q.shape, generator=gen).to(q))
+        graph.replay()
+        torch.cuda.synchronize()
+        want = ref.attention_decode(q, *caches, page_table, qsl, seq_lens, **kw)
+        print(f"frac {frac}: seq_lens {seq_lens.tolist()} rel err {rel_err(out, want):.2e}")
+        _check(out, want, torch.bfloat16)
+
+
 @pytest.mark.parametrize("batch,max_pages", [(1, 2048), (16, 512), (64, 512), (256, 2048), (3, 1)])
 def test_plan_decode_splits(batch, max_pages):
     plan = dec.plan_decode(batch, 32, 8, 128, 16, max_pages, 1, num_sms=132)
