@@ -38,7 +38,7 @@ def start(args: list[str], fake: bool = False) -> tuple[subprocess.Popen, str, f
     """`lightspeed serve` (or, with fake=True, the same CLI and app over the scripted test engine)."""
     if fake:
         tests = Path(__file__).resolve().parents[1] / "tests"
-        cmd = [sys.executable, str(tests / "fake_server.py")]
+        cmd = [sys.executable, str(tests / "gateway_fake_server.py")]
         env = {**os.environ, "PYTHONPATH": str(tests), "FAKE_TOKEN_DELAY_S": "0"}
     else:
         cmd, env = [str(Path(sys.executable).with_name("lightspeed")), "serve"], None
@@ -226,7 +226,7 @@ def main() -> int:
     ]
     if top:
         lines_out += ["## Where the gateway's CPU goes (py-spy, scripted-engine run, busy samples)", "",
-                      "By package of the running frame (`fake_engine` = the scripted engine standing in for the "
+                      "By package of the running frame (`gateway_fake_engine` = the scripted engine standing in for the "
                       "AsyncLLM client; `Runner.run` is uvloop's C event loop, which py-spy sees as one frame):", "",
                       "| share | package |", "|---|---|"]
         lines_out += [f"| {share * 100:.1f} % | `{name}` |" for name, share in packages[:10]]

@@ -8,12 +8,11 @@ import time
 
 import httpx
 import pytest
+from gateway_testing import pid_alive, requires_real_engine, start_server
 from lightspeed import EngineConfig
 from lightspeed_gateway.cli import build_parser, main
 from lightspeed_gateway.cli.serve import build_configs
 from lightspeed_gateway.config import ServerConfig
-
-from conftest import pid_alive, requires_real_engine, start_server
 
 VLLM_FLAGS = ["--host", "--port", "--api-key", "--served-model-name", "--max-model-len", "--max-num-seqs",
               "--max-num-batched-tokens", "--gpu-memory-utilization", "--kv-cache-dtype", "--dtype", "--load-format",

@@ -5,8 +5,7 @@ import time
 
 import httpx
 import pytest
-
-from conftest import requires_real_engine, start_server, stop_cleanly
+from gateway_testing import requires_real_engine, start_server, stop_cleanly
 
 KEY = "s3cret-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}

@@ -9,8 +9,7 @@ import time
 
 import httpx
 import pytest
-
-from conftest import pid_alive, start_server, stop_cleanly
+from gateway_testing import pid_alive, start_server, stop_cleanly
 
 LONG = {"messages": [{"role": "user", "content": "Write a very long story about a lighthouse."}],
         "max_tokens": 400, "temperature": 0, "ignore_eos": True}

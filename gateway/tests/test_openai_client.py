@@ -8,8 +8,7 @@ import httpx
 import jsonschema
 import openai
 import pytest
-
-from conftest import requires_real_engine
+from gateway_testing import requires_real_engine
 
 USER = [{"role": "user", "content": "SAY:The capital of France is Paris. It is a big city."}]
 GREEDY = {"temperature": 0, "max_tokens": 12}

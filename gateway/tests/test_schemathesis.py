@@ -2,6 +2,7 @@
 
 import pytest
 import schemathesis
+from gateway_testing import start_server, stop_cleanly
 from hypothesis import HealthCheck, given, settings
 from schemathesis.checks import (
     content_type_conformance,
@@ -9,8 +10,6 @@ from schemathesis.checks import (
     response_schema_conformance,
     status_code_conformance,
 )
-
-from conftest import start_server, stop_cleanly
 
 # Bounded token budgets keep ~100 generated requests within a minute or two on 2 CPU cores.
 CLAMP = {"max_tokens": 4, "max_completion_tokens": 4, "n": 2, "top_logprobs": 2, "logprobs": 2}
@@ -29,7 +28,7 @@ def _clamp(body):
             body["max_tokens"] = 4  # unset means "up to max_model_len": minutes of CPU decode per example
         for key, cap in CLAMP.items():
             value = body.get(key)
-            if isinstance(value, int) and not isinstance(value, bool) and value > cap:
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and value > cap:
                 body[key] = cap
         if isinstance(body.get("prompt"), list) and len(body["prompt"]) > 4:
             body["prompt"] = body["prompt"][:4]  # batch size, not content, is what costs time here

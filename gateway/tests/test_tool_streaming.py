@@ -7,7 +7,7 @@ import json
 
 import openai
 import pytest
-from fake_engine import FakeAsyncLLM
+from gateway_fake_engine import FakeAsyncLLM
 from lightspeed import default_model
 from lightspeed_gateway.config import ServerConfig
 from lightspeed_gateway.server.app import build_app

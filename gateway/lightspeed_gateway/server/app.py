@@ -44,7 +44,11 @@ _ERRORS = {code: {"model": ErrorResponse, "description": text} for code, text in
     (400, "Invalid request"), (401, "Invalid or missing API key"), (404, "Unknown model"),
     (413, "Request body too large"), (429, "Too many waiting requests (see Retry-After)"),
     (503, "Engine not running (see Retry-After)"))}
-_STREAM = {"text/event-stream": {"schema": {"type": "string"}}}
+# With "stream": true the 200 body is server-sent events; each event's `data` is a JSON chunk, then [DONE].
+_STREAM = {"text/event-stream": {"schema": {
+    "type": "object", "required": ["data"],
+    "properties": {"data": {"type": "string", "description": "a JSON chunk, or [DONE] at the end"},
+                   "event": {"type": "string"}}}}}
 
 
 def model_name_of(model_path: str | None, served_model_name: str | None) -> str:

@@ -3,7 +3,7 @@
 import os
 import sys
 
-from fake_engine import FakeAsyncLLM
+from gateway_fake_engine import FakeAsyncLLM
 from lightspeed_gateway.cli import build_parser
 from lightspeed_gateway.cli.serve import build_configs, serve
 
