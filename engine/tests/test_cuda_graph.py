@@ -14,6 +14,8 @@ gpu = pytest.mark.gpu
 # decode batch shrinks step by step through padded (3, 5, 7, ...) and captured sizes.
 PROMPT_LENS = [1, 15, 16, 17, 31, 33, 47, 5, 64, 2, 90, 40, 13]
 MAX_TOKENS = [40, 3, 18, 33, 25, 9, 50, 12, 29, 6, 21, 45, 15]
+# One request grows from 250 to 271 tokens: past the 256-key attention split of the graphs' plan.
+LONG_PROMPT_LENS = [250 if n == 90 else n for n in PROMPT_LENS]
 
 
 def test_capture_sizes_follow_config():
@@ -80,11 +82,11 @@ def test_replay_bookkeeping_matches_eager_on_cpu(tiny_model_dir, sizes):
     assert worst < 1e-4, worst
 
 
-def _submit_varied(runner, sched):
+def _submit_varied(runner, sched, prompt_lens=PROMPT_LENS):
     from lightspeed_scheduler import RequestSpec
 
     rng = np.random.default_rng(0)
-    for i, (plen, max_tokens) in enumerate(zip(PROMPT_LENS, MAX_TOKENS, strict=True)):
+    for i, (plen, max_tokens) in enumerate(zip(prompt_lens, MAX_TOKENS, strict=True)):
         prompt = rng.integers(3, 40000, plen).tolist()
         spec = SamplingSpec(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
         rid = sched.submit(RequestSpec(rid=f"r{i}", token_ids=prompt, max_new_tokens=max_tokens, ignore_eos=True))
@@ -99,16 +101,17 @@ def _gpu_engine(tiny_model_dir, **overrides):
 
 @gpu
 @pytest.mark.parametrize(("dtype", "kv_cache_dtype", "rel_tol"),
-                         [("float32", "auto", 1e-4), ("bfloat16", "auto", 3e-2), ("bfloat16", "fp8", 1e-1)])
+                         [("float32", "auto", 1e-3), ("bfloat16", "auto", 3e-2), ("bfloat16", "fp8", 1e-1)])
 def test_graph_replay_equals_eager_forward(tiny_model_dir, dtype, kv_cache_dtype, rel_tol):
     """Every decode-only step runs eagerly and from its graph on the same cache; the logits must agree.
 
-    max_model_len 2048 gives the graphs a 128-page table (several attention splits) while the eager
-    plans' tables are a few pages wide (one split): the splits past each seq_len must be masked."""
+    max_model_len 2048 gives the graphs a 128-page table (8 attention splits of 256 keys) while the
+    eager plans' tables are a few pages wide (one or two splits): the splits past each seq_len must be
+    masked, and one sequence crosses a split boundary (fp32 then differs by the tf32 p@V rounding)."""
     runner, sched = _gpu_engine(tiny_model_dir, dtype=dtype, kv_cache_dtype=kv_cache_dtype)
     assert runner.graphs is not None, "CUDA graph capture failed: see the lightspeed.runner warning in the log"
     assert runner.graphs.batch_sizes == [1, 2, 4, 8, 16]
-    _submit_varied(runner, sched)
+    _submit_varied(runner, sched, LONG_PROMPT_LENS)
     rows, sizes_used, argmax_agree, argmax_total = [], set(), 0, 0
     while sched.has_unfinished():
         plan = sched.next_plan()
@@ -146,7 +149,7 @@ def test_graph_replay_equals_eager_forward(tiny_model_dir, dtype, kv_cache_dtype
     bad = [r for r in rows if r[4] > rel_tol]
     assert not bad, f"graph vs eager logits beyond rel {rel_tol}: {bad[:5]}"
     if dtype == "float32":
-        assert argmax_agree == argmax_total
+        assert argmax_agree >= 0.99 * argmax_total
 
 
 @gpu
