@@ -159,6 +159,8 @@ def test_edge_values_never_reach_the_core_as_poison(url):
     resp = post(url, "/v1/chat/completions", {**OK_CHAT, "seed": 2**64 - 1, "n": 2, "temperature": 1})
     assert resp.status_code == 200 and len(resp.json()["choices"]) == 2
     assert post(url, "/v1/chat/completions", {**OK_CHAT, "seed": -(2**63)}).status_code == 200
+    # A top_k above the vocabulary (found by schemathesis) crashed the core's sampler.
+    assert post(url, "/v1/chat/completions", {**OK_CHAT, "top_k": 15716214824, "temperature": 1}).status_code == 200
     bad_schema = {**OK_CHAT, "response_format": {"type": "json_schema",
                                                  "json_schema": {"name": "x", "schema": {"type": "foo"}}}}
     assert_error(post(url, "/v1/chat/completions", bad_schema), 400)

@@ -82,7 +82,9 @@ def sampling_params(state: GatewayState, req: SamplingFields, prompt_len: int, m
             raise bad_request(f"stop_token_ids: {token} is not a token id in [0, {vocab})", "stop_token_ids")
     kwargs = dict(
         n=req.n, max_tokens=budget, temperature=1.0 if req.temperature is None else req.temperature,
-        top_p=1.0 if req.top_p is None else req.top_p, top_k=req.top_k or 0,
+        # top_k at or above the vocabulary keeps every token: the same as off (and a huge k must
+        # never reach the core's int tensors).
+        top_p=1.0 if req.top_p is None else req.top_p, top_k=0 if (req.top_k or 0) >= vocab else req.top_k or 0,
         min_p=req.min_p or 0.0, seed=None if req.seed is None else req.seed % ENGINE_SEED_RANGE, stop=req.stop, stop_token_ids=req.stop_token_ids,
         ignore_eos=req.ignore_eos, presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
         repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
