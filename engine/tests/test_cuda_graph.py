@@ -93,22 +93,34 @@ def _submit_varied(runner, sched, prompt_lens=PROMPT_LENS):
         runner.add_request(rid, spec, prompt)
 
 
-def _gpu_engine(tiny_model_dir, **overrides):
+@pytest.fixture(scope="module")
+def long_tiny_model_dir(tmp_path_factory):
+    """The tiny Llama with room for 2048 positions, so graphs get a page table several splits wide."""
+    import json
+
+    from conftest import TINY_LLAMA
+
+    folder = tmp_path_factory.mktemp("tiny-llama-2k")
+    (folder / "config.json").write_text(json.dumps({**TINY_LLAMA, "max_position_embeddings": 2048}))
+    return str(folder)
+
+
+def _gpu_engine(model_dir, **overrides):
     settings = {"device": "cuda", "max_num_seqs": 16, "max_model_len": 2048, "kv_cache_memory": "256MiB",
                 "host_cache_memory": "16MiB", "cuda_graph_max_batch_size": 16, **overrides}
-    return _engine(tiny_model_dir, **settings)
+    return _engine(model_dir, **settings)
 
 
 @gpu
 @pytest.mark.parametrize(("dtype", "kv_cache_dtype", "rel_tol"),
                          [("float32", "auto", 1e-3), ("bfloat16", "auto", 3e-2), ("bfloat16", "fp8", 1e-1)])
-def test_graph_replay_equals_eager_forward(tiny_model_dir, dtype, kv_cache_dtype, rel_tol):
+def test_graph_replay_equals_eager_forward(long_tiny_model_dir, dtype, kv_cache_dtype, rel_tol):
     """Every decode-only step runs eagerly and from its graph on the same cache; the logits must agree.
 
     max_model_len 2048 gives the graphs a 128-page table (8 attention splits of 256 keys) while the
     eager plans' tables are a few pages wide (one or two splits): the splits past each seq_len must be
     masked, and one sequence crosses a split boundary (fp32 then differs by the tf32 p@V rounding)."""
-    runner, sched = _gpu_engine(tiny_model_dir, dtype=dtype, kv_cache_dtype=kv_cache_dtype)
+    runner, sched = _gpu_engine(long_tiny_model_dir, dtype=dtype, kv_cache_dtype=kv_cache_dtype)
     assert runner.graphs is not None, "CUDA graph capture failed: see the lightspeed.runner warning in the log"
     assert runner.graphs.batch_sizes == [1, 2, 4, 8, 16]
     _submit_varied(runner, sched, LONG_PROMPT_LENS)
@@ -153,12 +165,12 @@ def test_graph_replay_equals_eager_forward(tiny_model_dir, dtype, kv_cache_dtype
 
 
 @gpu
-def test_engine_with_graphs_generates_what_eager_does(tiny_model_dir):
+def test_engine_with_graphs_generates_what_eager_does(long_tiny_model_dir):
     """Whole execute() path, sync and overlapped (deferred inputs), fp32: same greedy tokens."""
     outputs = {}
     for eager in (True, False):
         for loop in (_run_sync, _run_overlapped):
-            runner, sched = _gpu_engine(tiny_model_dir, dtype="float32", enforce_eager=eager)
+            runner, sched = _gpu_engine(long_tiny_model_dir, dtype="float32", enforce_eager=eager)
             assert (runner.graphs is None) == eager, "CUDA graph capture failed: see the warning in the log"
             _submit_varied(runner, sched)
             out = loop(runner, sched)
