@@ -18,6 +18,9 @@ from lightspeed import RequestOutputKind, SamplingParams, StructuredOutputParams
     ({"stop": ["ok", ""]}, "stop strings"),
     ({"logit_bias": {5: 200.0}}, "logit_bias"),
     ({"stop_token_ids": [-4]}, "stop_token_ids"),
+    ({"top_k": 15716214824}, "top_k"),  # once crashed the core: top_k lives in an int32 tensor
+    ({"seed": 2**63}, "seed"),           # seeds live in int64; seed + i for n > 1 must not overflow
+    ({"seed": -1}, "seed"),
 ])
 def test_invalid_params_raise(kwargs, match):
     with pytest.raises(ValueError, match=match):

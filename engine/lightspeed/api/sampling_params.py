@@ -103,8 +103,8 @@ class SamplingParams:
             bad(f"temperature must be non-negative, got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
             bad(f"top_p must be in (0, 1], got {self.top_p}")
-        if not isinstance(self.top_k, int) or self.top_k < -1:
-            bad(f"top_k must be -1 (disable), 0 (disable) or at least 1, got {self.top_k}")
+        if not isinstance(self.top_k, int) or not -1 <= self.top_k < 2**31:
+            bad(f"top_k must be -1 (disable), 0 (disable) or in [1, 2**31), got {self.top_k}")
         if not 0.0 <= self.min_p <= 1.0:
             bad(f"min_p must be in [0, 1], got {self.min_p}")
         if not -2.0 <= self.presence_penalty <= 2.0:
@@ -115,8 +115,9 @@ class SamplingParams:
             bad(f"repetition_penalty must be greater than zero, got {self.repetition_penalty}")
         if self.logprobs is not None and self.logprobs < 0:
             bad(f"logprobs must be non-negative, got {self.logprobs}")
-        if self.seed is not None and not isinstance(self.seed, int):
-            bad(f"seed must be an integer, got {self.seed!r}")
+        # Seeds live in an int64 tensor on the device; n > 1 uses seed + i for choice i.
+        if self.seed is not None and (not isinstance(self.seed, int) or not 0 <= self.seed <= 2**63 - 1 - self.n):
+            bad(f"seed must be an integer in [0, 2**63 - 1 - n], got {self.seed!r}")
         if any(not s for s in self.stop):
             bad("stop strings must be non-empty")
         if any(t < 0 for t in self.stop_token_ids):
