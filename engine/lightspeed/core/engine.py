@@ -68,6 +68,12 @@ class Engine:
         for t in [*spec.stop_token_ids, *(spec.logit_bias or {})]:
             if not 0 <= t < self.vocab_size:
                 return f"token id {t} in stop_token_ids/logit_bias is out of vocabulary (size {self.vocab_size})"
+        # Clients other than SamplingParams can reach the core: values bound for fixed-width device
+        # tensors (top_k int32, seed int64) are checked here so a bad one fails its request, not the core.
+        if not -(2**31) <= spec.top_k < 2**31:
+            return f"top_k={spec.top_k} is out of range"
+        if spec.seed is not None and not 0 <= spec.seed < 2**63:
+            return f"seed={spec.seed} is out of range [0, 2**63)"
         max_new = min(spec.max_tokens, self.max_model_len - len(prompt))
         try:
             req_id = self.scheduler.submit(RequestSpec(
