@@ -46,8 +46,8 @@ if TYPE_CHECKING:
     from .api.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputParams
     from .config import EngineConfig, engine_arg_specs
     from .core.errors import EngineDeadError
-    from .model_files import default_model
     from .frontend.tokenizer import apply_chat_template, load_tokenizer
+    from .model_files import default_model
 
 
 def __getattr__(name: str) -> Any:

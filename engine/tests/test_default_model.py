@@ -17,8 +17,8 @@ from conftest_models import (
     assert_close_rel,
     single_thread,  # noqa: F401  (fixture used by pytestmark)
 )
-from lightspeed.model_files import default_model
 from lightspeed.loader import load_model
+from lightspeed.model_files import default_model
 
 # Token ids of a few chat-formatted and plain prompts (SmolLM2 tokenizer).
 PROMPTS = [

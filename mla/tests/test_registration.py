@@ -41,9 +41,7 @@ def test_cpu_falls_back_to_reference_that_runs():
 
 
 def test_register_is_idempotent():
-    from lightspeed_mla.registration import register
-
-    from lightspeed_mla.registration import KERNEL_NAMES
+    from lightspeed_mla.registration import KERNEL_NAMES, register
 
     before = sorted(s.name for s in lk.list_kernels("mla"))
     register()
