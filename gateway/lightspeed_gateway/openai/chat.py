@@ -12,14 +12,16 @@ from starlette.requests import Request
 from lightspeed_gateway.openai.errors import APIError, bad_request
 from lightspeed_gateway.openai.protocol import ChatCompletionRequest, NamedToolChoice, new_id
 from lightspeed_gateway.openai.serving import (
+    ENGINE_ERRORS,
     SSE_DONE,
     GatewayState,
     TokenText,
     cancel_on_disconnect,
+    engine_api_error,
+    engine_error_events,
     first_then_rest,
     sampling_params,
     sse,
-    sse_error,
     structured_output,
     token_logprobs,
     usage_dict,
@@ -31,7 +33,7 @@ from lightspeed_gateway.parsers import (
     ParsedDelta,
     make_tool_parser,
 )
-from lightspeed_gateway.server.engine import EngineDead, RequestRejected, RequestTiming
+from lightspeed_gateway.server.engine import RequestTiming
 
 
 class ChoiceParser:
@@ -173,11 +175,8 @@ class _ChatRun:
                         logprobs[c.index] += self._logprob_items(c)
                     if c.finish_reason is not None:
                         self.finish_reasons[c.index] = c.finish_reason
-        except EngineDead as e:
-            raise APIError(503, f"The engine failed while serving this request: {e}", "service_unavailable",
-                           code="engine_dead") from None
-        except RequestRejected as e:
-            raise bad_request(str(e)) from None
+        except ENGINE_ERRORS as e:
+            raise engine_api_error(e) from None
         choices = []
         for i, parser in enumerate(self.parsers):
             first, last = parser.feed("".join(texts[i])), parser.finish()
@@ -231,11 +230,8 @@ class _ChatRun:
         outputs = self.state.engine.generate(self.prompt_ids, self.params, self.request_id, self.timing)
         try:
             return await first_then_rest(outputs, raw)
-        except EngineDead as e:
-            raise APIError(503, f"The engine failed while serving this request: {e}", "service_unavailable",
-                           code="engine_dead") from None
-        except RequestRejected as e:
-            raise bad_request(str(e)) from None
+        except ENGINE_ERRORS as e:
+            raise engine_api_error(e) from None
 
     async def stream(self, outputs: AsyncIterator[Any]) -> AsyncIterator[str]:
         try:
@@ -263,15 +259,9 @@ class _ChatRun:
                 yield self._chunk([], usage_dict(len(self.prompt_ids), self.completion_tokens, self.cached_tokens))
             self._observe()
             yield SSE_DONE
-        except EngineDead as e:
-            self.state.metrics.errors.labels(self.state.model_name, "503").inc()
-            yield sse_error(APIError(503, f"The engine failed while serving this request: {e}",
-                                     "service_unavailable", code="engine_dead"))
-            yield SSE_DONE
-        except RequestRejected as e:
-            self.state.metrics.errors.labels(self.state.model_name, "400").inc()
-            yield sse_error(bad_request(str(e)))
-            yield SSE_DONE
+        except ENGINE_ERRORS as e:
+            for event in engine_error_events(self.state, e):
+                yield event
 
 
 def _tool_call_delta(piece: Any) -> dict:

@@ -9,22 +9,24 @@ from typing import Any
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.requests import Request
 
-from lightspeed_gateway.openai.errors import APIError, bad_request
+from lightspeed_gateway.openai.errors import bad_request
 from lightspeed_gateway.openai.protocol import CompletionRequest, new_id
 from lightspeed_gateway.openai.serving import (
+    ENGINE_ERRORS,
     SSE_DONE,
     GatewayState,
     TokenText,
     cancel_on_disconnect,
+    engine_api_error,
+    engine_error_events,
     first_then_rest,
     merge_streams,
     sampling_params,
     sse,
-    sse_error,
     token_logprobs,
     usage_dict,
 )
-from lightspeed_gateway.server.engine import EngineDead, RequestRejected, RequestTiming
+from lightspeed_gateway.server.engine import RequestTiming
 
 
 def _prompts(state: GatewayState, prompt: Any) -> list[tuple[str, list[int]]]:
@@ -60,11 +62,8 @@ async def create_completion(state: GatewayState, req: CompletionRequest, raw: Re
     if req.stream:
         try:
             outputs = await first_then_rest(run.streams(), raw)
-        except EngineDead as e:
-            raise APIError(503, f"The engine failed while serving this request: {e}", "service_unavailable",
-                           code="engine_dead") from None
-        except RequestRejected as e:
-            raise bad_request(str(e)) from None
+        except ENGINE_ERRORS as e:
+            raise engine_api_error(e) from None
         return StreamingResponse(run.stream(outputs), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     return JSONResponse(await cancel_on_disconnect(raw, run.full()))
@@ -136,11 +135,8 @@ class _CompletionRun:
                                 logprobs[choice][key] += values
                     if c.finish_reason is not None:
                         self.finish_reasons[choice] = c.finish_reason
-        except EngineDead as e:
-            raise APIError(503, f"The engine failed while serving this request: {e}", "service_unavailable",
-                           code="engine_dead") from None
-        except RequestRejected as e:
-            raise bad_request(str(e)) from None
+        except ENGINE_ERRORS as e:
+            raise engine_api_error(e) from None
         self._observe()
         choices = [{"index": i, "text": "".join(texts[i]), "finish_reason": self.finish_reasons[i],
                     "logprobs": (logprobs[i] or {"text_offset": [], "token_logprobs": [], "tokens": [],
@@ -187,12 +183,6 @@ class _CompletionRun:
                 yield self._chunk([], self._usage())
             self._observe()
             yield SSE_DONE
-        except EngineDead as e:
-            self.state.metrics.errors.labels(self.state.model_name, "503").inc()
-            yield sse_error(APIError(503, f"The engine failed while serving this request: {e}",
-                                     "service_unavailable", code="engine_dead"))
-            yield SSE_DONE
-        except RequestRejected as e:
-            self.state.metrics.errors.labels(self.state.model_name, "400").inc()
-            yield sse_error(bad_request(str(e)))
-            yield SSE_DONE
+        except ENGINE_ERRORS as e:
+            for event in engine_error_events(self.state, e):
+                yield event

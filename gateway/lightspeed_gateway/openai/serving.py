@@ -20,7 +20,7 @@ from lightspeed_gateway.openai.errors import (
     overloaded,
 )
 from lightspeed_gateway.openai.protocol import SamplingFields
-from lightspeed_gateway.server.engine import EngineClient
+from lightspeed_gateway.server.engine import EngineClient, EngineDead, RequestRejected
 from lightspeed_gateway.server.metrics import GatewayMetrics
 from lightspeed_gateway.template import ChatRenderer
 
@@ -255,3 +255,22 @@ def usage_dict(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -
 
 
 Handler = Callable[..., Awaitable[Any]]
+
+
+# What the engine can fail a request with: it died (503) or it refused this request (400).
+ENGINE_ERRORS = (EngineDead, RequestRejected)
+
+
+def engine_api_error(exc: EngineDead | RequestRejected) -> APIError:
+    """The HTTP error for an engine-side failure of one request."""
+    if isinstance(exc, EngineDead):
+        return APIError(503, f"The engine failed while serving this request: {exc}", "service_unavailable",
+                        code="engine_dead")
+    return bad_request(str(exc))
+
+
+def engine_error_events(state: GatewayState, exc: EngineDead | RequestRejected) -> list[str]:
+    """A stream that already sent 200 ends with an error event, then [DONE]; the error is counted."""
+    error = engine_api_error(exc)
+    state.metrics.errors.labels(state.model_name, str(error.status)).inc()
+    return [sse_error(error), SSE_DONE]
