@@ -127,22 +127,24 @@ NB_MODULE(_core, m) {
           "__init__",
           [](SchedulerConfig* self, int32_t page_size, int32_t num_device_pages, int32_t num_host_pages,
              int32_t max_num_seqs, int32_t max_num_batched_tokens, int32_t chunked_prefill_size,
-             int32_t max_model_len, std::string policy, bool enable_prefix_cache, int32_t max_num_draft_tokens) {
+             int32_t max_model_len, std::string policy, bool enable_prefix_cache, int32_t max_num_draft_tokens,
+             bool async_copies, int32_t max_write_through_pages) {
             SchedulerConfig config{page_size,     num_device_pages, num_host_pages,      max_num_seqs,
                                    max_num_batched_tokens, chunked_prefill_size, max_model_len, std::move(policy),
-                                   enable_prefix_cache, max_num_draft_tokens};
+                                   enable_prefix_cache, max_num_draft_tokens, async_copies,
+                                   max_write_through_pages};
             config.validate();
             new (self) SchedulerConfig(std::move(config));
           },
           nb::kw_only(), "page_size"_a = 16, "num_device_pages"_a = 1024, "num_host_pages"_a = 4096,
           "max_num_seqs"_a = 256, "max_num_batched_tokens"_a = 8192, "chunked_prefill_size"_a = 2048,
           "max_model_len"_a = 32768, "policy"_a = "decode_first", "enable_prefix_cache"_a = true,
-          "max_num_draft_tokens"_a = 15)
+          "max_num_draft_tokens"_a = 15, "async_copies"_a = false, "max_write_through_pages"_a = 256)
       .def_ro("page_size", &SchedulerConfig::page_size, "Tokens per KV page.")
       .def_ro("num_device_pages", &SchedulerConfig::num_device_pages,
               "Device KV pool size in pages, padding page 0 included.")
       .def_ro("num_host_pages", &SchedulerConfig::num_host_pages,
-              "Host (pinned CPU) KV pool size in pages, padding page 0 included.")
+              "Host (pinned CPU) KV pool size in pages, padding page 0 included; 0: no host tier.")
       .def_ro("max_num_seqs", &SchedulerConfig::max_num_seqs,
               "Most rows per step; also the number of request slots (req_slots in [0, max_num_seqs)).")
       .def_ro("max_num_batched_tokens", &SchedulerConfig::max_num_batched_tokens, "Most tokens per step.")
@@ -154,6 +156,10 @@ NB_MODULE(_core, m) {
               "Share KV of common prompt prefixes (device and host tiers).")
       .def_ro("max_num_draft_tokens", &SchedulerConfig::max_num_draft_tokens,
               "Largest num_draft_tokens a request may ask for.")
+      .def_ro("async_copies", &SchedulerConfig::async_copies,
+              "Copies are acknowledged by copies_done(step_id) when they land, not by advance().")
+      .def_ro("max_write_through_pages", &SchedulerConfig::max_write_through_pages,
+              "Most prefix pages being written through to host at once (bounds bytes in flight).")
       .def("__repr__", [](const SchedulerConfig& c) {
         return "SchedulerConfig(page_size=" + std::to_string(c.page_size) +
                ", num_device_pages=" + std::to_string(c.num_device_pages) +
@@ -163,7 +169,9 @@ NB_MODULE(_core, m) {
                ", chunked_prefill_size=" + std::to_string(c.chunked_prefill_size) +
                ", max_model_len=" + std::to_string(c.max_model_len) + ", policy='" + c.policy +
                "', enable_prefix_cache=" + (c.enable_prefix_cache ? "True" : "False") +
-               ", max_num_draft_tokens=" + std::to_string(c.max_num_draft_tokens) + ")";
+               ", max_num_draft_tokens=" + std::to_string(c.max_num_draft_tokens) +
+               ", async_copies=" + (c.async_copies ? "True" : "False") +
+               ", max_write_through_pages=" + std::to_string(c.max_write_through_pages) + ")";
       });
 
   nb::class_<RequestSpec>(m, "RequestSpec", "What a request asks for. Checked by Scheduler.submit().")
@@ -215,6 +223,12 @@ NB_MODULE(_core, m) {
       .def_prop_ro("num_samples", [](const PyPlan& p) { return p.plan->num_samples; }, "S: sampled positions.")
       .def_prop_ro("in_flight", [](const PyPlan& p) { return p.plan->in_flight; },
                    "Returned by next_plan() and not yet advanced.")
+      .def_prop_ro("has_copies", [](const PyPlan& p) { return p.plan->has_copies; },
+                   "The plan has copies to acknowledge (with async_copies: call copies_done(step_id) "
+                   "once they have landed).")
+      .def_prop_ro("forward_waits_for_copies", [](const PyPlan& p) { return p.plan->forward_waits_for_copies; },
+                   "The forward may overwrite device pages this plan's write_back reads (retraction): "
+                   "it must start after the copies. Otherwise copies may run beside it.")
       .def_prop_ro("req_ids", [](PyPlan& p) { return p.view(kReqIds, p.plan->req_ids.data(), p.plan->num_rows); },
                    LS_ARRAY_SIG("req_ids", "numpy.int64"), "int64[B]: ids returned by submit().")
       .def_prop_ro("req_slots",
@@ -278,13 +292,14 @@ NB_MODULE(_core, m) {
                      return p.view(kLoadBack, p.plan->load_back.data(), p.plan->load_back.size() / 2, 2);
                    },
                    LS_ARRAY_SIG("load_back", "numpy.int32"),
-                   "int32[N, 2]: (host page, device page) copies to run before the forward.")
+                   "int32[N, 2]: (host page, device page) copies, after every earlier plan's forward.")
       .def_prop_ro("write_back",
                    [](PyPlan& p) {
                      return p.view(kWriteBack, p.plan->write_back.data(), p.plan->write_back.size() / 2, 2);
                    },
                    LS_ARRAY_SIG("write_back", "numpy.int32"),
-                   "int32[M, 2]: (device page, host page) copies to run before load_back and the forward.");
+                   "int32[M, 2]: (device page, host page) copies, after every earlier plan's forward and "
+                   "before load_back.");
 
   nb::class_<PyScheduler>(m, "Scheduler", "Plans each step's batch and owns every KV page. Not thread-safe.")
       .def(nb::init<SchedulerConfig>(), "config"_a)
@@ -315,8 +330,13 @@ NB_MODULE(_core, m) {
           nb::sig("def advance(self, plan: Plan, sampled_token_ids: " LS_IDS ", accepted_counts: " LS_IDS
                   " | None = None) -> list[tuple[int, str]]"),
           "Consumes the oldest in-flight plan: int32[S] samples (and, with speculative rows, "
-          "accepted_counts int32[num_decodes] in [1, k+1]). Acknowledges its copies. Returns "
-          "[(req_id, reason)] with reason in {'stop', 'length', 'abort'}.")
+          "accepted_counts int32[num_decodes] in [1, k+1]). Acknowledges its copies unless "
+          "async_copies. Returns [(req_id, reason)] with reason in {'stop', 'length', 'abort'}.")
+      .def("copies_done", [](PyScheduler& s, int64_t step_id) { s.core.copies_done(step_id); }, "step_id"_a,
+           "With async_copies: the copies of plan step_id have landed (any order). ValueError when that "
+           "plan has none unacknowledged.")
+      .def("has_pending_copies", [](const PyScheduler& s) { return s.core.has_pending_copies(); },
+           "Copies in flight or prefix pages queued for write-through: keep stepping until False.")
       .def(
           "request_stats",
           [](const PyScheduler& s, int64_t req_id) {
@@ -350,6 +370,8 @@ NB_MODULE(_core, m) {
             d["num_retracted"] = st.num_retracted;
             d["num_loading"] = st.num_loading;
             d["num_writing_back"] = st.num_writing_back;
+            d["write_through_queued"] = st.write_through_queued;
+            d["num_copy_batches"] = st.num_copy_batches;
             d["cached_device_pages"] = st.cached_device_pages;
             d["cached_host_pages"] = st.cached_host_pages;
             d["num_in_flight_plans"] = st.num_in_flight_plans;

@@ -14,8 +14,11 @@ void SchedulerConfig::validate() const {
   require(page_size >= 1, "page_size must be >= 1, got " + std::to_string(page_size));
   require(num_device_pages >= 2,
           "num_device_pages must be >= 2 (page 0 is padding), got " + std::to_string(num_device_pages));
-  require(num_host_pages >= 2,
-          "num_host_pages must be >= 2 (page 0 is padding), got " + std::to_string(num_host_pages));
+  require(num_host_pages == 0 || num_host_pages >= 2,
+          "num_host_pages must be 0 (no host tier) or >= 2 (page 0 is padding), got " +
+              std::to_string(num_host_pages));
+  require(max_write_through_pages >= 1,
+          "max_write_through_pages must be >= 1, got " + std::to_string(max_write_through_pages));
   require(max_num_seqs >= 1, "max_num_seqs must be >= 1, got " + std::to_string(max_num_seqs));
   require(max_num_batched_tokens >= 1,
           "max_num_batched_tokens must be >= 1, got " + std::to_string(max_num_batched_tokens));

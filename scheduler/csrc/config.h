@@ -15,7 +15,7 @@ enum class Policy : uint8_t {
 struct SchedulerConfig {
   int32_t page_size = 16;                 // tokens per KV page
   int32_t num_device_pages = 1024;        // device pool size, page 0 (padding) included
-  int32_t num_host_pages = 4096;          // host pool size, page 0 included; 2+ pages
+  int32_t num_host_pages = 4096;          // host pool size, page 0 included; 2+ pages, or 0: no host tier
   int32_t max_num_seqs = 256;             // rows per step, and requests holding a slot
   int32_t max_num_batched_tokens = 8192;  // tokens per step
   int32_t chunked_prefill_size = 2048;    // prefill tokens per request per step
@@ -23,6 +23,12 @@ struct SchedulerConfig {
   std::string policy = "decode_first";    // "decode_first" or "prefill_first"
   bool enable_prefix_cache = true;
   int32_t max_num_draft_tokens = 15;      // largest RequestSpec.num_draft_tokens accepted
+  // Copies are acknowledged by copies_done(step) when the engine sees them land (an event query),
+  // not by advance(): the engine runs them on their own stream and never waits for them.
+  bool async_copies = false;
+  // Most prefix pages being written through to host at once (unacknowledged): bounds the bytes in
+  // flight and so the PCIe share the background write-through takes.
+  int32_t max_write_through_pages = 256;
 
   // Throws std::invalid_argument with a message naming the bad field.
   void validate() const;

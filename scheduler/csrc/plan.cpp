@@ -20,14 +20,12 @@ Plan::Plan(const SchedulerConfig& config) {
   sample_batch_rows.resize(tokens);
   deferred_input_mask.resize(tokens);
   deferred_src_index.resize(tokens);
-  // A plan copies at most every device page once per direction, plus, on write-back, pages a
-  // finished request shares with a retracted one: twice the pool bounds both lists.
+  // A plan copies at most every device page once per direction (retraction), plus the pages it
+  // writes through (at most max_write_through_pages): these bound both lists.
   load_back.reserve(2 * static_cast<size_t>(config.num_device_pages));
-  write_back.reserve(4 * static_cast<size_t>(config.num_device_pages));
+  write_back.reserve(2 * (static_cast<size_t>(config.num_device_pages) + config.max_write_through_pages));
   rows.resize(rows_cap);
   row_pages.resize(rows_cap);
-  write_back_nodes.reserve(config.num_device_pages);
-  copy_waiters.reserve(rows_cap + config.num_device_pages);
   table_row_owner.assign(rows_cap, -1);
   table_row_epoch.assign(rows_cap, 0);
   table_row_pages.assign(rows_cap, 0);
@@ -39,10 +37,9 @@ void Plan::reset(int64_t step) {
   num_rows = num_tokens = num_samples = pages_per_row = 0;
   num_prefills = num_decodes = num_decode_tokens = max_query_len = 0;
   query_start_loc[0] = 0;
+  has_copies = forward_waits_for_copies = false;
   load_back.clear();
   write_back.clear();
-  write_back_nodes.clear();
-  copy_waiters.clear();
 }
 
 }  // namespace lightspeed

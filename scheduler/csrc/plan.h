@@ -33,6 +33,8 @@ struct Plan {
   int32_t num_decodes = 0;       // rows [0, num_decodes) are decodes
   int32_t num_decode_tokens = 0; // tokens [0, num_decode_tokens) belong to decodes
   int32_t max_query_len = 0;
+  bool has_copies = false;                // a copy batch to acknowledge (copies_done) exists
+  bool forward_waits_for_copies = false;  // the forward may overwrite pages the copies read
 
   // [capacity] buffers; the first B / T / S / ... entries are the plan.
   std::vector<int64_t> req_ids;            // [B]
@@ -54,8 +56,6 @@ struct Plan {
   // Scheduler-side bookkeeping, not exported.
   std::vector<PlanRow> rows;                       // [B]
   std::vector<const kv::PageList*> row_pages;      // [B] pages backing each row at build time
-  std::vector<int32_t> write_back_nodes;           // cache nodes whose host copy this plan writes
-  std::vector<int64_t> copy_waiters;               // requests whose state waits on this plan's copies
   // Page-table rows persist across the plans built into this buffer; a row is rewritten only from
   // the first page that differs from what it held (decode rows rarely change between steps).
   std::vector<int64_t> table_row_owner;            // [B cap] req_id whose pages row b holds

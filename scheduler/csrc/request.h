@@ -36,6 +36,7 @@ struct Request {
   // Bumped whenever the device page list changes other than by appending (dedup swap, truncation,
   // retraction, readmission): plan page-table rows are reused only while it is unchanged.
   uint32_t page_epoch = 0;
+  int64_t copy_step = -1;  // step of the copy batch this request waits on (LoadingPrefix, Retracting)
 
   fsm::RequestState state;
 

@@ -19,7 +19,7 @@ Scheduler::Scheduler(SchedulerConfig config)
       page_size_(config_.page_size),
       max_pages_per_seq_(config_.max_pages_per_seq()),
       device_(config_.num_device_pages),
-      host_(config_.num_host_pages),
+      host_(std::max(config_.num_host_pages, 1)),  // 0: a tier of only the padding page
       cache_(device_, host_, config_.page_size) {
   slot_record_.assign(config_.max_num_seqs, -1);
   for (int32_t slot = config_.max_num_seqs - 1; slot >= 0; --slot) free_slots_.push_back(slot);
@@ -28,9 +28,10 @@ Scheduler::Scheduler(SchedulerConfig config)
   running_.reserve(config_.max_num_seqs);
   retracted_.reserve(config_.max_num_seqs);
   loading_.reserve(config_.max_num_seqs);
-  pending_write_back_.reserve(2 * static_cast<size_t>(config_.num_device_pages));
-  pending_write_back_nodes_.reserve(config_.num_device_pages);
-  pending_copy_waiters_.reserve(config_.num_device_pages);
+  // Each node is queued at most once at a time; nodes are bounded by the pages of both tiers.
+  write_through_.resize(1 + static_cast<size_t>(device_.num_usable()) + host_.num_usable());
+  copy_batches_.reserve(8);
+  spare_batches_.reserve(8);
   finished_.reserve(config_.max_num_seqs + 64);
   reclaim_.reserve(config_.max_num_seqs + 64);
   match_path_.reserve(max_pages_per_seq_);
@@ -87,6 +88,7 @@ int64_t Scheduler::submit(const RequestSpec& spec) {
   r.last_sample_step = r.scheduled_step = -1;
   r.last_sample_index = -1;
   r.page_epoch = 0;
+  r.copy_step = -1;
   r.state = fsm::Waiting{};
   record_of_[r.req_id] = record;
   live_rids_[r.rid] = r.req_id;
@@ -97,18 +99,17 @@ int64_t Scheduler::submit(const RequestSpec& spec) {
 void Scheduler::abort(int64_t req_id) {
   Request& r = lookup(req_id, "abort");
   const int32_t record = record_of_.at(req_id);
-  if (std::holds_alternative<fsm::WritingBack>(r.state) || std::holds_alternative<fsm::Finished>(r.state) ||
-      std::holds_alternative<fsm::Aborted>(r.state))
+  if (std::holds_alternative<fsm::Finished>(r.state) || std::holds_alternative<fsm::Aborted>(r.state))
     bad_input("abort(): request " + std::to_string(req_id) + " has already finished");
   erase_from(waiting_, record);
   erase_from(running_, record);
   erase_from(retracted_, record);
   erase_from(loading_, record);
+  hold_for_copy(r);
   std::visit(
       [&](auto&& state) {
         using S = std::decay_t<decltype(state)>;
-        if constexpr (!std::is_same_v<S, fsm::WritingBack> && !std::is_same_v<S, fsm::Finished> &&
-                      !std::is_same_v<S, fsm::Aborted>)
+        if constexpr (!std::is_same_v<S, fsm::Finished> && !std::is_same_v<S, fsm::Aborted>)
           r.state = fsm::abort(std::move(state));
       },
       std::move(r.state));
@@ -180,12 +181,14 @@ SchedulerStats Scheduler::stats() const {
   s.free_device_pages = device_.num_free();
   s.free_host_pages = host_.num_free();
   s.num_device_pages = device_.num_pages();
-  s.num_host_pages = host_.num_pages();
+  s.num_host_pages = config_.num_host_pages;
   s.num_waiting = static_cast<int32_t>(waiting_.size());
   s.num_running = static_cast<int32_t>(running_.size());
   s.num_retracted = static_cast<int32_t>(retracted_.size());
   s.num_loading = static_cast<int32_t>(loading_.size());
-  s.num_writing_back = num_writing_back_;
+  s.num_writing_back = write_through_in_flight_;
+  s.write_through_queued = static_cast<int32_t>(write_through_size_);
+  s.num_copy_batches = static_cast<int32_t>(copy_batches_.size());
   s.cached_device_pages = cache_.num_device_resident();
   s.cached_host_pages = cache_.num_host_resident();
   s.num_in_flight_plans = num_in_flight_;
@@ -223,8 +226,7 @@ void Scheduler::check_invariants() const {
           if constexpr (std::is_same_v<S, fsm::LoadingPrefix>) {
             count(device_refs, device_by_requests, s.device_pages);
             count(host_refs, host_by_requests, s.host_pages);
-          } else if constexpr (std::is_same_v<S, fsm::Prefilling> || std::is_same_v<S, fsm::Decoding> ||
-                               std::is_same_v<S, fsm::WritingBack>) {
+          } else if constexpr (std::is_same_v<S, fsm::Prefilling> || std::is_same_v<S, fsm::Decoding>) {
             count(device_refs, device_by_requests, s.device_pages);
           } else if constexpr (std::is_same_v<S, fsm::Retracting> || std::is_same_v<S, fsm::Retracted>) {
             count(host_refs, host_by_requests, s.host_pages);
@@ -245,6 +247,14 @@ void Scheduler::check_invariants() const {
   }
   if (live != waiting_.size() + running_.size() + retracted_.size() + loading_.size())
     fail("request lists hold unknown records");
+  // Pages held for copies in flight on behalf of aborted requests.
+  for (const CopyBatch& batch : copy_batches_)
+    for (const kv::PageList& list : batch.held)
+      count(list.pool() == &device_ ? device_refs : host_refs,
+            list.pool() == &device_ ? device_by_requests : host_by_requests, list);
+  int32_t writing = 0;
+  for (const CopyBatch& batch : copy_batches_) writing += static_cast<int32_t>(batch.write_nodes.size());
+  if (writing != write_through_in_flight_) fail("write-through pages in flight miscounted");
   auto compare = [&](const kv::PagePool& pool, const std::vector<int32_t>& refs, const char* tier) {
     int32_t free_pages = 0;
     for (int32_t p = 0; p < pool.num_pages(); ++p) {

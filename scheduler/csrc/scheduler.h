@@ -3,9 +3,14 @@
 // Protocol: submit()/abort() at any time; next_plan() returns a plan; advance(plan, samples)
 // consumes it. At most one plan may be in flight when next_plan() is called (overlap): decodes in
 // the new plan then read their input token from the in-flight plan's samples, on the GPU. Plans
-// must be advanced in the order they were made. Copies (load_back, write_back) of a plan run on
-// the engine's stream before that plan's forward, and plans run in order; the scheduler relies on
-// that to reuse pages a plan frees as soon as the next plan.
+// must be advanced in the order they were made.
+//
+// Copies (write_back device->host, then load_back host->device) of a plan start after every
+// earlier plan's forward and, unless the plan says forward_waits_for_copies, run beside its own
+// forward (on a copy stream). The pages they read and write stay owned until they are
+// acknowledged: by advance() of that plan, or with async_copies by copies_done(step_id), once the
+// engine sees them land. A request waiting on copies (LoadingPrefix, Retracting) gets no row until
+// then, so no forward ever reads KV that has not landed.
 #pragma once
 
 #include <array>
@@ -39,8 +44,8 @@ struct RequestStats {
 
 struct SchedulerStats {
   int32_t free_device_pages, free_host_pages, num_device_pages, num_host_pages;
-  int32_t num_waiting, num_running, num_retracted, num_loading, num_writing_back;
-  int32_t cached_device_pages, cached_host_pages, num_in_flight_plans;
+  int32_t num_waiting, num_running, num_retracted, num_loading, num_writing_back, write_through_queued;
+  int32_t cached_device_pages, cached_host_pages, num_in_flight_plans, num_copy_batches;
   int64_t prefix_hit_tokens, prefix_query_tokens, num_retractions, num_steps;
 };
 
@@ -60,6 +65,12 @@ class Scheduler {
   // accepted_counts means 1 everywhere. Returns requests that finished (valid until the next call).
   const std::vector<FinishedRequest>& advance(Plan& plan, std::span<const int32_t> sampled,
                                               std::span<const int32_t> accepted_counts = {});
+  // With async_copies: the copies of plan `step_id` (plan.has_copies) have landed. Any order.
+  // Throws std::invalid_argument when that plan has no unacknowledged copies.
+  void copies_done(int64_t step_id);
+  // Copies in flight, or prefix pages queued for write-through: an idle engine keeps stepping
+  // (plans with only copies) until this turns false.
+  bool has_pending_copies() const { return !copy_batches_.empty() || write_through_size_ > 0; }
 
   RequestStats request_stats(int64_t req_id) const;
   std::span<const int32_t> output_token_ids(int64_t req_id) const;
@@ -79,6 +90,22 @@ class Scheduler {
   struct Budget {
     int32_t tokens;
     int32_t rows;
+  };
+
+  // The copies of one plan, from next_plan() until they are acknowledged. It also owns the pages
+  // of requests aborted while their copy was in flight, which must not be reused before it lands.
+  struct CopyBatch {
+    int64_t step_id = -1;
+    std::vector<int32_t> write_nodes;  // cache nodes whose host copy this plan writes through
+    std::vector<int32_t> load_nodes;   // cache nodes whose device copy this plan loads
+    std::vector<int64_t> waiters;      // requests in LoadingPrefix / Retracting on these copies
+    std::vector<kv::PageList> held;    // pages of requests aborted mid-copy
+    bool empty() const { return write_nodes.empty() && load_nodes.empty() && waiters.empty(); }
+  };
+
+  struct WriteThroughEntry {
+    int32_t node;
+    uint64_t key;  // the node's key when queued: a recycled node id does not match it
   };
 
   // --- scheduler.cpp: request table
@@ -105,11 +132,16 @@ class Scheduler {
   void emit_row(Plan& plan, Request& r, const kv::PageList& pages, int32_t kv_start, int32_t num_tokens,
                 int32_t num_samples);
   void finalize(Plan& plan);
+  void queue_write_through(int32_t node);
+  void emit_write_through(Plan& plan);
+  void seal_copies(Plan& plan);
+  CopyBatch* find_batch(int64_t step_id);
+  void hold_for_copy(Request& r);
 
   // --- scheduler_advance.cpp: consuming a plan
   void validate_advance(const Plan& plan, std::span<const int32_t> sampled,
                         std::span<const int32_t> accepted_counts) const;
-  void ack_copies(Plan& plan);
+  void complete_batch(size_t index);
   void apply_row(const Plan& plan, int32_t row, std::span<const int32_t> sampled, int32_t accepted);
   bool append_token(Request& r, int32_t token, fsm::FinishReason* reason) const;
   void finish(int32_t record, fsm::FinishReason reason);
@@ -135,7 +167,6 @@ class Scheduler {
   std::vector<int32_t> running_;    // Prefilling, Decoding
   std::vector<int32_t> retracted_;  // Retracting, Retracted
   std::vector<int32_t> loading_;    // LoadingPrefix
-  int32_t num_writing_back_ = 0;
 
   std::array<std::shared_ptr<Plan>, 2> plans_;  // double buffer: plan N stays valid while N+1 exists
   int64_t next_step_ = 0;
@@ -143,10 +174,17 @@ class Scheduler {
   int64_t next_req_id_ = 0;
   uint64_t next_arrival_ = 0;
 
-  // Write-backs decided in advance() (finished requests), emitted by the next plan.
-  std::vector<int32_t> pending_write_back_;
-  std::vector<int32_t> pending_write_back_nodes_;
-  std::vector<int64_t> pending_copy_waiters_;
+  // Copies: the batch the plan being built fills, those in flight (in step order), and spares
+  // whose vectors keep their capacity, so steady-state steps do not allocate.
+  CopyBatch building_;
+  std::vector<CopyBatch> copy_batches_;
+  std::vector<CopyBatch> spare_batches_;
+  // Write-through: cache nodes whose pages should reach host, oldest first (a ring buffer of
+  // fixed capacity; when full, new nodes are not queued) and how many copies are in flight.
+  std::vector<WriteThroughEntry> write_through_;
+  size_t write_through_head_ = 0;
+  size_t write_through_size_ = 0;
+  int32_t write_through_in_flight_ = 0;
 
   std::vector<FinishedRequest> finished_;      // advance()'s result
   std::vector<int64_t> pending_abort_reports_; // aborted, reported by the next advance()

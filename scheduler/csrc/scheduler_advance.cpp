@@ -27,7 +27,7 @@ const std::vector<FinishedRequest>& Scheduler::advance(Plan& plan, std::span<con
     reclaim_.push_back(record_of_.at(req_id));
   }
   pending_abort_reports_.clear();
-  ack_copies(plan);
+  if (!config_.async_copies && plan.has_copies) copies_done(plan.step_id);
   for (int32_t row = 0; row < plan.num_rows; ++row) {
     const int32_t accepted = row < plan.num_decodes && !accepted_counts.empty() ? accepted_counts[row] : 1;
     apply_row(plan, row, sampled, accepted);
@@ -65,28 +65,6 @@ void Scheduler::validate_advance(const Plan& plan, std::span<const int32_t> samp
     if (accepted < 1 || accepted > plan.rows[row].num_samples)
       bad("accepted_counts[" + std::to_string(row) + "]=" + std::to_string(accepted) + " is outside [1, " +
           std::to_string(plan.rows[row].num_samples) + "]");
-  }
-}
-
-void Scheduler::ack_copies(Plan& plan) {
-  for (int32_t node : plan.write_back_nodes) cache_.end_write_back(node);
-  for (int64_t req_id : plan.copy_waiters) {
-    auto it = record_of_.find(req_id);
-    if (it == record_of_.end()) continue;  // aborted and already recycled
-    const int32_t record = it->second;
-    Request& r = records_[record];
-    if (auto* loading = std::get_if<fsm::LoadingPrefix>(&r.state)) {
-      r.state = fsm::copy_done(std::move(*loading));
-      erase_from(loading_, record);
-      insert_sorted(running_, record);
-    } else if (auto* retracting = std::get_if<fsm::Retracting>(&r.state)) {
-      r.state = fsm::copy_done(std::move(*retracting));
-    } else if (auto* writing = std::get_if<fsm::WritingBack>(&r.state)) {
-      r.state = fsm::copy_done(std::move(*writing));
-      --num_writing_back_;
-      reclaim_.push_back(record);
-    }
-    // Any other state: the request was aborted or finished while its copy was in flight.
   }
 }
 
@@ -136,8 +114,8 @@ bool Scheduler::append_token(Request& r, int32_t token, fsm::FinishReason* reaso
   return false;
 }
 
-// Releases the request. A decode's pages go to the prefix cache; those of its prefix not yet on
-// host are copied there by the next plan (WritingBack) so they outlive device eviction.
+// Releases the request. A decode's full pages go to the prefix cache, which writes them through
+// to host in the background (see scheduler_copies.cpp): the request itself owns nothing after this.
 void Scheduler::finish(int32_t record, fsm::FinishReason reason) {
   Request& r = records_[record];
   finished_.push_back({r.req_id, reason});
@@ -147,36 +125,12 @@ void Scheduler::finish(int32_t record, fsm::FinishReason reason) {
     erase_from(running_, record);
     insert_into_cache(r, decoding->device_pages,
                       std::min(decoding->kv_len, static_cast<int32_t>(r.tokens.size()) - 1));
-    kv::PageList held(device_, 0);
-    if (config_.enable_prefix_cache) {
-      // One eviction pass for the whole path: evicting page by page rescans the LRU list each time.
-      const auto without_host = static_cast<int32_t>(std::count_if(
-          r.cache_path.begin(), r.cache_path.end(), [&](int32_t node) { return cache_.node(node).host_page < 0; }));
-      if (host_.num_free() < without_host) cache_.evict_host(without_host - host_.num_free());
-      for (int32_t node : r.cache_path) {
-        if (cache_.node(node).host_page >= 0) continue;
-        const int32_t host_page = host_.allocate();
-        if (host_page < 0) break;
-        const int32_t device_page = cache_.node(node).device_page;
-        cache_.begin_write_back(node, host_page);
-        pending_write_back_.push_back(device_page);
-        pending_write_back_.push_back(host_page);
-        pending_write_back_nodes_.push_back(node);
-        held.push_shared(device_page);
-      }
-      if (!r.cache_path.empty()) cache_.touch(r.cache_path.back());  // host LRU: leaves before parents
-    }
-    if (!held.empty()) {
-      r.state = fsm::finish_writing_back(std::move(*decoding), std::move(held), reason);
-      ++num_writing_back_;
-      pending_copy_waiters_.push_back(r.req_id);
-      return;
-    }
     r.state = fsm::finish(std::move(*decoding), reason);
   } else {
     // Retracted while its last sample was in flight (overlap).
     erase_from(retracted_, record);
     erase_from(waiting_, record);
+    hold_for_copy(r);  // a Retracting copy may still be writing its host pages
     std::visit(
         [&](auto&& s) {
           using S = std::decay_t<decltype(s)>;
@@ -205,6 +159,7 @@ void Scheduler::insert_into_cache(Request& r, kv::PageList& pages, int32_t num_v
       ++r.page_epoch;
     }
     r.cache_path.push_back(node);
+    queue_write_through(node);
   }
   if (!r.cache_path.empty()) cache_.touch(r.cache_path.back());  // leaf first, ancestors after
 }

@@ -39,13 +39,7 @@ Plan& Scheduler::next_plan() {
   Plan& plan = *plans_[next_step_ % 2];
   plan.reset(next_step_++);
   device_.begin_quarantine();
-  plan.write_back.insert(plan.write_back.end(), pending_write_back_.begin(), pending_write_back_.end());
-  plan.write_back_nodes.insert(plan.write_back_nodes.end(), pending_write_back_nodes_.begin(),
-                               pending_write_back_nodes_.end());
-  plan.copy_waiters.insert(plan.copy_waiters.end(), pending_copy_waiters_.begin(), pending_copy_waiters_.end());
-  pending_write_back_.clear();
-  pending_write_back_nodes_.clear();
-  pending_copy_waiters_.clear();
+  emit_write_through(plan);
 
   Budget budget{config_.max_num_batched_tokens, config_.max_num_seqs};
   if (policy_ == Policy::kPrefillFirst) {
@@ -57,6 +51,7 @@ Plan& Scheduler::next_plan() {
   }
   device_.end_quarantine();
   finalize(plan);
+  seal_copies(plan);
   plan.in_flight = true;
   ++num_in_flight_;
   return plan;
@@ -196,7 +191,9 @@ void Scheduler::retract(Plan& plan, int32_t record) {
             r.state = fsm::retract_to_host(std::move(s), std::move(host_pages), kv_len);
         },
         std::move(r.state));
-    plan.copy_waiters.push_back(r.req_id);
+    building_.waiters.push_back(r.req_id);
+    r.copy_step = plan.step_id;
+    plan.forward_waits_for_copies = true;  // this plan's forward may reuse the pages being read
     insert_sorted(retracted_, record);
     return;
   }
@@ -242,7 +239,8 @@ void Scheduler::readmit_retracted(Plan& plan) {
     }
     ++r.page_epoch;
     r.state = fsm::readmit(std::move(*retracted), std::move(device_pages));
-    plan.copy_waiters.push_back(r.req_id);
+    building_.waiters.push_back(r.req_id);
+    r.copy_step = plan.step_id;
     retracted_.erase(retracted_.begin() + static_cast<ptrdiff_t>(i));
     loading_.push_back(record);
   }
@@ -310,14 +308,16 @@ void Scheduler::start(Plan& plan, Budget& budget, int32_t record, prefix::MatchR
       const int32_t node = match_path_[k];
       const int32_t page = device_.allocate();
       device_pages.push_owned(page);
-      cache_.attach_device(node, page);
+      cache_.attach_device(node, page, /*loading=*/true);
+      building_.load_nodes.push_back(node);
       plan.load_back.push_back(cache_.node(node).host_page);
       plan.load_back.push_back(page);
     }
     r.state = fsm::admit_loading(std::get<fsm::Waiting>(std::move(r.state)), std::move(device_pages),
                                  std::move(host_pins), cached_tokens);
     loading_.push_back(record);
-    plan.copy_waiters.push_back(r.req_id);
+    building_.waiters.push_back(r.req_id);
+    r.copy_step = plan.step_id;
     return;
   }
   r.state = fsm::admit(std::get<fsm::Waiting>(std::move(r.state)), std::move(device_pages), cached_tokens);

@@ -10,7 +10,8 @@ from conftest import make_scheduler, samples, spec
 @pytest.mark.parametrize("field, value, message", [
     ("policy", "shortest_job_first", "unknown policy"),
     ("num_device_pages", 1, "num_device_pages must be >= 2"),
-    ("num_host_pages", 0, "num_host_pages must be >= 2"),
+    ("num_host_pages", 1, "num_host_pages must be 0 \\(no host tier\\) or >= 2"),
+    ("max_write_through_pages", 0, "max_write_through_pages must be >= 1"),
     ("page_size", 0, "page_size"),
     ("max_num_seqs", 0, "max_num_seqs"),
     ("max_num_batched_tokens", 0, "max_num_batched_tokens"),

@@ -1,6 +1,7 @@
 """KV ownership seen from Python: prefix sharing, retraction, host tier, abort, random walks."""
 
 import numpy as np
+import pytest
 
 from conftest import make_scheduler, samples, spec
 
@@ -96,3 +97,83 @@ def test_random_walk_keeps_invariants():
         s.check_invariants()
     stats = s.stats()
     assert stats["num_steps"] > 500 and stats["prefix_hit_tokens"] > 0
+
+
+def test_prefix_is_written_through_to_host_before_the_request_finishes():
+    """Pages reach host after each prefill chunk, bounded in flight; the finished request owns nothing."""
+    s = make_scheduler(page_size=4, num_device_pages=64, num_host_pages=64, chunked_prefill_size=8,
+                       max_num_batched_tokens=8, max_write_through_pages=3)
+    req = s.submit(spec("a", range(3, 3 + 24), max_new_tokens=40))
+    copied, peak = 0, 0
+    while s.request_stats(req)["state"] != "decoding" or s.has_pending_copies():
+        plan = s.next_plan()
+        copied += len(plan.write_back)
+        peak = max(peak, s.stats()["num_writing_back"])
+        s.advance(plan, samples(plan))
+        s.check_invariants()
+    assert s.request_stats(req)["state"] == "decoding"
+    assert copied == 6 and peak <= 3  # all 24 prompt tokens = 6 pages on host while it still decodes
+    assert s.stats()["cached_host_pages"] == 6
+
+
+def test_async_copies_wait_for_copies_done():
+    """With async_copies, a host hit stays loading until the engine says its copies landed."""
+    s = make_scheduler(page_size=4, num_device_pages=12, num_host_pages=32, async_copies=True)
+    prompt = list(range(3, 3 + 16))
+    s.submit(spec("a", prompt, max_new_tokens=1))
+    pending = []
+    for _ in range(6):  # a runs; its pages are written through; nothing is acknowledged yet
+        plan = s.next_plan()
+        if plan.has_copies:
+            pending.append(plan.step_id)
+        s.advance(plan, samples(plan))
+    assert s.has_pending_copies() and s.stats()["num_writing_back"] == 4
+    for step in pending:
+        s.copies_done(step)
+    with pytest.raises(ValueError, match="no unacknowledged copies"):
+        s.copies_done(pending[0])
+    drain(s)  # b pushes a's pages off the device; the host copies stay
+    b = s.submit(spec("b", range(500, 540), max_new_tokens=1))
+    while s.request_stats(b)["state"] != "finished":
+        plan = s.next_plan()
+        s.advance(plan, samples(plan))
+        if plan.has_copies:
+            s.copies_done(plan.step_id)
+    c = s.submit(spec("c", prompt, max_new_tokens=2))
+    for _ in range(3):  # b's pages are written through first (acknowledged), then c loads
+        plan = s.next_plan()
+        s.advance(plan, samples(plan))
+        if s.request_stats(c)["state"] == "loading_prefix":
+            break
+        if plan.has_copies:
+            s.copies_done(plan.step_id)
+    assert s.request_stats(c)["state"] == "loading_prefix" and len(plan.load_back) == 3
+    loading_step = plan.step_id  # plan views a buffer that the plan after next overwrites
+    for _ in range(3):  # not acknowledged: c gets no row, however many steps pass
+        nxt = s.next_plan()
+        assert c not in nxt.req_ids.tolist()
+        s.advance(nxt, samples(nxt))
+    s.copies_done(loading_step)
+    nxt = s.next_plan()
+    assert c in nxt.req_ids.tolist()
+    s.advance(nxt, samples(nxt))
+    s.check_invariants()
+
+
+def test_host_tier_off():
+    s = make_scheduler(page_size=4, num_device_pages=9, num_host_pages=0, max_num_batched_tokens=64,
+                       chunked_prefill_size=16)
+    ids = [s.submit(spec(f"r{i}", range(10 * i + 3, 10 * i + 10), max_new_tokens=8)) for i in range(3)]
+    seen_copies = 0
+    finished = {}
+    for _ in range(200):
+        if not s.has_unfinished():
+            break
+        plan = s.next_plan()
+        seen_copies += len(plan.write_back) + len(plan.load_back)
+        for req_id, reason in s.advance(plan, samples(plan)):
+            finished[req_id] = reason
+        s.check_invariants()
+    assert finished == {i: "length" for i in ids} and seen_copies == 0
+    assert s.stats()["num_host_pages"] == 0 and s.stats()["free_host_pages"] == 0
+    assert not s.has_pending_copies()

@@ -34,7 +34,8 @@ struct Decoding {
 };
 
 // Device->host copies of the request's KV are in flight. Its device pages were given up when the
-// copies were planned: the same plan runs its copies before its forward may reuse them.
+// copies were planned, so that the same plan's forward can reuse them: that plan is marked
+// forward_waits_for_copies and its forward starts only once the copies have read them.
 struct Retracting {
   kv::PageList host_pages;  // destinations of the copies
   int32_t num_saved = 0;    // tokens whose KV the host pages will hold
@@ -46,26 +47,21 @@ struct Retracted {
   int32_t num_saved = 0;
 };
 
-// Finished; its prefix pages are being copied to the host tier of the prefix cache.
-struct WritingBack {
-  kv::PageList device_pages;  // sources of the copies, held until the copy is acked
-  FinishReason reason = FinishReason::kStop;
-};
-
 struct Finished {
   FinishReason reason = FinishReason::kStop;
 };
 
 struct Aborted {};
 
+// A finished request owns nothing: its prefix pages live on in the prefix cache, whose nodes own
+// them while they are written through to host (see RadixCache::begin_write_back).
 using RequestState = std::variant<Waiting, LoadingPrefix, Prefilling, Decoding, Retracting, Retracted,
-                                  WritingBack, Finished, Aborted>;
+                                  Finished, Aborted>;
 
 // Stable lower-case names, used by request_stats() in Python.
 inline const char* state_name(const RequestState& state) {
-  static constexpr const char* kNames[] = {"waiting",    "loading_prefix", "prefilling",
-                                           "decoding",   "retracting",     "retracted",
-                                           "writing_back", "finished",     "aborted"};
+  static constexpr const char* kNames[] = {"waiting",  "loading_prefix", "prefilling", "decoding",
+                                           "retracting", "retracted",    "finished",   "aborted"};
   return kNames[state.index()];
 }
 

@@ -36,10 +36,6 @@ inline Prefilling copy_done(LoadingPrefix&& state) {
 inline Retracted copy_done(Retracting&& state) {
   return Retracted{std::move(state.host_pages), state.num_saved};
 }
-inline Finished copy_done(WritingBack&& state) {
-  WritingBack consumed = std::move(state);  // its pages are released on return
-  return Finished{consumed.reason};
-}
 
 // ---- compute progress ------------------------------------------------------------------------
 // A prefill chunk was scheduled: it stays Prefilling, or becomes Decoding when the chunk reaches
@@ -68,11 +64,6 @@ inline Waiting retract_drop(S&& state) {
 }
 
 // ---- finishing -------------------------------------------------------------------------------
-// A decode finished; its prefix pages are copied to host before they are let go.
-inline WritingBack finish_writing_back(Decoding&& state, kv::PageList held_device_pages, FinishReason reason) {
-  [[maybe_unused]] Decoding consumed = std::move(state);  // pages not held for the copy go now
-  return WritingBack{std::move(held_device_pages), reason};
-}
 // A request finishes outright. Besides Decoding, a request retracted while its last sample was
 // still in flight (overlap) can learn it finished in any of the retraction states.
 template <class S>
@@ -86,8 +77,7 @@ inline Finished finish(S&& state, FinishReason reason) {
 // ---- abort -----------------------------------------------------------------------------------
 // Any live state: everything it owns is released at once.
 template <class S>
-  requires(!std::same_as<S, Finished> && !std::same_as<S, Aborted> && !std::same_as<S, WritingBack> &&
-           std::is_rvalue_reference_v<S &&>)
+  requires(!std::same_as<S, Finished> && !std::same_as<S, Aborted> && std::is_rvalue_reference_v<S &&>)
 inline Aborted abort(S&& state) {
   [[maybe_unused]] S consumed = std::move(state);  // everything it owns is released on return
   return Aborted{};

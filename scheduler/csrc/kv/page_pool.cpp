@@ -6,7 +6,8 @@
 namespace lightspeed::kv {
 
 PagePool::PagePool(int32_t num_pages) {
-  if (num_pages < 2) throw std::invalid_argument("a page pool needs at least 2 pages (page 0 is padding)");
+  // One page is a tier that is switched off: only the padding page, nothing to hand out.
+  if (num_pages < 1) throw std::invalid_argument("a page pool needs page 0 (padding), got no pages");
   refcounts_.assign(num_pages, 0);
   refcounts_[0] = 1;
   watched_.assign(num_pages, 0);

@@ -50,6 +50,7 @@ MatchResult RadixCache::match(const int32_t* tokens, int32_t max_pages, std::vec
     const int32_t id = by_key_.find(page_key(nodes_[parent].key, page_tokens, page_size_));
     if (id < 0 || nodes_[id].parent != parent || !tokens_equal(id, page_tokens)) break;
     const Node& n = nodes_[id];
+    if (n.device_pending) break;  // its KV is still being loaded from host
     if (n.device_page >= 0) {
       // Device copies are closed under parent: no device node follows a host-only one.
       assert(result.num_host == 0);
@@ -72,6 +73,9 @@ int32_t RadixCache::insert(int32_t parent, const int32_t* page_tokens, int32_t d
   int32_t id = by_key_.find(key);
   if (id >= 0) {
     if (nodes_[id].parent != parent || !tokens_equal(id, page_tokens)) return -1;  // collision
+    // Being loaded from host: sharing its page now would read KV that has not landed. The
+    // caller's copy stays private (as on a collision).
+    if (nodes_[id].device_pending) return -1;
     if (nodes_[id].device_page < 0) attach_device(id, device_page);
     *cached_page = nodes_[id].device_page;
     return id;
@@ -93,9 +97,10 @@ int32_t RadixCache::insert(int32_t parent, const int32_t* page_tokens, int32_t d
   return id;
 }
 
-void RadixCache::attach_device(int32_t id, int32_t device_page) {
+void RadixCache::attach_device(int32_t id, int32_t device_page, bool loading) {
   Node& n = nodes_[id];
   assert(n.device_page < 0);
+  n.device_pending = loading;
   assert(n.parent == kRoot || nodes_[n.parent].device_page >= 0);
   device_.retain(device_page);  // before watching: the caller's own reference is no news
   n.device_page = device_page;
@@ -127,7 +132,9 @@ void RadixCache::touch(int32_t id) {
 
 bool RadixCache::device_evictable(const Node& n) const {
   // A pending host copy is still being read from the device page.
-  if (n.device_page < 0 || n.host_pending || device_.refcount(n.device_page) != 1 || n.num_device_children != 0) return false;
+  if (n.device_page < 0 || n.host_pending || n.device_pending || device_.refcount(n.device_page) != 1 ||
+      n.num_device_children != 0)
+    return false;
   // Dropping the only copy removes the node, which must then be a leaf.
   return (n.host_page >= 0 && !n.host_pending) || n.num_children == 0;
 }

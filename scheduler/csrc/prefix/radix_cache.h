@@ -29,7 +29,9 @@ struct Node {
   int32_t parent = -1;
   int32_t device_page = -1;   // -1: no device copy
   int32_t host_page = -1;     // -1: no host copy
-  bool host_pending = false;  // host copy written by an unacknowledged device->host copy
+  bool host_pending = false;    // host copy written by an unacknowledged device->host copy
+  bool device_pending = false;  // device copy filled by an unacknowledged host->device copy
+  bool host_queued = false;     // waiting in the scheduler's write-through queue
   bool alive = false;
   int32_t num_children = 0;
   int32_t num_device_children = 0;  // children with a device copy
@@ -64,8 +66,12 @@ class RadixCache : private kv::PageListener {
   // last one once (touching per page would cost O(depth^2) per prompt).
   int32_t insert(int32_t parent, const int32_t* page_tokens, int32_t device_page, int32_t* cached_page);
 
-  // A host-only node gains a device copy (the destination of a host->device copy).
-  void attach_device(int32_t node, int32_t device_page);
+  // A host-only node gains a device copy. `loading`: the page is the destination of a host->device
+  // copy not yet acknowledged; until end_load() the node is no hit (its KV has not landed) and
+  // cannot be evicted.
+  void attach_device(int32_t node, int32_t device_page, bool loading = false);
+  void end_load(int32_t node) { nodes_[node].device_pending = false; }
+  void set_host_queued(int32_t node, bool queued) { nodes_[node].host_queued = queued; }
   // A device node gains a host copy that is valid once the device->host copy is acknowledged.
   // Adopts the caller's reference on host_page.
   void begin_write_back(int32_t node, int32_t host_page);

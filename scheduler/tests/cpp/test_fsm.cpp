@@ -67,15 +67,11 @@ TEST(Fsm, RetractDropReleasesEverything) {
   EXPECT_EQ(device.num_free(), 7);
 }
 
-TEST(Fsm, WritingBackHoldsPagesUntilAcknowledged) {
+TEST(Fsm, FinishingADecodeReleasesItsPages) {
   kv::PagePool device(8);
   fsm::Decoding decoding{pages(device, 2), 5};
-  kv::PageList held(device, 1);
-  held.push_shared(decoding.device_pages[0]);
-  fsm::RequestState state = fsm::finish_writing_back(std::move(decoding), std::move(held), fsm::FinishReason::kLength);
-  EXPECT_EQ(device.num_free(), 6);  // one page held for the copy
-  state = fsm::copy_done(std::get<fsm::WritingBack>(std::move(state)));
-  EXPECT_EQ(device.num_free(), 7);
+  fsm::RequestState state = fsm::finish(std::move(decoding), fsm::FinishReason::kLength);
+  EXPECT_EQ(device.num_free(), 7);  // the prefix cache holds its own references, not the request
   EXPECT_EQ(std::get<fsm::Finished>(state).reason, fsm::FinishReason::kLength);
 }
 
@@ -95,8 +91,7 @@ TEST(Fsm, AbortFromAnyLiveStateFreesEverythingAtOnce) {
     std::visit(
         [&](auto&& s) {
           using S = std::decay_t<decltype(s)>;
-          if constexpr (!std::is_same_v<S, fsm::Finished> && !std::is_same_v<S, fsm::Aborted> &&
-                        !std::is_same_v<S, fsm::WritingBack>)
+          if constexpr (!std::is_same_v<S, fsm::Finished> && !std::is_same_v<S, fsm::Aborted>)
             state = fsm::abort(std::move(s));
         },
         std::move(state));

@@ -7,9 +7,11 @@
 // LIGHTSPEED_FUZZ_EVENTS sets the event count (default 10^5; the slow run uses 10^6).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <deque>
 #include <random>
+#include <map>
 #include <set>
 #include <stdexcept>
 
@@ -28,6 +30,7 @@ int64_t event_budget() {
 struct Coverage {
   int64_t retractions = 0, load_backs = 0, write_backs = 0, deferred_rows = 0, speculative_rows = 0;
   int64_t aborts = 0, prefix_hits = 0, finished = 0;
+  int64_t late_acks = 0, aborts_mid_copy = 0;  // async_copies: acks after advance(), aborts while loading
 };
 
 struct Episode {
@@ -36,6 +39,10 @@ struct Episode {
   std::set<int64_t> live;
   std::set<int64_t> aborted;  // aborted, not yet reported
   std::deque<Plan*> in_flight;
+  std::vector<int64_t> unacked_copies;  // async_copies: steps whose copies have not "landed" yet
+  // Device pages that copies not yet acknowledged write (load_back destinations) or read
+  // (write_back sources), per step: no forward may read the former or overwrite either.
+  std::map<int64_t, std::set<int32_t>> loading_pages, copied_out_pages;
   int64_t events = 0;
   int32_t next_rid = 0;
 
@@ -74,18 +81,52 @@ struct Episode {
       if (!aborted.count(id)) candidates.push_back(id);
     if (candidates.empty()) return;
     const int64_t id = candidates[uniform(0, static_cast<int32_t>(candidates.size()) - 1)];
-    if (std::string(s.request_stats(id).state) == "writing_back") {
-      EXPECT_THROW(s.abort(id), std::invalid_argument);  // finished already, reported already
-      return;
-    }
+    const std::string state = s.request_stats(id).state;
+    if (s.config().async_copies && (state == "loading_prefix" || state == "retracting")) ++coverage.aborts_mid_copy;
     s.abort(id);  // reported by the next advance()
     aborted.insert(id);
     ++coverage.aborts;
   }
 
+  void forget_copies(int64_t step) {
+    loading_pages.erase(step);
+    copied_out_pages.erase(step);
+  }
+
+  // The copies of a new plan start after every earlier forward and may run beside later ones.
+  void check_copy_hazards(const Plan& plan) {
+    const int32_t ps = s.config().page_size;
+    std::set<int32_t> own_out;
+    for (size_t i = 0; i < plan.write_back.size(); i += 2) own_out.insert(plan.write_back[i]);
+    std::set<int32_t> own_in;
+    for (size_t i = 1; i < plan.load_back.size(); i += 2) own_in.insert(plan.load_back[i]);
+    for (int32_t b = 0; b < plan.num_rows; ++b) {
+      const int32_t used = (plan.seq_lens[b] + ps - 1) / ps;
+      for (int32_t p = 0; p < used; ++p) {
+        const int32_t page = plan.page_table[b * plan.pages_per_row + p];
+        ASSERT_EQ(own_in.count(page), 0u) << "a row reads a page its own plan is loading";
+        for (const auto& [step, pages] : loading_pages)
+          ASSERT_EQ(pages.count(page), 0u) << "a row reads page " << page << " still loading for step " << step;
+      }
+    }
+    for (int32_t t = 0; t < plan.num_tokens; ++t) {
+      const auto page = static_cast<int32_t>(plan.slot_mapping[t] / ps);
+      if (own_out.count(page)) ASSERT_TRUE(plan.forward_waits_for_copies) << "forward overwrites a page being copied";
+      if (!s.config().async_copies) continue;
+      for (const auto& [step, pages] : copied_out_pages)
+        ASSERT_EQ(pages.count(page), 0u) << "forward overwrites page " << page << " copied out by step " << step;
+    }
+    if (plan.has_copies) {
+      loading_pages[plan.step_id] = own_in;
+      // A forward that waits for its plan's copies proves them landed to every later plan.
+      if (!plan.forward_waits_for_copies) copied_out_pages[plan.step_id] = own_out;
+    }
+  }
+
   void advance_oldest() {
     Plan& plan = *in_flight.front();
     in_flight.pop_front();
+    if (!s.config().async_copies) forget_copies(plan.step_id);
     std::vector<int32_t> sampled(plan.num_samples);
     for (auto& token : sampled) token = uniform(0, 10);
     std::vector<int32_t> accepted;
@@ -135,6 +176,17 @@ struct Episode {
     }
   }
 
+  // Copies land in any order, some long after their plan was advanced.
+  void ack_copies() {
+    if (unacked_copies.empty()) return;
+    const auto i = static_cast<size_t>(uniform(0, static_cast<int32_t>(unacked_copies.size()) - 1));
+    s.copies_done(unacked_copies[i]);
+    forget_copies(unacked_copies[i]);
+    ++coverage.late_acks;
+    unacked_copies.erase(unacked_copies.begin() + static_cast<ptrdiff_t>(i));
+    EXPECT_THROW(s.copies_done(-5), std::invalid_argument);
+  }
+
   void event() {
     const int32_t dice = uniform(0, 99);
     const bool overlap = uniform(0, 1) == 1;
@@ -142,11 +194,15 @@ struct Episode {
       submit();
     } else if (dice < 24) {
       abort_one();
+    } else if (dice < 34 && s.config().async_copies) {
+      ack_copies();
     } else if (in_flight.empty() || (overlap && in_flight.size() < 2)) {
       const int32_t previous_samples = in_flight.empty() ? 0 : in_flight.back()->num_samples;
       Plan& plan = s.next_plan();
       check_plan(plan, previous_samples);
+      check_copy_hazards(plan);
       in_flight.push_back(&plan);
+      if (plan.has_copies && s.config().async_copies) unacked_copies.push_back(plan.step_id);
       coverage.load_backs += static_cast<int64_t>(plan.load_back.size() / 2);
       coverage.write_backs += static_cast<int64_t>(plan.write_back.size() / 2);
       for (int32_t t = 0; t < plan.num_tokens; ++t) coverage.deferred_rows += plan.deferred_input_mask[t];
@@ -163,9 +219,13 @@ struct Episode {
       if (!aborted.count(id)) s.abort(id);
     aborted.insert(live.begin(), live.end());
     while (!in_flight.empty()) advance_oldest();
-    // Pending write-backs are emitted and acknowledged by (possibly empty) plans.
-    for (int i = 0; i < 3; ++i) {
-      in_flight.push_back(&s.next_plan());
+    // Queued write-throughs are emitted and acknowledged by (possibly empty) plans.
+    for (int i = 0; s.has_pending_copies() || s.has_unfinished(); ++i) {
+      ASSERT_LT(i, 10000) << "copies never drain";
+      while (!unacked_copies.empty()) ack_copies();
+      Plan& plan = s.next_plan();
+      if (plan.has_copies && s.config().async_copies) unacked_copies.push_back(plan.step_id);
+      in_flight.push_back(&plan);
       advance_oldest();
     }
     s.check_invariants();
@@ -174,8 +234,9 @@ struct Episode {
     coverage.prefix_hits += s.stats().prefix_hit_tokens;
     const auto stats = s.stats();
     EXPECT_EQ(stats.free_device_pages + stats.cached_device_pages, stats.num_device_pages - 1);
-    EXPECT_EQ(stats.free_host_pages + stats.cached_host_pages, stats.num_host_pages - 1);
+    EXPECT_EQ(stats.free_host_pages + stats.cached_host_pages, std::max(stats.num_host_pages - 1, 0));
     EXPECT_EQ(stats.num_writing_back, 0);
+    EXPECT_EQ(stats.num_copy_batches, 0);
   }
 };
 
@@ -192,6 +253,9 @@ SchedulerConfig random_config(std::mt19937_64& rng) {
   config.policy = pick(0, 3) == 0 ? "prefill_first" : "decode_first";
   config.enable_prefix_cache = pick(0, 4) != 0;
   config.max_num_draft_tokens = pick(0, 1) ? pick(1, 3) : 0;
+  config.async_copies = pick(0, 1) == 1;
+  config.max_write_through_pages = pick(1, 16);
+  if (pick(0, 9) == 0) config.num_host_pages = 0;  // host tier off
   return config;
 }
 
@@ -222,6 +286,8 @@ TEST(Fuzz, RandomEventsKeepEveryInvariant) {
               static_cast<long long>(coverage.load_backs), static_cast<long long>(coverage.write_backs),
               static_cast<long long>(coverage.deferred_rows), static_cast<long long>(coverage.speculative_rows),
               static_cast<long long>(coverage.prefix_hits));
+  std::printf("fuzz: %lld late copy acknowledgements, %lld aborts while a copy was in flight\n",
+              static_cast<long long>(coverage.late_acks), static_cast<long long>(coverage.aborts_mid_copy));
   EXPECT_GT(coverage.retractions, 0);
   EXPECT_GT(coverage.load_backs, 0);
   EXPECT_GT(coverage.write_backs, 0);
@@ -229,4 +295,6 @@ TEST(Fuzz, RandomEventsKeepEveryInvariant) {
   EXPECT_GT(coverage.speculative_rows, 0);
   EXPECT_GT(coverage.aborts, 0);
   EXPECT_GT(coverage.prefix_hits, 0);
+  EXPECT_GT(coverage.late_acks, 0);
+  EXPECT_GT(coverage.aborts_mid_copy, 0);
 }

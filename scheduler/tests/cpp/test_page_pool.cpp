@@ -19,7 +19,14 @@ TEST(PagePool, NeverHandsOutThePaddingPage) {
   EXPECT_EQ(pool.num_free(), 0);
 }
 
-TEST(PagePool, RejectsPoolsWithoutAUsablePage) { EXPECT_THROW(PagePool(1), std::invalid_argument); }
+TEST(PagePool, RejectsAPoolWithoutThePaddingPage) { EXPECT_THROW(PagePool(0), std::invalid_argument); }
+
+TEST(PagePool, APoolOfOnlyThePaddingPageIsATierSwitchedOff) {
+  PagePool pool(1);
+  EXPECT_EQ(pool.num_usable(), 0);
+  EXPECT_EQ(pool.num_free(), 0);
+  EXPECT_EQ(pool.allocate(), -1);
+}
 
 TEST(PagePool, SharedPagesFreeOnLastRelease) {
   PagePool pool(4);

@@ -108,7 +108,7 @@ TEST(Retraction, HostPrefixHitIsLoadedBackInsteadOfRecomputed) {
   s.submit(make_spec("a", prompt, 1));
   std::vector<FinishedRequest> finished;
   while (finished.empty()) finished = step(s);
-  // The next plan writes a's cached pages to host; acknowledge it.
+  // The next plan writes a's cached pages through to host; acknowledge it.
   Plan& copies = s.next_plan();
   EXPECT_EQ(copies.write_back.size() / 2, 4u);
   s.advance(copies, {});
@@ -119,7 +119,7 @@ TEST(Retraction, HostPrefixHitIsLoadedBackInsteadOfRecomputed) {
   while (finished.empty()) finished = step(s);
   EXPECT_GE(s.stats().cached_host_pages, 4);
   const int64_t c = s.submit(make_spec("c", prompt, 2));
-  // c waits while b's pages are held by b's own write-back, then loads its prefix from host.
+  // c waits while b's pages are being written through, then loads its prefix from host.
   bool loaded = false;
   for (int i = 0; i < 3 && !loaded; ++i) {
     Plan& load = s.next_plan();

@@ -1,0 +1,124 @@
+// KV copies between the tiers: write-through of prefix pages to host, and the batches of copies
+// the engine runs beside the forward and acknowledges when they land.
+//
+// Design note (write-through). A prefix page reaches host as soon as the cache knows it (after
+// every prefill chunk, at prompt completion, at finish), in the background: queued here, emitted
+// by the following plans at most max_write_through_pages in flight, so the copies use a bounded
+// share of PCIe and a decode never waits for them. A finished request therefore owns nothing: the
+// cache node owns its page, and a node being written (host_pending) cannot be evicted from either
+// tier. Pages already on host are skipped; a queued node evicted from device before its turn is
+// simply not written (the cache is a cache).
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+#include "fsm/transitions.h"
+#include "scheduler.h"
+
+namespace lightspeed {
+
+void Scheduler::queue_write_through(int32_t node) {
+  const prefix::Node& n = cache_.node(node);
+  if (host_.num_usable() == 0 || n.host_page >= 0 || n.host_queued) return;
+  if (write_through_size_ == write_through_.size()) return;  // full: this page stays device-only
+  write_through_[(write_through_head_ + write_through_size_) % write_through_.size()] = {node, n.key};
+  ++write_through_size_;
+  cache_.set_host_queued(node, true);
+}
+
+void Scheduler::emit_write_through(Plan& plan) {
+  while (write_through_size_ > 0 && write_through_in_flight_ < config_.max_write_through_pages) {
+    const WriteThroughEntry entry = write_through_[write_through_head_];
+    write_through_head_ = (write_through_head_ + 1) % write_through_.size();
+    --write_through_size_;
+    const prefix::Node& n = cache_.node(entry.node);
+    if (!n.alive || n.key != entry.key || !n.host_queued) continue;  // removed (and maybe reused)
+    cache_.set_host_queued(entry.node, false);
+    if (n.device_page < 0 || n.device_pending || n.host_page >= 0) continue;
+    int32_t host_page = host_.allocate();
+    if (host_page < 0 && cache_.evict_host(1) > 0) host_page = host_.allocate();
+    if (host_page < 0) continue;  // host full of pages in use: this one stays device-only
+    cache_.begin_write_back(entry.node, host_page);
+    plan.write_back.push_back(n.device_page);
+    plan.write_back.push_back(host_page);
+    building_.write_nodes.push_back(entry.node);
+    ++write_through_in_flight_;
+  }
+}
+
+// Called at the end of next_plan(): the plan's copies become a batch in flight.
+void Scheduler::seal_copies(Plan& plan) {
+  if (building_.empty() && plan.write_back.empty() && plan.load_back.empty()) return;
+  building_.step_id = plan.step_id;
+  plan.has_copies = true;
+  copy_batches_.push_back(std::move(building_));
+  if (spare_batches_.empty()) {
+    building_ = CopyBatch{};
+  } else {
+    building_ = std::move(spare_batches_.back());
+    spare_batches_.pop_back();
+  }
+}
+
+Scheduler::CopyBatch* Scheduler::find_batch(int64_t step_id) {
+  for (CopyBatch& batch : copy_batches_)
+    if (batch.step_id == step_id) return &batch;
+  return nullptr;
+}
+
+void Scheduler::copies_done(int64_t step_id) {
+  for (size_t i = 0; i < copy_batches_.size(); ++i) {
+    if (copy_batches_[i].step_id == step_id) return complete_batch(i);
+  }
+  throw std::invalid_argument("copies_done(): plan " + std::to_string(step_id) +
+                              " has no unacknowledged copies (acknowledged twice, or it had none)");
+}
+
+void Scheduler::complete_batch(size_t index) {
+  CopyBatch& batch = copy_batches_[index];
+  for (int32_t node : batch.write_nodes) cache_.end_write_back(node);
+  write_through_in_flight_ -= static_cast<int32_t>(batch.write_nodes.size());
+  for (int32_t node : batch.load_nodes) cache_.end_load(node);
+  for (int64_t req_id : batch.waiters) {
+    auto it = record_of_.find(req_id);
+    if (it == record_of_.end()) continue;  // aborted and already recycled
+    const int32_t record = it->second;
+    Request& r = records_[record];
+    if (r.copy_step != batch.step_id) continue;  // aborted (its pages are in batch.held)
+    r.copy_step = -1;
+    if (auto* loading = std::get_if<fsm::LoadingPrefix>(&r.state)) {
+      r.state = fsm::copy_done(std::move(*loading));
+      erase_from(loading_, record);
+      insert_sorted(running_, record);
+    } else if (auto* retracting = std::get_if<fsm::Retracting>(&r.state)) {
+      r.state = fsm::copy_done(std::move(*retracting));
+    }
+    // Any other state: it finished while its retraction copy was in flight (overlap).
+  }
+  // Pages these copies pinned (host_pending, device_pending) may be evictable now: a request
+  // blocked on device capacity gets another look.
+  blocked_req_id_ = -1;
+  batch.write_nodes.clear();
+  batch.load_nodes.clear();
+  batch.waiters.clear();
+  batch.held.clear();  // the copies landed: pages of aborted requests go back now
+  spare_batches_.push_back(std::move(batch));
+  copy_batches_.erase(copy_batches_.begin() + static_cast<ptrdiff_t>(index));
+}
+
+// An aborted request whose copy is in flight hands its pages to the copy's batch: freeing them
+// now would let a forward or another copy reuse a page the DMA engine is still reading or writing.
+void Scheduler::hold_for_copy(Request& r) {
+  if (r.copy_step < 0) return;
+  CopyBatch* batch = find_batch(r.copy_step);
+  r.copy_step = -1;
+  if (batch == nullptr) return;
+  if (auto* loading = std::get_if<fsm::LoadingPrefix>(&r.state)) {
+    batch->held.push_back(std::move(loading->device_pages));
+    batch->held.push_back(std::move(loading->host_pages));
+  } else if (auto* retracting = std::get_if<fsm::Retracting>(&r.state)) {
+    batch->held.push_back(std::move(retracting->host_pages));
+  }
+}
+
+}  // namespace lightspeed
