@@ -74,9 +74,11 @@ class EngineConfig:
                                      "(default 1GiB there); on GPU it overrides --gpu-memory-utilization.")
     kv_cache_dtype: str = _f("auto", "KV-cache dtype: auto (= model dtype), bf16, fp16, fp32, fp8 (e4m3 with "
                              "per-layer scales).", KV_CACHE_DTYPES)
-    host_cache_memory: int | None = _f(None, "Host (CPU, pinned on GPU machines) KV-cache budget in bytes for prefix "
-                                       "write-back and retraction; default: 2x the device KV cache on GPU, "
-                                       "0.5GiB on CPU.")
+    host_cache_memory: int | None = _f(None, "Host (CPU, pinned on GPU machines) KV-cache tier in bytes: prefix pages "
+                                       "are written through to it in the background and served back on a hit "
+                                       "after device eviction; also holds retracted requests. 0 turns it off. "
+                                       "Default: 2x the device KV cache on GPU (at most 1/4 of free RAM), "
+                                       "256MiB on CPU.")
     enable_prefix_cache: bool = _f(True, "Reuse KV pages of shared prompt prefixes across requests.")
     policy: str = _f("decode_first", "Batching policy: decode_first (running decodes first, prefill chunks "
                      "fill the rest) or prefill_first.", POLICIES)
@@ -84,6 +86,8 @@ class EngineConfig:
     tensor_parallel_size: int = _f(1, "Tensor-parallel ranks (only 1 is supported in this version).")
     max_logprobs: int = _f(20, "Largest number of top logprobs a request may ask for.")
     num_threads: int | None = _f(None, "torch threads of the engine core on CPU (default: torch's choice).")
+    async_scheduling: bool = _f(True, "Overlap steps: the CPU plans and launches step N+1 while the GPU runs "
+                                "step N (off: each step is collected before the next is planned, for debugging).")
     enforce_eager: bool = _f(False, "Disable CUDA graphs: run every step eagerly (CUDA graphs are never used on CPU).")
     cuda_graph_max_batch_size: int = _f(256, "Largest decode batch replayed from a CUDA graph (capped by "
                                         "--max-num-seqs); graphs are captured at startup for padded sizes "
@@ -123,8 +127,9 @@ class EngineConfig:
             raise ValueError(f"max_logprobs must be >= 0, got {self.max_logprobs}")
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError(f"num_threads must be >= 1, got {self.num_threads}")
-        if not isinstance(self.enforce_eager, bool):
-            raise ValueError(f"enforce_eager must be a bool, got {self.enforce_eager!r}")
+        for name in ("enforce_eager", "async_scheduling", "enable_prefix_cache"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
 
     def cuda_graph_batch_sizes(self) -> list[int]:
         """Padded decode batch sizes captured as CUDA graphs: 1, 2, 4, 8, 16, 24, 32, 48, 64, ... up to

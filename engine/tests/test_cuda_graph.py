@@ -3,10 +3,10 @@
 import numpy as np
 import pytest
 import torch
+from engine_driver import make_engine, run_until_idle, submit
 from lightspeed.config import EngineConfig
 from lightspeed.core.messages import SamplingSpec
 from lightspeed.runner.cuda_graph import CudaGraphRunner, build_cuda_graph_runner
-from test_runner import _engine, _run_overlapped, _run_sync
 
 gpu = pytest.mark.gpu
 
@@ -30,6 +30,13 @@ def test_capture_sizes_follow_config():
         EngineConfig(cuda_graph_max_batch_size=0)
     with pytest.raises(ValueError, match="enforce_eager"):
         EngineConfig(enforce_eager="yes")
+
+
+def _engine(model_dir, **overrides):
+    """The engine's runner and scheduler, stepped by hand below to compare graph and eager forwards
+    on the same cache. No host tier: these loops run no KV copies."""
+    engine = make_engine(model_dir, **{"host_cache_memory": 0, **overrides})
+    return engine.runner, engine.scheduler
 
 
 def test_graphs_are_off_on_cpu(tiny_model_dir):
@@ -76,18 +83,22 @@ def test_replay_bookkeeping_matches_eager_on_cpu(tiny_model_dir, sizes):
                 padded_rows += size - n
                 # Padding rows (some left over from a larger step) write nothing into the cache.
                 assert (graphs.slot_mapping[n:size] == -1).all() and (graphs.seq_lens[n:size] == 1).all()
-            sched.advance(plan, runner._sample(logits, t).tokens)
+            sched.advance(plan, runner.collect(runner._sample(plan, logits, t)).tokens)
     assert replays >= max(MAX_TOKENS) - 1
     assert padded_rows > 0
     assert worst < 1e-4, worst
 
 
+def _varied_prompts(prompt_lens=PROMPT_LENS):
+    rng = np.random.default_rng(0)
+    return [(rng.integers(3, 40000, plen).tolist(), max_tokens)
+            for plen, max_tokens in zip(prompt_lens, MAX_TOKENS, strict=True)]
+
+
 def _submit_varied(runner, sched, prompt_lens=PROMPT_LENS):
     from lightspeed_scheduler import RequestSpec
 
-    rng = np.random.default_rng(0)
-    for i, (plen, max_tokens) in enumerate(zip(prompt_lens, MAX_TOKENS, strict=True)):
-        prompt = rng.integers(3, 40000, plen).tolist()
+    for i, (prompt, max_tokens) in enumerate(_varied_prompts(prompt_lens)):
         spec = SamplingSpec(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
         rid = sched.submit(RequestSpec(rid=f"r{i}", token_ids=prompt, max_new_tokens=max_tokens, ignore_eos=True))
         runner.add_request(rid, spec, prompt)
@@ -107,7 +118,7 @@ def long_tiny_model_dir(tmp_path_factory):
 
 def _gpu_engine(model_dir, **overrides):
     settings = {"device": "cuda", "max_num_seqs": 16, "max_model_len": 2048, "kv_cache_memory": "256MiB",
-                "host_cache_memory": "16MiB", "cuda_graph_max_batch_size": 16, **overrides}
+                "cuda_graph_max_batch_size": 16, **overrides}
     return _engine(model_dir, **settings)
 
 
@@ -128,11 +139,9 @@ def test_graph_replay_equals_eager_forward(long_tiny_model_dir, dtype, kv_cache_
     while sched.has_unfinished():
         plan = sched.next_plan()
         runner._bind_new_rows(plan)
-        if plan.write_back.shape[0]:
-            runner.kv_cache.write_back(plan.write_back)
-        if plan.load_back.shape[0]:
-            runner.kv_cache.load_back(plan.load_back)
+        assert not plan.has_copies  # no host tier
         if plan.input_ids.shape[0] == 0:
+            sched.advance(plan, [])
             continue
         t = runner.inputs.build(plan, runner._prev_sampled)
         eager = runner.forward_eager(plan, t).clone()
@@ -147,8 +156,7 @@ def test_graph_replay_equals_eager_forward(long_tiny_model_dir, dtype, kv_cache_
             rows.append((n, runner.graphs.padded_size(n), int(plan.seq_lens.max()), diff, diff / scale))
             sizes_used.add(runner.graphs.padded_size(n))
             assert torch.isfinite(logits).all()
-        result = runner._sample(logits, t)
-        sched.advance(plan, result.tokens)
+        sched.advance(plan, runner.collect(runner._sample(plan, logits, t)).tokens)
     torch.cuda.synchronize()
     worst = max(rows, key=lambda r: r[4])
     print(f"\n{dtype}/{kv_cache_dtype}: {len(rows)} graph steps, sizes {sorted(sizes_used)}, "
@@ -166,19 +174,24 @@ def test_graph_replay_equals_eager_forward(long_tiny_model_dir, dtype, kv_cache_
 
 @gpu
 def test_engine_with_graphs_generates_what_eager_does(long_tiny_model_dir):
-    """Whole execute() path, sync and overlapped (deferred inputs), fp32: same greedy tokens."""
+    """The whole engine step, synchronous and overlapped (deferred inputs), fp32: same greedy tokens."""
     outputs = {}
     for eager in (True, False):
-        for loop in (_run_sync, _run_overlapped):
-            runner, sched = _gpu_engine(long_tiny_model_dir, dtype="float32", enforce_eager=eager)
-            assert (runner.graphs is None) == eager, "CUDA graph capture failed: see the warning in the log"
-            _submit_varied(runner, sched)
-            out = loop(runner, sched)
-            outputs[eager, loop.__name__] = out[0] if isinstance(out, tuple) else out
+        for overlap in (False, True):
+            engine = make_engine(long_tiny_model_dir, device="cuda", dtype="float32", enforce_eager=eager,
+                                 async_scheduling=overlap, max_num_seqs=16, max_model_len=2048,
+                                 kv_cache_memory="256MiB", cuda_graph_max_batch_size=16)
+            graphs = engine.runner.graphs
+            assert (graphs is None) == eager, "CUDA graph capture failed: see the warning in the log"
+            for i, (prompt, max_tokens) in enumerate(_varied_prompts()):
+                submit(engine, f"r{i}", prompt, SamplingSpec(max_tokens=max_tokens, temperature=0.0, ignore_eos=True))
+            run = run_until_idle(engine)
+            assert (run.overlapped_steps > 0) == overlap
+            outputs[eager, overlap] = run.tokens
             if not eager:
-                assert runner.graphs.num_replays > 0
-                print(f"\n{loop.__name__}: {runner.graphs.num_replays} graph replays")
-    reference = outputs[True, "_run_sync"]
+                assert graphs.num_replays > 0
+                print(f"\noverlap={overlap}: {graphs.num_replays} graph replays")
+    reference = outputs[True, False]
     assert len(reference) == len(PROMPT_LENS)
     for key, out in outputs.items():
         assert out == reference, f"{key} differs from eager sync"

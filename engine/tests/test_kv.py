@@ -1,6 +1,7 @@
+import numpy as np
 import pytest
 import torch
-from lightspeed.kv import KVCache, KVLayout, KVPool, copy_pages, device_kv_budget, resolve_kv_dtype
+from lightspeed.kv import KVCache, KVLayout, KVPool, copy_pages, device_kv_budget, page_runs, resolve_kv_dtype
 
 
 def _layout(dtype=torch.float32):
@@ -36,12 +37,14 @@ def test_write_back_and_load_back_roundtrip(dtype):
     dev = cache.device_pool.buffer
     dev.copy_(torch.randn(dev.shape).to(dtype))
     before = dev.clone()
-    cache.write_back([[3, 1], [5, 4], [7, 2]])            # device page -> host page
+    copier = cache.copier
+    copier.submit(4, np.array([[3, 1], [5, 4], [7, 2]]), np.empty((0, 2), np.int32), False)  # device -> host
+    copier.submit(5, np.empty((0, 2), np.int32), np.array([[1, 6], [4, 2]]), False)            # host -> device
+    assert copier.wait_all() == [4, 5] and copier.poll() == []
     host = cache.host_pool.buffer
     for d, h in ((3, 1), (5, 4), (7, 2)):
         assert torch.equal(host[:, h].float(), before[:, d].float())
-    assert host[:, 0].float().eq(0).all() and host[:, 3].float().eq(0).all()
-    cache.load_back([[1, 6], [4, 2]])                      # host page -> device page
+    assert host[:, 0].float().eq(0).all()
     assert torch.equal(dev[:, 6].float(), before[:, 3].float())
     assert torch.equal(dev[:, 2].float(), before[:, 5].float())
     assert torch.equal(dev[:, 1].float(), before[:, 1].float())  # untouched
@@ -49,9 +52,37 @@ def test_write_back_and_load_back_roundtrip(dtype):
         assert cache.device_pool.is_fp8 and float(cache.device_pool.k_scale) == 1.0
 
 
+def test_copies_complete_in_order_and_forward_waits():
+    cache = KVCache(_layout(), num_device_pages=8, num_host_pages=8, device="cpu")
+    cache.device_pool.buffer.normal_()
+    pairs = np.array([[1, 1], [2, 2], [3, 3]])
+    none = np.empty((0, 2), np.int32)
+    cache.copier.submit(10, pairs, none, forward_waits=True)  # returns only once copied
+    assert torch.equal(cache.host_pool.buffer[:, 1:4], cache.device_pool.buffer[:, 1:4])
+    cache.copier.submit(11, none, pairs, False)
+    done = []
+    while len(done) < 2:
+        done += cache.copier.poll()
+    assert done == [10, 11] and cache.copier.num_in_flight == 0
+
+
+def test_host_tier_off_has_no_host_pool():
+    cache = KVCache(_layout(), num_device_pages=8, num_host_pages=0, device="cpu")
+    assert cache.host_pool is None
+    cache.copier.submit(1, np.empty((0, 2), np.int32), np.empty((0, 2), np.int32), False)
+    with pytest.raises(RuntimeError, match="no host KV tier"):
+        cache.copier.submit(2, np.array([[1, 1]]), np.empty((0, 2), np.int32), False)
+
+
+def test_page_runs_coalesce_consecutive_pages():
+    src, dst, length = page_runs(np.array([[5, 9], [3, 1], [4, 2], [6, 10], [8, 3]]))
+    assert src.tolist() == [3, 5, 8] and dst.tolist() == [1, 9, 3] and length.tolist() == [2, 2, 1]
+    assert page_runs(np.empty((0, 2), np.int32))[2].shape == (0,)
+
+
 def test_copy_pages_checks():
     a, b = KVPool(_layout(), 4, "cpu"), KVPool(_layout(torch.float16), 4, "cpu")
-    with pytest.raises(ValueError, match="layouts differ"):
+    with pytest.raises(ValueError, match="differ in layout"):
         copy_pages(a, b, torch.tensor([1]), torch.tensor([2]))
     c = KVPool(_layout(), 4, "cpu")
     with pytest.raises(ValueError, match="length"):

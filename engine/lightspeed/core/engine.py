@@ -1,8 +1,11 @@
 """Engine: the scheduler and the model runner in one process, driven by request messages.
 
-`step()` is the whole hot path: plan = scheduler.next_plan(); tokens = runner.execute(plan);
-finished = scheduler.advance(plan, tokens); then one columnar `StepOutputs` message. The only
-per-request Python work per step is naming the rows of that message.
+`step()` is the whole hot path, one screen: land finished KV copies -> plan step N+1 -> launch it
+(the GPU queues it behind step N) -> collect step N's tokens -> advance the scheduler -> one
+columnar `StepOutputs` message for step N, sent while step N+1 runs. With `async_scheduling` off,
+or while a grammar-constrained request needs its tokens on the host, a step is collected right
+after its launch (the synchronous loop, for debugging). The only per-request Python work per
+step is naming the rows of the message.
 """
 
 from __future__ import annotations
@@ -15,7 +18,10 @@ import torch
 
 from ..config import EngineConfig
 from ..runner.factory import build_model_runner
+from ..runner.model_runner import LaunchedStep
 from . import messages as m
+
+_NO_OUTPUTS = m.StepOutputs([], [])
 
 log = logging.getLogger("lightspeed.core")
 
@@ -39,7 +45,9 @@ class Engine:
             num_host_pages=built.num_host_pages, max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=config.max_num_batched_tokens,
             chunked_prefill_size=config.chunked_prefill_size, max_model_len=self.max_model_len,
-            policy=config.policy, enable_prefix_cache=config.enable_prefix_cache))
+            policy=config.policy, enable_prefix_cache=config.enable_prefix_cache, async_copies=True,
+            max_write_through_pages=built.max_write_through_pages))
+        self._in_flight: LaunchedStep | None = None  # launched, not yet collected
         self._ids: dict[str, int] = {}        # client request id -> scheduler id
         self._names: dict[int, str] = {}      # scheduler id -> client request id
         self._awaiting_first: set[int] = set()
@@ -110,37 +118,73 @@ class Engine:
         self.runner.remove_request(req_id)
 
     def has_work(self) -> bool:
-        # Also step while an abort is unreported: advance() acknowledges it.
-        return bool(self._names) or self.scheduler.has_unfinished()
+        """Requests to step, a launched step to collect, or an unreported abort (advance() reports it)."""
+        return bool(self._names) or self._in_flight is not None or self.scheduler.has_unfinished()
+
+    def has_pending_copies(self) -> bool:
+        """KV copies in flight or queued: an idle engine keeps stepping (copies only) until they land."""
+        return self.scheduler.has_pending_copies()
 
     def _output_tokens_of(self, req_id: int) -> list[int]:
         return self.scheduler.output_token_ids(req_id)
 
     # -- the step --------------------------------------------------------------------------------
     def step(self) -> m.StepOutputs:
+        """Launch the next plan, then collect the one before it (or this one, when not overlapping)."""
+        for step_id in self.runner.kv_cache.copier.poll():
+            self.scheduler.copies_done(step_id)
+        overlap = self.config.async_scheduling and not self.runner.needs_host_tokens()
+        if self._in_flight is not None and not overlap:
+            done, self._in_flight = self._in_flight, None   # a grammar needs step N's token first
+            return self._complete(done)
         plan = self.scheduler.next_plan()
-        result = self.runner.execute(plan)
-        req_ids = result.req_ids.tolist()
-        cached = self._first_token_cached(req_ids)
+        launched = (plan, self.runner.launch(plan))
+        if overlap and plan.num_reqs:
+            done, self._in_flight = self._in_flight, launched
+            return self._complete(done) if done is not None else _NO_OUTPUTS
+        # Synchronous, or a plan with no rows (copies only): nothing to overlap, complete in order.
+        earlier = self._complete(self._in_flight) if self._in_flight is not None else None
+        self._in_flight = None
+        latest = self._complete(launched)
+        return earlier if earlier is not None else latest
+
+    def _complete(self, done: tuple) -> m.StepOutputs:
+        plan, launched = done
+        result = self.runner.collect(launched)
+        names = self._names
+        # Rows of requests that finished or were aborted after this plan was built are void.
+        rows = [i for i, r in enumerate(result.req_ids.tolist()) if r in names]
+        req_ids = result.req_ids[rows] if len(rows) != len(result.req_ids) else result.req_ids
+        cached = self._first_token_cached(req_ids.tolist())
         finished = self.scheduler.advance(plan, result.tokens)
         self._num_steps += 1
-        self._num_generated += len(req_ids)
-        names = self._names
-        out_names = [names[r] for r in req_ids]
-        logprobs = None
-        if result.logprob_rows is not None:
-            logprobs = {}
-            for i, row in enumerate(result.logprob_rows.tolist()):
-                n = int(result.top_n[i])
-                logprobs[out_names[row]] = m.TokenLogprobs(
-                    float(result.token_logprobs[i]), int(result.ranks[i]),
-                    result.top_ids[i, :n].tolist(), result.top_logprobs[i, :n].tolist())
-        done = None
+        self._num_generated += len(rows)
+        out_names = [names[r] for r in req_ids.tolist()]
+        tokens = result.tokens[rows].tolist()
+        logprobs = self._logprobs(result, names) if result.logprob_rows is not None else None
+        done_names = None
         if finished:
-            done = {names[r]: reason for r, reason in finished if r in names}
+            done_names = {names[r]: reason for r, reason in finished if r in names}
             for r, _ in finished:
                 self._forget(r)
-        return m.StepOutputs(out_names, result.tokens.tolist(), logprobs, cached, done)
+        return m.StepOutputs(out_names, tokens, logprobs, cached, done_names)
+
+    @staticmethod
+    def _logprobs(result, names: dict[int, str]) -> dict[str, m.TokenLogprobs]:
+        logprobs = {}
+        for i, row in enumerate(result.logprob_rows.tolist()):
+            name = names.get(int(result.req_ids[row]))
+            if name is None:
+                continue
+            n = int(result.top_n[i])
+            logprobs[name] = m.TokenLogprobs(float(result.token_logprobs[i]), int(result.ranks[i]),
+                                             result.top_ids[i, :n].tolist(), result.top_logprobs[i, :n].tolist())
+        return logprobs
+
+    def drain_copies(self) -> None:
+        """Wait for every KV copy in flight (shutdown): their pages are then released."""
+        for step_id in self.runner.kv_cache.copier.wait_all():
+            self.scheduler.copies_done(step_id)
 
     def _first_token_cached(self, req_ids: list[int]) -> dict[str, int] | None:
         if not self._awaiting_first:

@@ -30,6 +30,7 @@ log = logging.getLogger("lightspeed.core")
 
 STATS_INTERVAL_S = 0.05
 IDLE_POLL_MS = 1000
+COPY_POLL_MS = 1  # idle but KV copies in flight: look at their events this often
 
 
 class EngineCore:
@@ -43,20 +44,24 @@ class EngineCore:
         """The step loop. Each iteration: take new requests/aborts, run one plan, send its outputs."""
         engine = self.engine
         while self.running:
-            errors = self._drain_inputs(block=not engine.has_work())
+            copying = engine.has_pending_copies()
+            wait_ms = 0 if engine.has_work() else COPY_POLL_MS if copying else IDLE_POLL_MS
+            errors = self._drain_inputs(wait_ms)
             if errors:
                 self._send(m.RequestErrors(errors))
-            if not engine.has_work():
+            if not (engine.has_work() or copying):
                 continue
-            outputs = self._with_stats(engine.step())    # next_plan -> execute -> advance
+            outputs = self._with_stats(engine.step())    # launch N+1 -> collect N -> advance N
             if outputs.request_ids or outputs.finished or outputs.stats is not None:
                 self._send(outputs)
+        engine.drain_copies()
 
-    def _drain_inputs(self, block: bool) -> dict[str, str]:
+    def _drain_inputs(self, wait_ms: int) -> dict[str, str]:
         errors: dict[str, str] = {}
-        if block and not self.input.poll(IDLE_POLL_MS):
-            self._check_parent()
-            self._send(m.StepOutputs([], [], stats=self.engine.stats()))
+        if wait_ms and not self.input.poll(wait_ms):
+            if wait_ms == IDLE_POLL_MS:
+                self._check_parent()
+                self._send(m.StepOutputs([], [], stats=self.engine.stats()))
             return errors
         while True:
             try:

@@ -2,9 +2,8 @@
 
 Design: all layers' K and V live in ONE tensor `[2 * num_layers, num_pages, page_size, Hkv, D]`,
 and layer l's (k, v) are the views [2l] and [2l+1] (each `[num_pages, page_size, Hkv, D]`, the
-layout the attention kernels read). Because the page axis is shared, copying a set of pages between
-the device pool and the host pool is a single `index_select` + `index_copy_` over dim 1 for all
-layers at once: no per-page and no per-layer Python loop.
+layout the attention kernels read). Because the page axis is shared, a run of pages is one strided
+span for all layers at once: the copier (copier.py) moves it with a single 2-D DMA.
 """
 
 from __future__ import annotations
@@ -12,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+from .copier import make_copier
 
 _KV_DTYPES = {
     "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
@@ -56,17 +57,25 @@ class KVPool:
 
     kv_caches[l] = (k, v), each `[num_pages, page_size, Hkv, D]`. fp8 pools store value / scale
     (`k_scale`, `v_scale`: float32 scalars shared by all layers, 1.0 unless calibrated).
+    `page_tensors` is what page copies move (page axis at dim 1).
     """
 
-    def __init__(self, layout: KVLayout, num_pages: int, device: torch.device | str, *, pin_memory: bool = False):
+    def __init__(self, layout: KVLayout, num_pages: int, device: torch.device | str, *, pin_memory: bool = False,
+                 zero_all: bool = True):
         if num_pages < 2:
             raise ValueError(f"a KV pool needs at least 2 pages (page 0 is padding), got {num_pages}")
         self.layout = layout
         self.num_pages = num_pages
         self.device = torch.device(device)
         shape = (2 * layout.num_layers, num_pages, layout.page_size, layout.num_kv_heads, layout.head_dim)
-        # buffer: [2L, num_pages, page_size, Hkv, D]; zeros so the padding page is finite.
-        self.buffer = torch.zeros(shape, dtype=layout.dtype, device=self.device, pin_memory=pin_memory)
+        # buffer: [2L, num_pages, page_size, Hkv, D]. Zeros, so slots never written stay finite (a
+        # masked NaN still poisons attention: 0 * NaN). A host tier only ever holds pages copied in
+        # whole, so only its padding page is cleared: writing 64 GiB of pinned memory takes seconds.
+        self.buffer = torch.empty(shape, dtype=layout.dtype, device=self.device)
+        if pin_memory:
+            _pin(self.buffer)
+        (self.buffer if zero_all else self.buffer[:, 0]).zero_()
+        self.page_tensors = [self.buffer]
         self.kv_caches = [(self.buffer[2 * i], self.buffer[2 * i + 1]) for i in range(layout.num_layers)]
         self.is_fp8 = layout.dtype == torch.float8_e4m3fn
         self.k_scale = torch.ones((), dtype=torch.float32, device=self.device) if self.is_fp8 else None
@@ -76,61 +85,33 @@ class KVPool:
     def nbytes(self) -> int:
         return self.buffer.numel() * self.buffer.element_size()
 
-
-def copy_pages(src: KVPool, dst: KVPool, src_pages: torch.Tensor, dst_pages: torch.Tensor) -> None:
-    """dst page dst_pages[i] <- src page src_pages[i], for all layers, K and V, in one batched copy.
-
-    src_pages, dst_pages: int64 [N] on (or movable to) their pool's device. Host <-> device copies go
-    through one staging tensor; a pinned host pool lets the upload run asynchronously.
-    """
-    if src.layout != dst.layout:
-        raise ValueError(f"KV layouts differ: {src.layout} vs {dst.layout}")
-    if src_pages.numel() == 0:
-        return
-    if src_pages.shape != dst_pages.shape:
-        raise ValueError(f"page lists differ in length: {tuple(src_pages.shape)} vs {tuple(dst_pages.shape)}")
-    # Copy raw bits through a same-width integer view: exact, and fp8 has no CPU index_copy.
-    src_bits, dst_bits = _bits(src.buffer), _bits(dst.buffer)
-    gathered = src_bits.index_select(1, src_pages.to(src.device, non_blocking=True))
-    if gathered.device != dst.device:
-        gathered = gathered.to(dst.device, non_blocking=dst.device.type == "cuda")
-    dst_bits.index_copy_(1, dst_pages.to(dst.device, non_blocking=True), gathered)
+    def host_mirror(self, num_pages: int) -> KVPool:
+        """A host pool of the same layout (pinned when this pool is on a GPU), for the host tier."""
+        return KVPool(self.layout, num_pages, "cpu", pin_memory=self.device.type == "cuda", zero_all=False)
 
 
-_INT_OF_WIDTH = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-
-
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    return t.view(_INT_OF_WIDTH[t.element_size()])
+def _pin(tensor: torch.Tensor) -> None:
+    """Page-lock a CPU tensor in place for asynchronous DMA. (torch's pinned allocator rounds every
+    allocation up to a power of two: a 48 GiB host tier would pin 64 GiB.)"""
+    nbytes = tensor.numel() * tensor.element_size()
+    torch.cuda.check_error(torch.cuda.cudart().cudaHostRegister(tensor.data_ptr(), nbytes, 0))
 
 
 class KVCache:
-    """The device pool, the host pool, and the plan's copies between them."""
+    """The device pool, the optional host pool (the tier under it), and the copier between them.
+
+    `num_host_pages=0` switches the host tier off: no host memory, and plans never copy.
+    """
 
     def __init__(self, layout: KVLayout, num_device_pages: int, num_host_pages: int, device: torch.device | str):
         self.layout = layout
         self.device_pool = KVPool(layout, num_device_pages, device)
-        on_gpu = torch.device(device).type == "cuda"
-        self.host_pool = KVPool(layout, num_host_pages, "cpu", pin_memory=on_gpu)
+        self.host_pool = self.device_pool.host_mirror(num_host_pages) if num_host_pages else None
+        self.copier = make_copier(self.device_pool, self.host_pool, self.device_pool.device)
 
     @property
     def kv_caches(self):
         return self.device_pool.kv_caches
-
-    def load_back(self, pairs) -> None:
-        """Host -> device: pairs is int [N, 2] of (host page, device page) (numpy or tensor)."""
-        pairs = torch.as_tensor(pairs, dtype=torch.int64)
-        if pairs.numel():
-            copy_pages(self.host_pool, self.device_pool, pairs[:, 0], pairs[:, 1])
-
-    def write_back(self, pairs) -> None:
-        """Device -> host: pairs is int [M, 2] of (device page, host page)."""
-        pairs = torch.as_tensor(pairs, dtype=torch.int64)
-        if pairs.numel():
-            copy_pages(self.device_pool, self.host_pool, pairs[:, 0], pairs[:, 1])
-            if self.device_pool.device.type == "cuda":
-                # The host copy must be complete before the scheduler reuses the device pages.
-                torch.cuda.current_stream(self.device_pool.device).synchronize()
 
 
 def device_kv_budget(device: torch.device, gpu_memory_utilization: float, kv_cache_memory: int | None,

@@ -18,6 +18,9 @@ log = logging.getLogger("lightspeed.runner")
 _DTYPE_NAMES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16", "fp16": "float16",
                 "half": "float16", "float32": "float32", "fp32": "float32", "float": "float32"}
 _CPU_HOST_CACHE_DEFAULT = 256 << 20
+# Bytes of prefix pages in flight to host at once: about 10 ms of PCIe Gen5, so the background
+# write-through never builds a queue that delays a load-back behind it by more than that.
+_WRITE_THROUGH_BYTES_IN_FLIGHT = 512 << 20
 
 
 @dataclass
@@ -26,7 +29,8 @@ class BuiltRunner:
     model_config: object              # lightspeed.models.ModelConfig
     max_model_len: int
     num_device_pages: int
-    num_host_pages: int
+    num_host_pages: int               # 0: no host tier
+    max_write_through_pages: int      # host-tier pages in flight at once (the scheduler's bound)
     device: torch.device
     dtype: torch.dtype
     kv_dtype: torch.dtype
@@ -83,7 +87,7 @@ def build_model_runner(config: EngineConfig, *, output_tokens_of: Callable[[int]
     host_budget = config.host_cache_memory
     if host_budget is None:
         host_budget = default_host_cache_bytes(device, num_device_pages * layout.bytes_per_page)
-    num_host_pages = max(2, layout.pages_for(host_budget))
+    num_host_pages = max(2, layout.pages_for(host_budget)) if host_budget > 0 else 0
     kv_cache = KVCache(layout, num_device_pages, num_host_pages, device)
     log.info("model %s on %s (%s); KV cache %d device pages, %d host pages of %d tokens (%s); max_model_len %d",
              model_config.name, device, dtype_name, num_device_pages, num_host_pages, config.page_size, kv_dtype,
@@ -101,8 +105,9 @@ def build_model_runner(config: EngineConfig, *, output_tokens_of: Callable[[int]
     runner.graphs = build_cuda_graph_runner(model, kv_cache, batch_sizes=config.cuda_graph_batch_sizes(),
                                             max_model_len=max_model_len, vocab_size=model_config.vocab_size,
                                             device=device)
-    return BuiltRunner(runner, model_config, max_model_len, num_device_pages, num_host_pages, device,
-                       model_config.torch_dtype, kv_dtype)
+    write_through_pages = max(1, _WRITE_THROUGH_BYTES_IN_FLIGHT // layout.bytes_per_page)
+    return BuiltRunner(runner, model_config, max_model_len, num_device_pages, num_host_pages, write_through_pages,
+                       device, model_config.torch_dtype, kv_dtype)
 
 
 def default_host_cache_bytes(device: torch.device, device_pool_bytes: int) -> int:

@@ -1,16 +1,17 @@
-"""ModelRunner: a scheduler plan in, sampled tokens out.
+"""ModelRunner: a scheduler plan in, sampled tokens out, in two halves so steps can overlap.
 
-execute(plan): bind newly scheduled requests to their state rows -> run the plan's KV page copies
-(load-back host->device, write-back device->host) -> build input tensors -> forward -> logits at
-the sampled positions -> logprobs (of the raw logits, when asked) -> penalties / bias / min_tokens
-/ grammar masks -> batched sampler -> tokens to the host.
+launch(plan): bind newly scheduled requests to their state rows -> hand the plan's KV page copies
+to the copier (they run beside the forward on their own stream) -> build input tensors -> forward
+-> logits at the sampled positions -> logprobs (of the raw logits, when asked) -> penalties / bias
+/ min_tokens / grammar masks -> batched sampler -> a non-blocking copy of the tokens to the host
+and an event. collect(launched): wait for that event only, then hand back host arrays.
+
+The engine launches plan N+1 before it collects plan N, so the CPU builds and launches a step
+while the GPU runs the one before: a decode whose input is plan N's sample reads it on the device
+(deferred inputs). The only host wait is the event of the step being collected.
 
 The forward is eager, or replayed from CUDA graphs for decode-only steps when a `CudaGraphRunner`
 is plugged in (`graphs`, set by the factory on GPU; see cuda_graph.py). Sampling is always eager.
-
-Overlap-ready: inputs come from the plan alone plus the previous step's sampled tensor kept on the
-device (deferred inputs), and the only host synchronisation is the final `.cpu()` of the tokens,
-which an overlapped loop can postpone by one step.
 """
 
 from __future__ import annotations
@@ -30,6 +31,18 @@ from ..kv import KVCache
 from .inputs import InputBuilder, StepTensors
 from .sampling_state import SamplingState
 from .structured import StructuredOutputs
+
+
+@dataclass
+class LaunchedStep:
+    """A plan whose work is enqueued; `ModelRunner.collect` turns it into a StepResult."""
+
+    step_id: int
+    req_ids: np.ndarray                       # int64 [S]: the request of each sampled position
+    tokens: torch.Tensor | None = None        # int32 [S] on the host, valid once `ready` has fired
+    ready: torch.cuda.Event | None = None     # recorded after the host copies (None on CPU: done)
+    structured_rows: np.ndarray | None = None
+    logprobs: tuple | None = None             # (rows, top_n, token_lp, ranks, top_ids, top_lp) on the host
 
 
 @dataclass
@@ -83,19 +96,42 @@ class ModelRunner:
             self._slot_owner[slot] = req_id
 
     # -- one step ------------------------------------------------------------------------------
+    def needs_host_tokens(self) -> bool:
+        """True while a grammar-constrained request is live: its next bitmask needs the previous
+        token on the host, so the engine collects each step before launching the next."""
+        return bool(self.structured.matchers)
+
     @torch.inference_mode()
-    def execute(self, plan) -> StepResult:
+    def launch(self, plan) -> LaunchedStep:
+        """Enqueue the plan's copies, forward and sampling; returns at once on GPU."""
         self._bind_new_rows(plan)
-        # Write-back first: a device page copied out may be the destination of a load-back.
-        if plan.write_back.shape[0]:
-            self.kv_cache.write_back(plan.write_back)
-        if plan.load_back.shape[0]:
-            self.kv_cache.load_back(plan.load_back)
+        if plan.has_copies:
+            self.kv_cache.copier.submit(int(plan.step_id), plan.write_back, plan.load_back,
+                                        bool(plan.forward_waits_for_copies))
         if plan.input_ids.shape[0] == 0:
-            return StepResult(np.empty(0, np.int32), np.empty(0, np.int64))
+            return LaunchedStep(int(plan.step_id), np.empty(0, np.int64), torch.empty(0, dtype=torch.int32))
         t = self.inputs.build(plan, self._prev_sampled)
         logits = self.forward(plan, t)
-        return self._sample(logits, t)
+        return self._sample(plan, logits, t)
+
+    def collect(self, launched: LaunchedStep) -> StepResult:
+        """Wait for a launched step's tokens (its event, nothing else) and return them."""
+        if launched.ready is not None:
+            launched.ready.synchronize()
+        h_tokens = launched.tokens.numpy()
+        result = StepResult(h_tokens, launched.req_ids)
+        if launched.structured_rows is not None:
+            self.structured.accept(launched.req_ids, launched.structured_rows, h_tokens)
+        if launched.logprobs is not None:
+            rows, top_n, token_lp, ranks, top_ids, top_lp = launched.logprobs
+            result.logprob_rows, result.top_n = rows, top_n
+            result.token_logprobs, result.ranks = token_lp.numpy(), ranks.numpy()
+            result.top_ids, result.top_logprobs = top_ids.numpy(), top_lp.numpy()
+        return result
+
+    def execute(self, plan) -> StepResult:
+        """launch + collect: one synchronous step (CUDA-graph and kernel tests)."""
+        return self.collect(self.launch(plan))
 
     def forward(self, plan, t: StepTensors) -> torch.Tensor:
         """Logits fp32 [S, V] at the plan's sampled positions."""
@@ -116,7 +152,7 @@ class ModelRunner:
         hidden = self.model(t.input_ids, t.positions, meta)
         return self.model.compute_logits(hidden[t.logits_indices]).float()
 
-    def _sample(self, logits: torch.Tensor, t: StepTensors) -> StepResult:
+    def _sample(self, plan, logits: torch.Tensor, t: StepTensors) -> LaunchedStep:
         s, slots, h_slots = self.sampling, t.sample_slots, t.h_sample_slots
         asked = s.h_logprobs[h_slots]
         logprob_rows = np.nonzero(asked >= 0)[0]
@@ -128,28 +164,31 @@ class ModelRunner:
         tokens = s.sample(logits, slots, h_slots)
         s.record(tokens, slots, h_slots)
         self._prev_sampled = tokens
-        h_tokens = tokens.to(torch.int32).cpu().numpy()
-        if structured_rows.size:
-            self.structured.accept(t.h_sample_req_ids, structured_rows, h_tokens)
-        result = StepResult(h_tokens, t.h_sample_req_ids)
+        launched = LaunchedStep(int(plan.step_id), t.h_sample_req_ids, _to_host(tokens.to(torch.int32)),
+                                structured_rows=structured_rows if structured_rows.size else None)
         if raw is not None:
-            self._logprobs(result, raw, tokens, logprob_rows, asked[logprob_rows])
-        return result
+            launched.logprobs = self._logprobs(raw, tokens, logprob_rows, asked[logprob_rows])
+        if self.device.type == "cuda":
+            launched.ready = torch.cuda.Event()
+            launched.ready.record()
+        return launched
 
     @staticmethod
-    def _logprobs(result: StepResult, raw: torch.Tensor, tokens: torch.Tensor, rows: np.ndarray,
-                  top_n: np.ndarray) -> None:
+    def _logprobs(raw: torch.Tensor, tokens: torch.Tensor, rows: np.ndarray, top_n: np.ndarray) -> tuple:
         from lightspeed_kernel import ops
 
         chosen = tokens[torch.from_numpy(rows).to(tokens.device)]
         token_lp, top_ids, top_lp = ops.compute_logprobs(raw, chosen, int(top_n.max()))
         # Rank by raw logits (monotone in logprob): 1 + how many tokens are strictly more likely.
         ranks = (raw > raw.gather(1, chosen[:, None])).sum(dim=-1) + 1
-        result.logprob_rows, result.top_n = rows, top_n
-        result.token_logprobs = token_lp.float().cpu().numpy()
-        result.ranks = ranks.cpu().numpy()
-        result.top_ids = top_ids.cpu().numpy()
-        result.top_logprobs = top_lp.float().cpu().numpy()
+        return (rows, top_n, _to_host(token_lp.float()), _to_host(ranks), _to_host(top_ids),
+                _to_host(top_lp.float()))
+
+
+def _to_host(t: torch.Tensor) -> torch.Tensor:
+    """A host copy that does not block: pinned and non_blocking on GPU (valid after the step's
+    event), a plain tensor on CPU."""
+    return t.to("cpu", non_blocking=True) if t.is_cuda else t
 
 
 def _no_tokenizer() -> Any:
