@@ -28,6 +28,13 @@ class StepTensors:
     h_sample_req_ids: np.ndarray     # int64 [S]: scheduler request id of each sampled position
 
 
+def upload(array: np.ndarray, device: torch.device) -> torch.Tensor:
+    """A small host array on `device` without stalling: through pinned memory, non-blocking. (A copy
+    from pageable memory makes the CPU wait until the step in flight is done, undoing the overlap.)"""
+    host = torch.from_numpy(np.ascontiguousarray(array))
+    return host if device.type == "cpu" else host.pin_memory().to(device, non_blocking=True)
+
+
 class InputBuilder:
     def __init__(self, device: torch.device):
         self.device = device
@@ -51,23 +58,26 @@ class InputBuilder:
         num_tokens, num_rows = plan.input_ids.shape[0], plan.req_ids.shape[0]
         num_sampled = plan.logits_indices.shape[0]
         h_sample_slots = plan.req_slots[plan.sample_batch_rows]
-        parts = (plan.input_ids, plan.positions, plan.slot_mapping, plan.query_start_loc, plan.seq_lens,
-                 plan.logits_indices, h_sample_slots, plan.page_table.reshape(-1))
-        total = 3 * num_tokens + 2 * num_rows + 1 + 2 * num_sampled + plan.page_table.size
-        packed, host = self._stage(total)
+        deferred = bool(num_tokens) and bool(plan.deferred_input_mask.any())
+        parts = [plan.input_ids, plan.positions, plan.slot_mapping, plan.query_start_loc, plan.seq_lens,
+                 plan.logits_indices, h_sample_slots]
+        sizes = [num_tokens, num_tokens, num_tokens, num_rows + 1, num_rows, num_sampled, num_sampled]
+        if deferred:  # in the same upload: a separate pageable copy would wait for the step in flight
+            parts += [plan.deferred_input_mask, plan.deferred_src_index]
+            sizes += [num_tokens, num_tokens]
+        parts.append(plan.page_table.reshape(-1))
+        packed, host = self._stage(sum(sizes) + plan.page_table.size)
         np.concatenate(parts, out=packed, casting="unsafe")
         dev = host if self.device.type == "cpu" else host.to(self.device, non_blocking=True)
-        cuts = np.cumsum([num_tokens, num_tokens, num_tokens, num_rows + 1, num_rows, num_sampled, num_sampled])
-        (input_ids, positions, slot_mapping, qsl, seq_lens, logits_indices, sample_slots,
-         page_table) = torch.tensor_split(dev, cuts.tolist())
+        views = torch.tensor_split(dev, np.cumsum(sizes).tolist())
+        input_ids, positions, slot_mapping, qsl, seq_lens, logits_indices, sample_slots = views[:7]
+        page_table = views[-1]
         input_ids = input_ids.long()
-        deferred = plan.deferred_input_mask
-        if deferred.shape[0] and deferred.any():
+        if deferred:
             # Overlap protocol: these positions take the previous step's sample, still on the device.
             if prev_sampled is None:
                 raise RuntimeError("plan has deferred inputs but no previous step was sampled")
-            mask = torch.from_numpy(np.ascontiguousarray(deferred)).to(self.device, non_blocking=True)
-            src = torch.from_numpy(plan.deferred_src_index.astype(np.int64).clip(min=0)).to(self.device)
+            mask, src = views[7].bool(), views[8].long().clamp_(min=0)
             input_ids = torch.where(mask, prev_sampled[src], input_ids)
         return StepTensors(
             input_ids=input_ids, positions=positions.long(), slot_mapping=slot_mapping.long(),

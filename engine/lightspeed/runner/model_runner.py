@@ -28,7 +28,7 @@ if TYPE_CHECKING:  # the runner never needs msgspec at run time (GPU benchmarks 
     from .cuda_graph import CudaGraphRunner
 
 from ..kv import KVCache
-from .inputs import InputBuilder, StepTensors
+from .inputs import InputBuilder, StepTensors, upload
 from .sampling_state import SamplingState
 from .structured import StructuredOutputs
 
@@ -156,7 +156,7 @@ class ModelRunner:
         s, slots, h_slots = self.sampling, t.sample_slots, t.h_sample_slots
         asked = s.h_logprobs[h_slots]
         logprob_rows = np.nonzero(asked >= 0)[0]
-        raw = logits[torch.from_numpy(logprob_rows).to(self.device)] if logprob_rows.size else None
+        raw = logits[upload(logprob_rows, self.device)] if logprob_rows.size else None
         logits = s.process_logits(logits, slots, h_slots)
         structured_rows = np.nonzero(s.h_structured[h_slots])[0]
         if structured_rows.size:
@@ -177,7 +177,7 @@ class ModelRunner:
     def _logprobs(raw: torch.Tensor, tokens: torch.Tensor, rows: np.ndarray, top_n: np.ndarray) -> tuple:
         from lightspeed_kernel import ops
 
-        chosen = tokens[torch.from_numpy(rows).to(tokens.device)]
+        chosen = tokens[upload(rows, tokens.device)]
         token_lp, top_ids, top_lp = ops.compute_logprobs(raw, chosen, int(top_n.max()))
         # Rank by raw logits (monotone in logprob): 1 + how many tokens are strictly more likely.
         ranks = (raw > raw.gather(1, chosen[:, None])).sum(dim=-1) + 1

@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from .inputs import upload
+
 if TYPE_CHECKING:  # the runner never needs msgspec at run time (GPU benchmarks drive it directly)
     from ..core.messages import SamplingSpec
 
@@ -94,9 +96,9 @@ class SamplingState:
             self.prompt_mask = torch.zeros(shape, dtype=torch.bool, device=self.device)
         self.output_counts[slot].zero_()
         self.prompt_mask[slot].zero_()
-        self.prompt_mask[slot, torch.as_tensor(prompt_ids, dtype=torch.int64, device=self.device)] = True
+        self.prompt_mask[slot, upload(np.asarray(prompt_ids, np.int64), self.device)] = True
         if output_ids:
-            outs = torch.as_tensor(output_ids, dtype=torch.int64, device=self.device)
+            outs = upload(np.asarray(output_ids, np.int64), self.device)
             self.output_counts[slot].index_add_(0, outs, torch.ones_like(outs, dtype=torch.int32))
 
     def _bind_bias(self, slot: int, logit_bias: dict[int, float] | None) -> None:
@@ -113,8 +115,8 @@ class SamplingState:
             self.bias_ids, self.bias_vals = ids, vals
         self.bias_ids[slot].zero_()
         self.bias_vals[slot].zero_()
-        self.bias_ids[slot, :width] = torch.tensor(list(logit_bias.keys()), dtype=torch.int64)
-        self.bias_vals[slot, :width] = torch.tensor(list(logit_bias.values()), dtype=torch.float32)
+        self.bias_ids[slot, :width] = upload(np.fromiter(logit_bias.keys(), np.int64, width), self.device)
+        self.bias_vals[slot, :width] = upload(np.fromiter(logit_bias.values(), np.float32, width), self.device)
 
     def _bind_min_tokens(self, slot: int, spec: SamplingSpec) -> None:
         self.h_min_tokens[slot] = spec.min_tokens
@@ -129,7 +131,7 @@ class SamplingState:
             self.stop_ids = grown
         self.stop_ids[slot].fill_(-1)
         if banned:
-            self.stop_ids[slot, : len(banned)] = torch.tensor(banned, dtype=torch.int64)
+            self.stop_ids[slot, : len(banned)] = upload(np.asarray(banned, np.int64), self.device)
 
     # -- per step ------------------------------------------------------------------------------
     def process_logits(self, logits: torch.Tensor, slots: torch.Tensor, h_slots: np.ndarray) -> torch.Tensor:
@@ -143,7 +145,7 @@ class SamplingState:
             logits.scatter_add_(1, self.bias_ids[slots], self.bias_vals[slots])
         blocked = self.h_num_outputs[h_slots] < self.h_min_tokens[h_slots]
         if blocked.any():
-            rows = torch.from_numpy(np.nonzero(blocked)[0]).to(logits.device)
+            rows = upload(np.nonzero(blocked)[0], logits.device)
             ids = self.stop_ids[slots[rows]]                             # [R, K], -1 = pad
             valid = ids >= 0
             r = rows[:, None].expand_as(ids)[valid]
