@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# On the H200 (device kit installed): Lightspeed's GPU tests of the async KV tier, then `lightspeed serve`
+# on the 8B-shaped dummy folder and the side-by-side sweep (sweep.sh), with py-spy + dmon at 128 concurrent.
+#   bash tools/bench/h200/lightspeed.sh OUTDIR [AGENTIC_SECONDS] [SERVE_ARGS...]
+set -uo pipefail
+out=$1; secs=${2:-30}; shift 2 || shift $#
+M=.dw-model/llama8b-smol
+mkdir -p "$out"
+python3 -m pytest -q -m gpu engine/tests/test_gpu_engine.py engine/tests/test_kv.py -p no:cacheprovider \
+  > "$out/gpu_tests.log" 2>&1; echo "gpu tests rc=$? $(tail -1 "$out/gpu_tests.log")"
+lightspeed serve $M --tokenizer $M --load-format dummy --port 8000 --max-model-len 65536 --max-num-seqs 64 "$@" \
+  > "$out/lightspeed_serve.log" 2>&1 &
+server=$!
+for i in $(seq 240); do curl -sf localhost:8000/health >/dev/null && break; sleep 1; done
+echo "lightspeed ready after ${i}s"
+core=$(pgrep -f lightspeed.core.engine_core | head -1)
+PROFILE_PID=$core bash tools/bench/h200/sweep.sh lightspeed "$out" $M "$secs"
+kill $server; wait $server
