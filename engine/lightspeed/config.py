@@ -66,7 +66,8 @@ class EngineConfig:
                                    "max_position_embeddings, capped by what the KV cache holds.")
     max_num_seqs: int = _f(256, "Most requests in one batch (also the number of per-request state rows).")
     max_num_batched_tokens: int = _f(8192, "Token budget of one forward step (decodes + prefill chunks).")
-    chunked_prefill_size: int = _f(2048, "Longest prefill chunk of one request in one step.")
+    chunked_prefill_size: int | None = _f(None, "Longest prefill chunk of one request in one step; default: "
+                                          "--max-num-batched-tokens (a long prompt alone fills whole steps).")
     page_size: int = _f(16, "Tokens per KV-cache page.")
     gpu_memory_utilization: float = _f(0.9, "Fraction of the GPU's memory the engine may use (weights, "
                                        "activations and the KV cache, which gets the rest).")
@@ -105,6 +106,8 @@ class EngineConfig:
                 raise ValueError(f"{name}={getattr(self, name)!r} is not one of {', '.join(allowed)}")
         if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device):
             raise ValueError(f"device={self.device!r}: expected auto, cpu, cuda or cuda:N")
+        if self.chunked_prefill_size is None:
+            object.__setattr__(self, "chunked_prefill_size", self.max_num_batched_tokens)
         positive = ("max_num_seqs", "max_num_batched_tokens", "chunked_prefill_size", "page_size",
                     "tensor_parallel_size", "cuda_graph_max_batch_size")
         for name in positive:

@@ -39,3 +39,21 @@ def test_logprobs_rows(tiny_model_dir):
             assert abs(lp.logprob - lp.top_logprobs[0]) < 1e-6
             seen.append(token)
     assert len(seen) == 4
+
+
+def test_min_tokens_mask_bans_exactly_the_stop_ids():
+    """Rows under min_tokens lose their stop/EOS ids (token 0 and padded rows included), others keep all."""
+    import torch
+    from lightspeed.runner.sampling_state import SamplingState
+
+    state = SamplingState(4, 10, torch.device("cpu"))
+    state.bind(0, 1, SamplingSpec(max_tokens=8, min_tokens=3, stop_token_ids=[0, 7], eos_token_ids=[2]), [5], [])
+    state.bind(1, 2, SamplingSpec(max_tokens=8, min_tokens=3, eos_token_ids=[4]), [5], [])
+    state.bind(2, 3, SamplingSpec(max_tokens=8), [5], [])
+    logits = torch.randn(3, 10)
+    expected = logits.clone()
+    expected[0, [0, 2, 7]] = float("-inf")
+    expected[1, 4] = float("-inf")
+    slots = np.array([0, 1, 2])
+    out = state.process_logits(logits, torch.from_numpy(slots), slots)
+    assert torch.equal(out, expected)

@@ -8,6 +8,7 @@ span for all layers at once: the copier (copier.py) moves it with a single 2-D D
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -74,6 +75,8 @@ class KVPool:
         self.buffer = torch.empty(shape, dtype=layout.dtype, device=self.device)
         if pin_memory:
             _pin(self.buffer)
+            # Unpinned before its memory is freed: an address range registered twice is an error.
+            weakref.finalize(self, _unpin, self.buffer)
         (self.buffer if zero_all else self.buffer[:, 0]).zero_()
         self.page_tensors = [self.buffer]
         self.kv_caches = [(self.buffer[2 * i], self.buffer[2 * i + 1]) for i in range(layout.num_layers)]
@@ -95,6 +98,13 @@ def _pin(tensor: torch.Tensor) -> None:
     allocation up to a power of two: a 48 GiB host tier would pin 64 GiB.)"""
     nbytes = tensor.numel() * tensor.element_size()
     torch.cuda.check_error(torch.cuda.cudart().cudaHostRegister(tensor.data_ptr(), nbytes, 0))
+
+
+def _unpin(tensor: torch.Tensor) -> None:
+    try:
+        torch.cuda.cudart().cudaHostUnregister(tensor.data_ptr())
+    except RuntimeError:
+        pass  # CUDA already shut down at interpreter exit: the process frees everything anyway
 
 
 class KVCache:

@@ -66,10 +66,16 @@ class InputBuilder:
             parts += [plan.deferred_input_mask, plan.deferred_src_index]
             sizes += [num_tokens, num_tokens]
         parts.append(plan.page_table.reshape(-1))
-        packed, host = self._stage(sum(sizes) + plan.page_table.size)
-        np.concatenate(parts, out=packed, casting="unsafe")
+        sizes.append(plan.page_table.size)
+        # Each part starts on a 16-byte boundary: kernels specialise on pointer alignment, and an
+        # alignment that changed with the step's shape would recompile them mid-run.
+        starts = np.zeros(len(sizes), dtype=np.int64)
+        starts[1:] = np.cumsum((np.asarray(sizes[:-1]) + 3) // 4 * 4)
+        packed, host = self._stage(int(starts[-1]) + sizes[-1])
+        for part, start, size in zip(parts, starts.tolist(), sizes, strict=True):
+            packed[start:start + size] = part
         dev = host if self.device.type == "cpu" else host.to(self.device, non_blocking=True)
-        views = torch.tensor_split(dev, np.cumsum(sizes).tolist())
+        views = [dev[start:start + size] for start, size in zip(starts.tolist(), sizes, strict=True)]
         input_ids, positions, slot_mapping, qsl, seq_lens, logits_indices, sample_slots = views[:7]
         page_table = views[-1]
         input_ids = input_ids.long()

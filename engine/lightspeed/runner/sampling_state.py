@@ -147,9 +147,10 @@ class SamplingState:
         if blocked.any():
             rows = upload(np.nonzero(blocked)[0], logits.device)
             ids = self.stop_ids[slots[rows]]                             # [R, K], -1 = pad
-            valid = ids >= 0
-            r = rows[:, None].expand_as(ids)[valid]
-            logits[r, ids[valid]] = float("-inf")
+            # No boolean indexing: its data-dependent shape would make the host wait for the GPU.
+            # Banned ids take -inf, padding +inf, and a min-reduction leaves the rest untouched.
+            ban = torch.where(ids >= 0, float("-inf"), float("inf"))
+            logits[rows] = logits[rows].scatter_reduce_(1, ids.clamp(min=0), ban, reduce="amin")
         return logits
 
     def sample(self, logits: torch.Tensor, slots: torch.Tensor, h_slots: np.ndarray) -> torch.Tensor:

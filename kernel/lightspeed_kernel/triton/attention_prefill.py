@@ -16,7 +16,9 @@ from ._common import FLOAT_DTYPES, FP8_DTYPES, check, dot_upcast, next_pow2, reg
 from .attention_decode import check_paged_args
 
 
-@triton.jit
+# The page-table width changes from step to step: specialising on it (==1, %16) would compile
+# new variants in the middle of serving.
+@triton.jit(do_not_specialize=["stride_pt"])
 def _prefill_kernel(
     q_ptr,
     k_cache,
