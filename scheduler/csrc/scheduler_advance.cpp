@@ -125,6 +125,9 @@ void Scheduler::finish(int32_t record, fsm::FinishReason reason) {
     erase_from(running_, record);
     insert_into_cache(r, decoding->device_pages,
                       std::min(decoding->kv_len, static_cast<int32_t>(r.tokens.size()) - 1));
+    // Prefix pages that missed their write-through (host full then, or a device hit whose host
+    // copy was evicted since) get another chance: the next turn of this conversation reads them.
+    for (int32_t node : r.cache_path) queue_write_through(node);
     r.state = fsm::finish(std::move(*decoding), reason);
   } else {
     // Retracted while its last sample was in flight (overlap).

@@ -7,7 +7,8 @@
 // share of PCIe and a decode never waits for them. A finished request therefore owns nothing: the
 // cache node owns its page, and a node being written (host_pending) cannot be evicted from either
 // tier. Pages already on host are skipped; a queued node evicted from device before its turn is
-// simply not written (the cache is a cache).
+// simply not written (the cache is a cache). A node is written only once its parent has a host
+// copy: host copies, like device ones, form prefixes of the tree.
 #include <algorithm>
 #include <stdexcept>
 #include <string>
@@ -38,6 +39,14 @@ void Scheduler::emit_write_through(Plan& plan) {
     int32_t host_page = host_.allocate();
     if (host_page < 0 && cache_.evict_host(1) > 0) host_page = host_.allocate();
     if (host_page < 0) continue;  // host full of pages in use: this one stays device-only
+    // Host copies stay closed under parent, like device ones: a device-only page with a host-only
+    // child could never be evicted from the device (dropping its only copy would orphan the
+    // child), and a full host tier would then pin the device cache for good. (Checked after the
+    // eviction above, which may have taken the parent's host copy.)
+    if (n.parent != prefix::RadixCache::kRoot && cache_.node(n.parent).host_page < 0) {
+      host_.release(host_page);
+      continue;
+    }
     cache_.begin_write_back(entry.node, host_page);
     plan.write_back.push_back(n.device_page);
     plan.write_back.push_back(host_page);

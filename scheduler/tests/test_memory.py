@@ -177,3 +177,43 @@ def test_host_tier_off():
     assert finished == {i: "length" for i in ids} and seen_copies == 0
     assert s.stats()["num_host_pages"] == 0 and s.stats()["free_host_pages"] == 0
     assert not s.has_pending_copies()
+
+
+def test_full_host_tier_never_stalls_agentic_conversations():
+    """The H200 memory-pressure run's shape (16 conversations of a 22K-token first turn + 6 turns, a
+    device pool of ~98K tokens, a host tier that fills up): every conversation finishes. Before host
+    copies were kept closed under parent, device-only pages with host-only children pinned the device
+    cache once the host was full, and the last turns waited forever."""
+    rng = np.random.default_rng(0)
+    s = make_scheduler(page_size=16, num_device_pages=6144, num_host_pages=28672, max_num_seqs=64,
+                       max_num_batched_tokens=8192, chunked_prefill_size=8192, max_model_len=40000,
+                       async_copies=True, max_write_through_pages=256)
+    system = rng.integers(3, 30000, 2000).tolist()
+    history = {c: system + rng.integers(3, 30000, 20000).tolist() for c in range(16)}
+    turns, live, unacked, least_free_host = dict.fromkeys(range(16), 0), {}, [], 1 << 30
+
+    def submit(c):
+        live[s.submit(spec(f"c{c}t{turns[c]}", history[c], max_new_tokens=200, ignore_eos=True))] = c
+
+    for c in range(16):
+        submit(c)
+    for step in range(20000):
+        if not live:
+            break
+        plan = s.next_plan()
+        if plan.has_copies:
+            unacked.append((step, plan.step_id))
+        while unacked and unacked[0][0] <= step - 2:  # copies land two steps later
+            s.copies_done(unacked.pop(0)[1])
+        for req_id, _ in s.advance(plan, rng.integers(3, 30000, plan.num_samples).astype(np.int32)):
+            c = live.pop(req_id)
+            history[c] += s.output_token_ids(req_id) + rng.integers(3, 30000, 800).tolist()
+            turns[c] += 1
+            if turns[c] < 6:
+                submit(c)
+        least_free_host = min(least_free_host, s.stats()["free_host_pages"])
+    assert not live, f"stalled at step {step}: turns {sorted(turns.values())}, {s.stats()}"
+    stats = s.stats()
+    assert least_free_host == 0  # the host tier really filled up
+    assert stats["prefix_hit_tokens"] > 0.7 * stats["prefix_query_tokens"]
+    s.check_invariants()

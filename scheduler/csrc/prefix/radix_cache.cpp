@@ -228,6 +228,8 @@ void RadixCache::check_invariants() const {
     if (!nodes_[n.parent].alive) fail("parent removed", id);
     if (n.device_page >= 0 && n.parent != kRoot && nodes_[n.parent].device_page < 0)
       fail("device copy under a parent without one", id);
+    if (n.host_page >= 0 && n.parent != kRoot && nodes_[n.parent].host_page < 0)
+      fail("host copy under a parent without one", id);
     if (by_key_.find(n.key) != id) fail("key map does not point at node", id);
     if (device_lru_.contains(id) != (n.device_page >= 0 && device_.refcount(n.device_page) == 1))
       fail("device LRU holds exactly the unreferenced device copies", id);

@@ -7,7 +7,9 @@
 // also the lock: a copy is evictable only when the cache holds its sole reference. Invariants:
 //   - every node except the root has at least one copy;
 //   - device copies are closed under parent (a device node's parent is on device too), so a match
-//     is a device run followed by a host-only run;
+//     is a device run followed by a host-only run; host copies are too (the scheduler writes a page
+//     through only after its parent), so a device-only node never has a host-only child and stays
+//     evictable once its children are;
 //   - any node's parent has a copy (eviction only removes leaves).
 // Eviction is LRU over two intrusive lists; touching a node also touches its ancestors after it,
 // so a scan from the LRU end meets children before their parents. The device list holds only

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The side-by-side sweep against one server at 127.0.0.1:$PORT (Lightspeed or vLLM, same model folder):
-# the agentic workload of the served-path issue at c = 1, 4, 16, 32, then random 1024/128 at 1, 32, 128.
+# the agentic workload of the served-path issue at c = 1, 4, 16 (AGENTIC_SECONDS per level) and c = 32
+# (twice as long), then random 1024/128 at 1, 32, 128.
 #   bash tools/bench/h200/sweep.sh NAME OUTDIR MODEL_DIR [AGENTIC_SECONDS]
 # While the random c=128 level runs, PROFILE_PID (if set) is sampled by py-spy and the GPU by dmon.
 set -uo pipefail
@@ -8,9 +9,13 @@ name=$1 out=$2 model=$3 secs=${4:-30}
 port=${PORT:-8000}
 mkdir -p "$out"
 common=(--base-url "http://127.0.0.1:$port" --tokenizer "$model" --no-progress --cache-page-size 16)
-lightspeed-bench agentic "${common[@]}" --system-prompt-tokens 2000 --first-turn-tokens 20000 --turn-tokens 800 \
-  --turns 6 --output-tokens 200 --concurrency 1,4,16,32 --max-duration "$secs" --request-timeout 120 \
-  --output-dir "$out" --name "${name}_agentic" --label "$name" 2>&1 | tail -8
+agentic=(--system-prompt-tokens 2000 --first-turn-tokens 20000 --turn-tokens 800 --turns 6 --output-tokens 200
+         --request-timeout 120)
+lightspeed-bench agentic "${common[@]}" "${agentic[@]}" --concurrency 1,4,16 --max-duration "$secs" \
+  --output-dir "$out" --name "${name}_agentic" --label "$name" 2>&1 | tail -6
+# c=32: its 32 warm-up first turns (700K prompt tokens) take most of a short level; give it longer.
+lightspeed-bench agentic "${common[@]}" "${agentic[@]}" --concurrency 32 --max-duration "$((secs * 2))" \
+  --output-dir "$out" --name "${name}_agentic32" --label "$name" 2>&1 | tail -3
 if [ -n "${PROFILE_PID:-}" ]; then
   (sleep 8; nvidia-smi dmon -s u -c 8 > "$out/${name}_dmon_c128.txt" 2>&1) &
   (sleep 8; py-spy record -p "$PROFILE_PID" -d 10 -r 200 -f raw --nonblocking -o "$out/${name}_pyspy_c128.txt" \
