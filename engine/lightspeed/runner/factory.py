@@ -62,7 +62,7 @@ def build_model_runner(config: EngineConfig, *, output_tokens_of: Callable[[int]
     dtype_name = resolve_dtype(config.dtype, device)
     load_format = "hf" if config.load_format == "safetensors" else config.load_format
     model, model_config = load_model(config.model, load_format=load_format, dtype=dtype_name, device=device,
-                                     seed=config.seed, progress=False)
+                                     seed=config.seed, progress=False, quantization=config.quantization)
     max_model_len = config.max_model_len or model_config.max_position_embeddings
     if max_model_len > model_config.max_position_embeddings:
         raise ValueError(f"max_model_len={max_model_len} exceeds the model's max_position_embeddings="
