@@ -77,6 +77,37 @@ def load_model(model: str | Path | None, *, load_format: str = "auto", dtype: st
     return net.eval(), config
 
 
+def load_mtp(model: str | Path, main: nn.Module, *, depth: int = 0, load_format: str = "auto", seed: int = 0,
+             progress: bool = True) -> nn.Module:
+    """DeepSeek-V3's MTP module `depth` over a loaded main model (`load_model` of the same `model`),
+    on its device and dtype, quantised like it, with the checkpoint's layer `num_hidden_layers + depth`
+    (random weights for `load_format="dummy"`). ValueError if the checkpoint has no such module."""
+    from ..models.deepseek_mtp import DeepseekMTP
+
+    config = main.config
+    weight = main.model.embed_tokens.weight
+    with torch.device(weight.device), _default_dtype(config.torch_dtype):
+        mtp = DeepseekMTP(main, depth)
+    quant = config.quantization
+    if quant is not None and quant.from_checkpoint:
+        convert_to_fp8(mtp)
+    files = resolve_model_files(model, load_format)
+    if files.load_format == "dummy":
+        init_dummy_weights(mtp, seed)
+    elif files.load_format == "hf":
+        loaded = mtp.load_weights(iterate_safetensors(files.weight_files, sum(files.tensor_counts), progress))
+        missing = sorted(set(dict(mtp.named_parameters())) - loaded)
+        if missing:
+            raise ValueError(f"{files.root}: checkpoint has no complete MTP module model.layers.{mtp.layer_idx} "
+                             f"(missing {missing[0]}{f' and {len(missing) - 1} more' if len(missing) > 1 else ''})")
+    else:
+        raise ValueError(f"MTP modules load from Hugging Face folders or dummy weights, not {files.load_format}")
+    if quant is not None and not quant.from_checkpoint:
+        quantize_to_fp8(mtp)
+    finish_loading(mtp)
+    return mtp.eval()
+
+
 def finish_loading(model: nn.Module) -> None:
     """Run every module's `finish_loading()` hook once the weights are final (e.g. MLA derives a
     full-precision copy of an FP8 `kv_b_proj` for its absorbed attention)."""
