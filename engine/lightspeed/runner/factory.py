@@ -89,7 +89,7 @@ def build_model_runner(config: EngineConfig, *, output_tokens_of: Callable[[int]
     num_host_pages = max(2, layout.pages_for(host_budget)) if host_budget > 0 else 0
     kv_cache = build_kv_cache(layout, num_device_pages, num_host_pages, device)
     log.info("model %s on %s (%s); KV cache %d device pages, %d host pages of %d tokens (%s); max_model_len %d",
-             model_config.name, device, dtype_name, num_device_pages, num_host_pages, config.page_size, kv_dtype,
+             model_config.name, device, dtype_name, num_device_pages, num_host_pages, config.page_size, layout,
              max_model_len)
     if load_tokenizer is None:
         def load_tokenizer():
