@@ -57,9 +57,10 @@ def _import_triton_kernels() -> bool:
 
 TRITON_AVAILABLE = _import_triton_kernels()
 
-from . import deepgemm  # noqa: E402,F401  (registers DeepGEMM's fp8 GEMM when `deep_gemm` imports)
-
-from . import ops  # noqa: E402  (after every built-in backend registered)
+from . import (
+    deepgemm,  # noqa: E402,F401  (registers DeepGEMM's fp8 GEMM when `deep_gemm` imports)
+    ops,  # noqa: E402  (after every built-in backend registered)
+)
 
 __all__ = [
     "ANY",
