@@ -42,6 +42,8 @@ def test_layouts_and_bytes():
     assert isinstance(build_kv_cache(mha, 4, 2, "cpu"), KVCache)
     with pytest.raises(ValueError, match="at least 2 pages"):
         MLAKVPool(bf16, 1, "cpu")
+    with pytest.raises(ValueError, match="page_size=512"):
+        kv_layout_for(preset_config("tiny-deepseek-v3"), 512, torch.bfloat16)
 
 
 @pytest.mark.parametrize("kind", sorted(KINDS))

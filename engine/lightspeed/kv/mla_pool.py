@@ -29,6 +29,7 @@ from .pool import _pin, _unpin
 
 MLA_LATENT_DIM, MLA_ROPE_DIM = 512, 64
 MLA_ROW = MLA_LATENT_DIM + MLA_ROPE_DIM
+MLA_MAX_PAGE_SIZE = 256  # the mla/* kernels' page_size trait: powers of two up to 256 (64 is tuned)
 
 
 @dataclass(frozen=True)
@@ -132,6 +133,8 @@ def kv_layout_for(model_config, page_size: int, kv_dtype: torch.dtype):
     from .pool import KVLayout
 
     if getattr(model_config, "mla", None) is not None:
+        if page_size > MLA_MAX_PAGE_SIZE:
+            raise ValueError(f"page_size={page_size}: the MLA kernels take pages of up to {MLA_MAX_PAGE_SIZE} tokens")
         return MLALayout(model_config.num_hidden_layers, page_size, kv_dtype)
     return KVLayout(model_config.num_hidden_layers, model_config.num_key_value_heads, model_config.head_dim,
                     page_size, kv_dtype)
