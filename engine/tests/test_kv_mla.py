@@ -1,8 +1,10 @@
 """MLA KV pools: layouts and sizes, page tensors with the page axis at dim 1, per-layer MLACache
-views, and write-back / load-back round trips between the device pool and its host mirror."""
+views, and write-back / load-back round trips through the copier between the device pool and its
+host mirror."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from lightspeed.kv import (
@@ -12,7 +14,7 @@ from lightspeed.kv import (
     MLAKVPool,
     MLALayout,
     build_kv_cache,
-    copy_pool_pages,
+    copy_pages,
     kv_layout_for,
 )
 from lightspeed.models import preset_config
@@ -62,18 +64,25 @@ def test_layer_views_share_the_page_tensors(kind):
     assert pool.k_scale is None and pool.v_scale is None
 
 
+def _copy(cache, write_back=(), load_back=()) -> None:
+    """One plan's copies through the cache's copier (write-back first), waited for."""
+    wb, lb = (np.asarray(p, dtype=np.int64).reshape(-1, 2) for p in (write_back, load_back))
+    cache.copier.submit(1, wb, lb, forward_waits=False)
+    assert cache.copier.wait_all() == [1]
+
+
 @pytest.mark.parametrize("kind", sorted(KINDS))
 def test_write_back_and_load_back_roundtrip(kind):
     cache = MLAKVCache(MLALayout(3, 4, KINDS[kind]), num_device_pages=8, num_host_pages=5, device="cpu")
     assert [t.shape[1] for t in cache.host_pool.page_tensors] == [5] * len(cache.device_pool.page_tensors)
     _fill(cache.device_pool, 0)
     before = [t.clone() for t in cache.device_pool.page_tensors]
-    cache.write_back([[3, 1], [5, 4], [7, 2]])  # device page -> host page
+    _copy(cache, write_back=[[3, 1], [5, 4], [7, 2]])  # device page -> host page
     for dev, host in zip(before, cache.host_pool.page_tensors, strict=True):
         for d, h in ((3, 1), (5, 4), (7, 2)):
             assert torch.equal(host[:, h].view(torch.uint8), dev[:, d].view(torch.uint8))  # bit-exact
-        assert (host[:, 0].float() == 0).all() and (host[:, 3].float() == 0).all()
-    cache.load_back([[1, 6], [4, 2]])  # host page -> device page
+        assert (host[:, 0].float() == 0).all()  # the host tier's padding page
+    _copy(cache, load_back=[[1, 6], [4, 2]])  # host page -> device page
     for old, dev in zip(before, cache.device_pool.page_tensors, strict=True):
         assert torch.equal(dev[:, 6].view(torch.uint8), old[:, 3].view(torch.uint8))
         assert torch.equal(dev[:, 2].view(torch.uint8), old[:, 5].view(torch.uint8))
@@ -85,28 +94,30 @@ def test_write_back_and_load_back_roundtrip(kind):
     assert torch.equal(latent_6[6], latent_3[3])
 
 
-def test_copy_checks():
+def test_copy_checks_and_tier_off():
     a = MLAKVPool(MLALayout(2, 4, torch.bfloat16), 4, "cpu")
     b = MLAKVPool(MLALayout(2, 4, torch.float8_e4m3fn), 4, "cpu")
-    with pytest.raises(ValueError, match="page tensors"):
-        copy_pool_pages(a, b, torch.tensor([1]), torch.tensor([2]))
+    with pytest.raises(ValueError, match="differ in layout"):
+        copy_pages(a, b, torch.tensor([1]), torch.tensor([2]))
     c = MLAKVPool(MLALayout(2, 8, torch.bfloat16), 4, "cpu")
-    with pytest.raises(ValueError, match="page tensors differ"):
-        copy_pool_pages(a, c, torch.tensor([1]), torch.tensor([2]))
+    with pytest.raises(ValueError, match="differ in layout"):
+        copy_pages(a, c, torch.tensor([1]), torch.tensor([2]))
     with pytest.raises(ValueError, match="length"):
-        copy_pool_pages(a, a.mirror(3), torch.tensor([1, 2]), torch.tensor([2]))
-    copy_pool_pages(a, a.mirror(3), torch.tensor([], dtype=torch.int64), torch.tensor([], dtype=torch.int64))
+        copy_pages(a, a.host_mirror(3), torch.tensor([1, 2]), torch.tensor([2]))
+    off = MLAKVCache(MLALayout(2, 4, torch.bfloat16), 4, 0, "cpu")
+    assert off.host_pool is None
+    with pytest.raises(RuntimeError, match="no host KV tier"):
+        off.copier.submit(1, np.array([[1, 1]]), np.empty((0, 2), np.int64), forward_waits=False)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("kind", ["bf16", "fp8"])
 def test_gpu_pool_pinned_mirror_roundtrip(kind):
     cache = MLAKVCache(MLALayout(4, 64, KINDS[kind]), num_device_pages=16, num_host_pages=8, device="cuda")
-    assert all(t.is_pinned() for t in cache.host_pool.page_tensors)
     _fill(cache.device_pool, 1)
     before = [t.clone() for t in cache.device_pool.page_tensors]
-    cache.write_back([[9, 3]])
-    cache.load_back([[3, 12]])
+    _copy(cache, write_back=[[9, 3], [10, 4]])
+    _copy(cache, load_back=[[3, 12], [4, 13]])
     torch.cuda.synchronize()
     for old, dev in zip(before, cache.device_pool.page_tensors, strict=True):
-        assert torch.equal(dev[:, 12].view(torch.uint8), old[:, 9].view(torch.uint8))
+        assert torch.equal(dev[:, 12:14].view(torch.uint8), old[:, 9:11].view(torch.uint8))

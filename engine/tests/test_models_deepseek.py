@@ -9,7 +9,6 @@ from __future__ import annotations
 import inspect
 import random
 
-import numpy as np
 import pytest
 import torch
 from conftest_models import (
@@ -139,51 +138,83 @@ def _hf_greedy(model, ids: list[int], num_tokens: int) -> list[int]:
     return generated
 
 
-def test_64_greedy_steps_through_runner_and_scheduler(models):
-    """Three requests at once through the ModelRunner + C++ scheduler (chunked prefill, mixed steps,
-    the prefix cache, the MLA pool built by the factory): greedy tokens equal transformers' for 64 steps."""
-    from lightspeed.config import EngineConfig
+def _engine(path, **overrides):
+    from engine_driver import make_engine
+
+    settings = dict(load_format="auto", dtype="float32", kv_cache_memory="16MiB", host_cache_memory="2MiB",
+                    max_num_seqs=4, max_model_len=160, page_size=8, chunked_prefill_size=16, max_num_batched_tokens=24)
+    return make_engine(str(path), **{**settings, **overrides})
+
+
+def _count_mixed_steps(engine) -> list[int]:
+    """Wrap the runner's launch to count plans that mix decode rows with prefill chunks."""
+    mixed, launch = [0], engine.runner.launch
+
+    def counting(plan):
+        mixed[0] += bool(plan.num_decodes and plan.num_prefills)
+        return launch(plan)
+
+    engine.runner.launch = counting
+    return mixed
+
+
+def test_64_greedy_steps_through_the_engine_loop(models):
+    """Three requests at once through the engine's overlapped step loop (C++ scheduler, chunked
+    prefill, mixed steps, the prefix cache, the MLA pool the factory builds, its host tier written
+    through in the background): greedy tokens equal transformers' for 64 steps."""
+    from engine_driver import run_until_idle, submit
     from lightspeed.core.messages import SamplingSpec
     from lightspeed.kv import MLAKVCache
-    from lightspeed.runner.factory import build_model_runner
-    from lightspeed_scheduler import RequestSpec, Scheduler, SchedulerConfig
 
     _, hf, config, path = models
-    cfg = EngineConfig(model=str(path), dtype="float32", kv_cache_memory="16MiB", host_cache_memory="2MiB",
-                       max_num_seqs=4, max_model_len=160, page_size=8, chunked_prefill_size=16,
-                       max_num_batched_tokens=24)
-    built = build_model_runner(cfg)
-    assert isinstance(built.runner.kv_cache, MLAKVCache)
-    sched = Scheduler(SchedulerConfig(
-        page_size=cfg.page_size, num_device_pages=built.num_device_pages, num_host_pages=built.num_host_pages,
-        max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens,
-        chunked_prefill_size=cfg.chunked_prefill_size, max_model_len=built.max_model_len, enable_prefix_cache=True))
-    runner = built.runner
-    runner._output_tokens_of = sched.output_token_ids
+    engine = _engine(path)
+    assert isinstance(engine.runner.kv_cache, MLAKVCache) and engine.config.async_scheduling
+    mixed = _count_mixed_steps(engine)
     rng = random.Random(3)
     common = _tokens(rng, 16, config.vocab_size)  # two whole pages shared: a prefix-cache hit
     prompts = [common + _tokens(rng, 9, config.vocab_size), _tokens(rng, 30, config.vocab_size),
                common + _tokens(rng, 4, config.vocab_size)]
     spec = SamplingSpec(max_tokens=64, temperature=0.0, ignore_eos=True)
-    ids = []
+    for i, prompt in enumerate(prompts[:2]):
+        submit(engine, f"r{i}", prompt, spec)
+
+    def third_joins_later(engine, run):  # after the first's prompt is cached, while the others decode
+        if len(run.tokens.get("r0", [])) == 2:
+            submit(engine, "r2", prompts[2], spec)
+
+    run = run_until_idle(engine, on_step=third_joins_later)
+    assert mixed[0], "no step mixed decodes with prefill chunks"
     for i, prompt in enumerate(prompts):
-        rid = sched.submit(RequestSpec(rid=f"r{i}", token_ids=prompt, max_new_tokens=64, ignore_eos=True))
-        runner.add_request(rid, spec, prompt)
-        ids.append(rid)
-    outputs: dict[int, list[int]] = {}
-    mixed = 0
-    while sched.has_unfinished():
-        plan = sched.next_plan()
-        mixed += bool(plan.num_decodes and plan.num_prefills)
-        result = runner.execute(plan)
-        for rid, tok in zip(result.req_ids.tolist(), result.tokens.tolist(), strict=True):
-            outputs.setdefault(rid, []).append(tok)
-        sched.advance(plan, result.tokens)
-    assert mixed, "no step mixed decodes with prefill chunks"
-    for rid, prompt in zip(ids, prompts, strict=True):
-        expected = _hf_greedy(hf, prompt, 64)
-        got = outputs[rid]
-        assert got == expected, f"diverged at {next(i for i, (a, b) in enumerate(zip(got, expected, strict=False)) if a != b)}"
-    assert np.asarray(outputs[ids[0]]).shape == (64,)
-    assert sched.stats()["prefix_hit_tokens"] >= 16  # the third prompt reused the first's two pages
-    sched.check_invariants()
+        expected, got = _hf_greedy(hf, prompt, 64), run.tokens[f"r{i}"]
+        assert got == expected, f"diverged at {next(j for j, (a, b) in enumerate(zip(got, expected, strict=False)) if a != b)}"
+    assert engine.scheduler.stats()["prefix_hit_tokens"] >= 16  # the third prompt reused the first's two pages
+    assert engine.scheduler.stats()["cached_host_pages"] > 0  # latent pages written through to the host tier
+    engine.scheduler.check_invariants()
+
+
+def test_host_tier_load_back_of_latent_pages_keeps_outputs(models):
+    """A device pool too small to keep prefixes: their latent pages come back from the host tier
+    (the copier moves the MLA pool's page tensors) and the repeated prompt decodes the same."""
+    from engine_driver import run_until_idle, submit
+    from lightspeed.core.messages import SamplingSpec
+
+    _, _, config, path = models
+    page_bytes = config.num_hidden_layers * 8 * 576 * 4
+    engine = _engine(path, kv_cache_memory=48 * page_bytes, host_cache_memory=256 * page_bytes, max_num_seqs=2)
+    rng = random.Random(4)
+    first = _tokens(rng, 150, config.vocab_size)
+    spec = SamplingSpec(max_tokens=6, temperature=0.0, ignore_eos=True)
+    loads, outs = 0, []
+    for i, prompt in enumerate((first, _tokens(rng, 150, config.vocab_size), _tokens(rng, 150, config.vocab_size),
+                                first)):
+        submit(engine, f"p{i}", prompt, spec)
+
+        def count_loads(engine, run):
+            nonlocal loads
+            loads += engine.scheduler.stats()["num_loading"]
+
+        run = run_until_idle(engine, on_step=count_loads)
+        outs.append(run.tokens[f"p{i}"])
+    assert loads > 0, "the repeated prompt was not served from the host tier"
+    assert run.cached["p3"] >= 136 and outs[3] == outs[0]
+    engine.scheduler.check_invariants()
