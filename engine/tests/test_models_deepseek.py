@@ -95,26 +95,31 @@ def test_prefix_hit_then_absorbed_extend(models):
 
 
 def test_fp8_latent_cache_stays_close(models):
-    """The FP8 format (e4m3 latent with a per-token scale, bf16 rope part) against the fp32 cache.
+    """The FP8 format (e4m3 latent with a per-token scale, bf16 rope part) against the bf16 cache
+    (and both against the exact fp32 one), same fp32 model.
 
-    Stated tolerance, on these random-weight models (weights N(0, 0.1), large activations): the
-    logits' relative L2 error per token has mean <= 0.12 and the greedy token agrees on >= 85% of
-    positions (measured: mean 0.03-0.06, agreement 95-100%). fp32 vs transformers is ~1e-6."""
+    Stated tolerance, on these random-weight models (weights N(0, 0.1), large activations): against
+    the bf16 cache, the logits' relative L2 error per token has mean <= 0.12 and the greedy token
+    agrees on >= 80% of positions (measured 0.036-0.083 and 85-95%); the bf16 cache itself stays
+    within 0.03 of fp32 (measured 0.002-0.015)."""
     ours, hf, config, _ = models
     rng = random.Random(2)
     tokens = _tokens(rng, 40, config.vocab_size)
     outs = {}
-    for dtype in (torch.float32, torch.float8_e4m3fn):
+    for dtype in (torch.float32, torch.bfloat16, torch.float8_e4m3fn):
         kv = PagedMLA(config, page_size=8, dtype=dtype)
         (prefill,) = kv.step(ours, [Row("r", tokens[:32])])
         steps = [kv.step(ours, [Row("r", [t], True)])[0] for t in tokens[32:]]
         outs[dtype] = torch.cat([prefill, *steps])
-    ref, fp8 = outs[torch.float32], outs[torch.float8_e4m3fn]
-    assert_close_rel(ref, hf_logits(hf, tokens), what="fp32 cache")
-    rel = ((fp8 - ref).norm(dim=-1) / ref.norm(dim=-1)).mean().item()
-    agree = (fp8.argmax(-1) == ref.argmax(-1)).float().mean().item()
-    assert rel <= 0.12 and agree >= 0.85, (rel, agree)
-    assert rel > 0  # the FP8 path really quantised
+    exact, bf16, fp8 = outs[torch.float32], outs[torch.bfloat16], outs[torch.float8_e4m3fn]
+    assert_close_rel(exact, hf_logits(hf, tokens), what="fp32 cache")
+
+    def rel(a, b):
+        return ((a - b).norm(dim=-1) / b.norm(dim=-1)).mean().item()
+
+    agree = (fp8.argmax(-1) == bf16.argmax(-1)).float().mean().item()
+    assert rel(bf16, exact) <= 0.03, rel(bf16, exact)
+    assert 0 < rel(fp8, bf16) <= 0.12 and agree >= 0.8, (rel(fp8, bf16), agree)
 
 
 def _cache_kwarg(model) -> str:
