@@ -49,6 +49,8 @@ LOAD_FORMATS = ("auto", "hf", "safetensors", "gguf", "dummy")
 DTYPES = ("auto", "bfloat16", "float16", "float32", "bf16", "fp16", "fp32", "half", "float")
 KV_CACHE_DTYPES = ("auto", "bf16", "bfloat16", "fp16", "float16", "fp32", "float32", "fp8", "fp8_e4m3")
 POLICIES = ("decode_first", "prefill_first")
+# --quantization choices (weights quantised at load); every method lives here, one tuple.
+QUANTIZATIONS = ("fp8",)
 
 
 @dataclass(frozen=True)
@@ -74,7 +76,10 @@ class EngineConfig:
     kv_cache_memory: int | None = _f(None, "KV-cache budget in bytes (accepts 2GiB, 512MiB); sizes the cache on CPU "
                                      "(default 1GiB there); on GPU it overrides --gpu-memory-utilization.")
     kv_cache_dtype: str = _f("auto", "KV-cache dtype: auto (= model dtype), bf16, fp16, fp32, fp8 (e4m3 with "
-                             "per-layer scales).", KV_CACHE_DTYPES)
+                             "per-layer scales; MLA models: e4m3 latent with a scale per token).", KV_CACHE_DTYPES)
+    quantization: str | None = _f(None, "Quantise the weights at load: fp8 (e4m3 with one scale per 128x128 "
+                                  "block, DeepSeek-V3's format; activations per token and 128 columns). FP8 "
+                                  "checkpoints (quantization_config) load as FP8 without it.", QUANTIZATIONS)
     host_cache_memory: int | None = _f(None, "Host (CPU, pinned on GPU machines) KV-cache tier in bytes: prefix pages "
                                        "are written through to it in the background and served back on a hit "
                                        "after device eviction; also holds retracted requests. 0 turns it off. "
@@ -104,6 +109,8 @@ class EngineConfig:
                               ("kv_cache_dtype", KV_CACHE_DTYPES), ("policy", POLICIES)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name}={getattr(self, name)!r} is not one of {', '.join(allowed)}")
+        if self.quantization is not None and self.quantization not in QUANTIZATIONS:
+            raise ValueError(f"quantization={self.quantization!r} is not one of {', '.join(QUANTIZATIONS)}")
         if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device):
             raise ValueError(f"device={self.device!r}: expected auto, cpu, cuda or cuda:N")
         if self.chunked_prefill_size is None:

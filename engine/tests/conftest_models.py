@@ -88,9 +88,27 @@ class PagedKV:
         return list(logits.split([len(r.tokens) for r in rows]))
 
 
+@dataclass
+class PagedMLA(PagedKV):
+    """`PagedKV` over an MLA pool (one latent row per token and layer); `extra_layers` adds cache
+    layers past the model's (the MTP module's). `dtype` is the pool's: fp32, bf16 or float8_e4m3fn."""
+
+    extra_layers: int = 0
+
+    def __post_init__(self) -> None:
+        from lightspeed.kv import MLAKVPool, MLALayout
+
+        layout = MLALayout(self.config.num_hidden_layers + self.extra_layers, self.page_size, self.dtype)
+        self.pool = MLAKVPool(layout, self.num_pages, "cpu")
+        self.kv_caches = self.pool.kv_caches
+        self.free = list(range(1, self.num_pages))
+        random.Random(self.seed).shuffle(self.free)
+
+
 def hf_reference_model(preset: str, seed: int = 0, **overrides):
     """A transformers model of a `tiny-*` preset with random weights large enough to matter
-    (norm weights and biases perturbed too, so a mis-loaded one shows in the logits)."""
+    (norm weights and biases perturbed too, so a mis-loaded one shows in the logits; DeepSeek-V3's
+    routing correction bias, a buffer, too)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     hf_dict = {**preset_hf_config(preset), **overrides}
@@ -106,6 +124,9 @@ def hf_reference_model(preset: str, seed: int = 0, **overrides):
                 param.copy_(0.2 * torch.randn_like(param))
             else:
                 param.normal_(0.0, 0.1)
+        for name, buffer in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                buffer.copy_(0.1 * torch.randn_like(buffer))
     return model
 
 

@@ -36,6 +36,7 @@ def test_from_cli_converts_strings_and_is_frozen():
     ({"max_model_len": -3}, "max_model_len"),
     ({"kv_cache_memory": "0B"}, "kv_cache_memory"),
     ({"tensor_parallel_size": 2}, "tensor_parallel_size"),
+    ({"quantization": "int3"}, "quantization=.int3. is not one of fp8"),
 ])
 def test_validation_errors(kwargs, match):
     with pytest.raises(ValueError, match=match):

@@ -46,3 +46,38 @@ def test_chat_template_and_eos(tokenizer, default_model_path):
     assert tokenizer.eos_token_id in eos_token_ids(tokenizer, default_model_path)
     with pytest.raises(ValueError):
         load_tokenizer("/nonexistent/model")
+
+
+def _kimi_style_folder(tokenizer, folder):
+    """SmolLM2's tokenizer dressed as Kimi-K2's: `auto_map` to remote tokenizer code that must never
+    run (it would write a marker file), a tiktoken.model beside it."""
+    import json
+
+    tokenizer.save_pretrained(folder)
+    config_path = folder / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config["auto_map"] = {"AutoTokenizer": ["tokenization_kimi.TikTokenTokenizer", None]}
+    config["tokenizer_class"] = "TikTokenTokenizer"
+    config_path.write_text(json.dumps(config))
+    marker = folder / "remote_code_ran"
+    (folder / "tokenization_kimi.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
+    (folder / "tiktoken.model").write_text("IQ== 0\n")
+    return marker
+
+
+def test_remote_code_tokenizer_loads_its_tokenizer_json_without_running_code(tokenizer, tmp_path):
+    marker = _kimi_style_folder(tokenizer, tmp_path)
+    loaded = load_tokenizer(tmp_path)
+    text = "Hello, wörld"
+    assert loaded(text).input_ids == tokenizer(text).input_ids
+    assert loaded.chat_template == tokenizer.chat_template and loaded.eos_token_id == tokenizer.eos_token_id
+    assert not marker.exists()
+
+
+def test_remote_code_tokenizer_without_tokenizer_json_is_refused(tokenizer, tmp_path):
+    marker = _kimi_style_folder(tokenizer, tmp_path)
+    (tmp_path / "tokenizer.json").unlink()
+    with pytest.raises(ValueError, match=r"remote code \(tiktoken.model, auto_map -> tokenization_kimi"
+                                         r".TikTokenTokenizer.*does not execute remote code"):
+        load_tokenizer(tmp_path)
+    assert not marker.exists()

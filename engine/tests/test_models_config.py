@@ -70,8 +70,8 @@ def test_invalid_configs_are_clear_errors(change, message):
 
 
 def test_registry():
-    assert supported_architectures() == ["LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
-                                         "Qwen3MoeForCausalLM"]
+    assert supported_architectures() == ["DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "LlamaForCausalLM",
+                                         "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM"]
     assert get_model_class("Qwen3MoeForCausalLM").__name__ == "Qwen3MoeForCausalLM"
-    with pytest.raises(ValueError, match="'MistralForCausalLM'.*supported: LlamaForCausalLM, Qwen2ForCausalLM"):
+    with pytest.raises(ValueError, match="'MistralForCausalLM'.*supported: .*LlamaForCausalLM, Qwen2ForCausalLM"):
         get_model_class("MistralForCausalLM")

@@ -62,7 +62,9 @@ class ServerProcess:
         else:
             cmd = [sys.executable, "-c", "import sys; from lightspeed_gateway.cli import main; "
                    "sys.exit(main(['serve', *sys.argv[1:]]))"]
-        full_env = {**os.environ, "PYTHONPATH": str(HERE), **(env or {})}
+        # HERE first, then the caller's path (a worktree's packages before the installed ones).
+        path = os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH", "")) if p)
+        full_env = {**os.environ, "PYTHONPATH": path, **(env or {})}
         self.started = time.monotonic()
         self.proc = subprocess.Popen([*cmd, "--port", "0", "--host", "127.0.0.1", *args], stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True, env=full_env)

@@ -57,7 +57,8 @@ def _import_triton_kernels() -> bool:
 
 TRITON_AVAILABLE = _import_triton_kernels()
 
-from . import ops  # noqa: E402  (after every built-in backend registered)
+# After every built-in backend registered; deepgemm registers DeepGEMM's fp8 GEMM when `deep_gemm` imports.
+from . import deepgemm, ops  # noqa: E402, F401
 
 __all__ = [
     "ANY",

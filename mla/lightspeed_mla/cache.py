@@ -107,18 +107,20 @@ def quantize_latent_fp8(latent: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
 
 
 def pack_kv_reference(latent: torch.Tensor, rope: torch.Tensor, slot_mapping: torch.Tensor, cache: MLACache) -> None:
-    """Torch reference of :func:`pack_kv` (slots < 0 are skipped)."""
+    """Torch reference of :func:`pack_kv` (slots < 0 are skipped). Also stores into an unquantised
+    ("bf16" kind) cache of another float dtype, e.g. fp32 for exact CPU tests."""
     keep = slot_mapping >= 0
     slots = slot_mapping[keep].long()
     pages, offsets = slots // cache.page_size, slots % cache.page_size
     lat, rp = latent[keep], rope[keep]
     if cache.kind == "bf16":
-        cache.latent[pages, offsets] = lat.to(torch.bfloat16)
+        # The unquantised layout in the cache's own dtype: bf16 on GPUs, fp32 in CPU parity tests.
+        cache.latent[pages, offsets] = lat.to(cache.latent.dtype)
     else:
         q, s = quantize_latent_fp8(lat)
         cache.latent[pages, offsets] = q
         cache.scale[pages, offsets] = s
-    cache.rope[pages, offsets] = rp.to(torch.bfloat16)
+    cache.rope[pages, offsets] = rp.to(cache.rope.dtype)
 
 
 if HAS_TRITON:

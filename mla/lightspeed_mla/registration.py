@@ -1,15 +1,18 @@
-"""Entry point ``lightspeed_kernel.plugins: mla``: registers family "mla", modes "decode" and "prefill".
+"""Entry point ``lightspeed_kernel.plugins: mla``: registers family "mla", modes "decode",
+"prefill" and "store".
 
-Triton kernels go in the PLUGIN band (NVIDIA, compute capability >= 8.0: bf16 MMA); the torch
-references go in the REFERENCE band and run anywhere, so the CPU still gets a kernel. The impls
-are callables with the one-shot signatures of :func:`mla_decode` / :func:`mla_prefill`; the
-decode impl also carries ``plan`` / ``run`` (the CUDA-graph path) and ``workspace_bytes``.
+Triton kernels go in the PLUGIN band (NVIDIA, compute capability >= 8.0: bf16 MMA, bf16 inputs);
+the torch references go in the REFERENCE band and run anywhere, in fp32 / fp16 / bf16, so the CPU
+still gets a kernel (and fp32 parity tests get fp32 math). The impls are callables with the
+one-shot signatures of :func:`mla_decode` / :func:`mla_prefill` / :func:`pack_kv`; the decode
+impl also carries ``plan`` / ``run`` (the CUDA-graph path) and ``workspace_bytes``.
 """
 
 from __future__ import annotations
 
 import torch
 
+from .cache import pack_kv, pack_kv_reference
 from .decode import decode_workspace_bytes, mla_decode, plan_decode, run_decode
 from .prefill import mla_prefill
 from .reference import mla_decode_reference, mla_prefill_reference
@@ -17,10 +20,13 @@ from .reference import mla_decode_reference, mla_prefill_reference
 PAGE_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 DECODE_FEATURES = ("paged", "bf16_kv", "fp8_kv", "lse", "spec_decode", "causal", "fold_sq", "split_kv", "ragged")
 PREFILL_FEATURES = ("ragged", "causal", "prefix", "lse", "shared_rope")
+STORE_FEATURES = ("paged", "bf16_kv", "fp8_kv")
 KERNEL_NAMES = {
     "decode": ("mla_decode_triton", "mla_decode_reference"),
     "prefill": ("mla_prefill_triton", "mla_prefill_reference"),
+    "store": ("mla_store_triton", "mla_store_reference"),
 }
+REFERENCE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 class _DecodeOp:
@@ -61,19 +67,28 @@ def register(registry=None) -> None:
     reg = registry if registry is not None else lk.REGISTRY
     have = {(s.mode, s.name) for s in reg.specs("mla")}
     triton_cap = {"device_types": ("cuda",), "vendors": ("nvidia",), "min_compute_capability": (8, 0)}
+    bf16, ref = (torch.bfloat16,), REFERENCE_DTYPES
+    page_traits = {"page_size": PAGE_SIZES, "kv_dtype": ("bf16", "fp8")}
     entries = [
-        ("decode", "mla_decode_triton", "triton", lk.Priority.PLUGIN, triton_cap, DECODE_FEATURES,
-         {"page_size": PAGE_SIZES, "kv_dtype": ("bf16", "fp8")}, ("latency", "throughput"), _DecodeOp()),
-        ("decode", "mla_decode_reference", "reference", lk.Priority.REFERENCE, None, DECODE_FEATURES,
-         {"page_size": PAGE_SIZES, "kv_dtype": ("bf16", "fp8")}, (), _decode_reference),
-        ("prefill", "mla_prefill_triton", "triton", lk.Priority.PLUGIN, triton_cap, PREFILL_FEATURES,
+        ("decode", "mla_decode_triton", "triton", lk.Priority.PLUGIN, triton_cap, bf16, DECODE_FEATURES,
+         page_traits, ("latency", "throughput"), _DecodeOp()),
+        ("decode", "mla_decode_reference", "reference", lk.Priority.REFERENCE, None, ref, DECODE_FEATURES,
+         page_traits, (), _decode_reference),
+        ("prefill", "mla_prefill_triton", "triton", lk.Priority.PLUGIN, triton_cap, bf16, PREFILL_FEATURES,
          {"head_dim_qk": (192,), "head_dim_v": (128,)}, ("throughput",), mla_prefill),
-        ("prefill", "mla_prefill_reference", "reference", lk.Priority.REFERENCE, None, PREFILL_FEATURES,
-         {"head_dim_qk": (192,), "head_dim_v": (128,)}, (), _prefill_reference),
+        # The reference takes any head dims (small models in tests): it declares no head-dim trait.
+        ("prefill", "mla_prefill_reference", "reference", lk.Priority.REFERENCE, None, ref, PREFILL_FEATURES,
+         {}, (), _prefill_reference),
+        # Dispatch dtype of the store: the latent's. The Triton store writes bf16 caches (or fp8 ones
+        # from bf16 latents); the reference also fills fp32 / fp16 unquantised caches.
+        ("store", "mla_store_triton", "triton", lk.Priority.PLUGIN, triton_cap, bf16, STORE_FEATURES,
+         page_traits, (), pack_kv),
+        ("store", "mla_store_reference", "reference", lk.Priority.REFERENCE, None, ref, STORE_FEATURES,
+         page_traits, (), pack_kv_reference),
     ]
-    for mode, name, solution, priority, cap, features, traits, tags, impl in entries:
+    for mode, name, solution, priority, cap, dtypes, features, traits, tags, impl in entries:
         if (mode, name) in have:
             continue
         lk.register_kernel("mla", mode, name=name, solution=solution, priority=priority, capability=cap,
-                           dtypes=[torch.bfloat16], features=features, traits=traits, tags=tags,
+                           dtypes=list(dtypes), features=features, traits=traits, tags=tags,
                            registry=reg)(impl)

@@ -55,8 +55,39 @@ def resolve_model_path(model: str | None) -> str:
     return str(default_model())
 
 
+def _remote_tokenizer_class(folder: Path) -> str | None:
+    """The class a folder's tokenizer_config.json maps AutoTokenizer to in its own code (`auto_map`),
+    e.g. Kimi-K2's "tokenization_kimi.TikTokenTokenizer"; None for tokenizers transformers ships."""
+    try:
+        config = json.loads((folder / "tokenizer_config.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    auto = (config.get("auto_map") or {}).get("AutoTokenizer")
+    if isinstance(auto, list):
+        auto = next((a for a in auto if a), None)
+    return auto or None
+
+
+def _load_without_remote_code(folder: Path, remote_class: str) -> Any:
+    """Remote-code tokenizers (Kimi-K2's tiktoken one) never run here: the folder's fast
+    `tokenizer.json` is loaded directly (special tokens and chat template from its config)."""
+    from transformers import PreTrainedTokenizerFast
+
+    if not (folder / "tokenizer.json").is_file():
+        found = "tiktoken.model, " if (folder / "tiktoken.model").is_file() else ""
+        raise ValueError(
+            f"{folder}: the tokenizer is remote code ({found}auto_map -> {remote_class} in tokenizer_config.json) "
+            f"and Lightspeed does not execute remote code. Give --tokenizer a folder with a fast tokenizer.json "
+            f"(and the tokenizer_config.json with its chat template), e.g. one converted from the tiktoken file "
+            f"with transformers' TikTokenConverter.")
+    return PreTrainedTokenizerFast.from_pretrained(str(folder))
+
+
 def load_tokenizer(path: str | os.PathLike) -> Any:
-    """A transformers tokenizer from a Hugging Face folder or a .gguf file (ValueError if neither)."""
+    """A transformers tokenizer from a Hugging Face folder or a .gguf file (ValueError if neither).
+
+    Never executes code from the folder: a tokenizer that ships as remote code (`auto_map`, e.g.
+    Kimi-K2's tiktoken-based one) loads from its `tokenizer.json` or is refused with a message."""
     from transformers import AutoTokenizer
 
     p = Path(path)
@@ -66,7 +97,10 @@ def load_tokenizer(path: str | os.PathLike) -> Any:
         ggufs = sorted(p.glob("*.gguf"))
         if not (p / "tokenizer_config.json").exists() and not (p / "tokenizer.json").exists() and ggufs:
             return _load_gguf_tokenizer(ggufs[0])
-        return AutoTokenizer.from_pretrained(str(p))
+        remote = _remote_tokenizer_class(p)
+        if remote is not None:
+            return _load_without_remote_code(p, remote)
+        return AutoTokenizer.from_pretrained(str(p), trust_remote_code=False)
     raise ValueError(f"no tokenizer at {str(path)!r}: expected a Hugging Face folder or a .gguf file")
 
 

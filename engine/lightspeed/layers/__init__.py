@@ -1,6 +1,6 @@
 """Model building blocks: tensor-parallel linear / embedding / LM head with placements, RMSNorm,
-rotary embedding, gated activation, paged attention and fused MoE. All compute goes through
-`lightspeed_kernel.ops`."""
+rotary embedding, gated activation, paged attention, multi-head latent attention and fused MoE.
+All compute goes through `lightspeed_kernel.ops` (MLA: the `mla/*` registry family)."""
 
 from .activation import SiluAndMul
 from .attention import Attention, AttentionMetadata
@@ -13,7 +13,8 @@ from .linear import (
     RowParallelLinear,
     default_weight_loader,
 )
-from .moe import FusedMoE
+from .mla import MLAAttention, MLABackend, mla_softmax_scale
+from .moe import FusedMoE, MoEGate
 from .norm import RMSNorm
 from .parallel import ParallelContext, Partial, Placement, Replicate, Shard, redistribute
 from .rotary import RotaryEmbedding
@@ -23,6 +24,9 @@ __all__ = [
     "AttentionMetadata",
     "ColumnParallelLinear",
     "FusedMoE",
+    "MLAAttention",
+    "MLABackend",
+    "MoEGate",
     "MergedColumnParallelLinear",
     "ParallelContext",
     "ParallelLMHead",
@@ -38,5 +42,6 @@ __all__ = [
     "SiluAndMul",
     "VocabParallelEmbedding",
     "default_weight_loader",
+    "mla_softmax_scale",
     "redistribute",
 ]

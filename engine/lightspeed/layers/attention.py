@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from lightspeed_kernel import ops
@@ -30,11 +31,15 @@ class AttentionMetadata:
     num_decodes: int  # decode rows (first in the batch)
     num_decode_tokens: int  # tokens of the decode rows (first in the batch)
     max_query_len: int  # longest row's new-token count (an upper bound is fine)
-    kv_caches: Sequence[tuple[torch.Tensor, torch.Tensor]]  # per layer (k, v): [num_pages, page_size, Hkv, D]
+    # Per layer, what the pool holds: (k, v) `[num_pages, page_size, Hkv, D]` for MHA pools, a
+    # `lightspeed_mla.MLACache` for MLA pools (the model's attention layer knows which it reads).
+    kv_caches: Sequence[Any]
     k_scale: torch.Tensor | float | None = None  # fp8 caches: stored value = k / k_scale
     v_scale: torch.Tensor | float | None = None
     # Prefill rows' query_start_loc rebased to 0, computed once per step (not per layer).
     _prefill_query_start_loc: torch.Tensor | None = field(default=None, repr=False)
+    # What attention layers derive once per step and share (e.g. MLA's decode plan, gather indices).
+    scratch: dict[Any, Any] = field(default_factory=dict, repr=False)
 
     @property
     def num_prefills(self) -> int:

@@ -4,6 +4,11 @@ Weights are stored `[out_features_per_rank, in_features_per_rank]` (the HF layou
 parameter carries a `weight_loader(param, loaded_weight, shard_id=None)` that copies this rank's
 slice of a full checkpoint tensor into it. Fused layers (`qkv_proj`, `gate_up_proj`) take one
 checkpoint tensor per `shard_id`.
+
+How a layer multiplies by its weight is its `scheme` (a strategy object, not a branch): the
+default `UNQUANTIZED` calls `ops.linear`; `layers.quantization` swaps in FP8 block-scaled weights.
+The loaders take `block`: a parameter whose rows (and columns) count weight blocks of that size,
+such as FP8 block scales, is sliced in block units.
 """
 
 from __future__ import annotations
@@ -28,11 +33,29 @@ def default_weight_loader(param: nn.Parameter, loaded: torch.Tensor, shard_id=No
     _copy_checked(param, loaded, "replicated weight")
 
 
+def _in_blocks(rows: int, block: int, what: str) -> int:
+    if rows % block:
+        raise ValueError(f"{what}: {rows} rows are not a whole number of {block}-row weight blocks")
+    return rows // block
+
+
+class UnquantizedScheme:
+    """The default scheme: `y = x W^T + b` on the full-precision weight."""
+
+    @staticmethod
+    def apply(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return ops.linear(x, layer.weight, bias)
+
+
+UNQUANTIZED = UnquantizedScheme()
+
+
 class _LinearBase(nn.Module):
     """Holds `weight [out_local, in_local]` and an optional `bias [out_local]`."""
 
     input_placement: Placement = Replicate()
     output_placement: Placement = Replicate()
+    scheme = UNQUANTIZED  # how the weight is stored and multiplied (layers.quantization replaces it)
 
     def __init__(self, in_local: int, out_local: int, bias: bool, parallel: ParallelContext):
         super().__init__()
@@ -45,7 +68,7 @@ class _LinearBase(nn.Module):
         else:
             self.register_parameter("bias", None)
 
-    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None, block: int = 1) -> None:
         raise NotImplementedError
 
     def extra_repr(self) -> str:
@@ -60,11 +83,11 @@ class ReplicatedLinear(_LinearBase):
                  parallel: ParallelContext | None = None):
         super().__init__(in_features, out_features, bias, parallel or ParallelContext())
 
-    def weight_loader(self, param, loaded, shard_id=None):
+    def weight_loader(self, param, loaded, shard_id=None, block=1):
         _copy_checked(param, loaded, "ReplicatedLinear")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [T, in] -> [T, out]
-        return ops.linear(x, self.weight, self.bias)
+        return self.scheme.apply(self, x, self.bias)
 
 
 class ColumnParallelLinear(_LinearBase):
@@ -79,12 +102,12 @@ class ColumnParallelLinear(_LinearBase):
         self.gather_output = gather_output
         self.output_placement = Replicate() if gather_output else Shard(-1)
 
-    def weight_loader(self, param, loaded, shard_id=None):
-        size = param.shape[0]
+    def weight_loader(self, param, loaded, shard_id=None, block=1):
+        size = param.shape[0]  # rows of this rank: weight rows, or blocks of them for block scales
         _copy_checked(param, loaded.narrow(0, self.parallel.tp_rank * size, size), "ColumnParallelLinear")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [T, in] -> [T, out / tp]
-        y = ops.linear(x, self.weight, self.bias)
+        y = self.scheme.apply(self, x, self.bias)
         return redistribute(y, Shard(-1), self.output_placement, self.parallel)
 
 
@@ -101,11 +124,12 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         self.output_sizes = [parallel.divide(s, "merged output features") for s in output_sizes]
         super().__init__(in_features, sum(output_sizes), bias, parallel)
 
-    def weight_loader(self, param, loaded, shard_id=None):
+    def weight_loader(self, param, loaded, shard_id=None, block=1):
         if shard_id is None:
             raise ValueError("MergedColumnParallelLinear needs a shard_id per checkpoint tensor")
-        size = self.output_sizes[shard_id]
-        offset = sum(self.output_sizes[:shard_id])
+        what = f"MergedColumnParallelLinear[{shard_id}]"
+        size = _in_blocks(self.output_sizes[shard_id], block, what)
+        offset = _in_blocks(sum(self.output_sizes[:shard_id]), block, what)
         target = param.data.narrow(0, offset, size)
         _copy_checked(target, loaded.narrow(0, self.parallel.tp_rank * size, size), "MergedColumnParallelLinear")
 
@@ -135,7 +159,7 @@ class QKVParallelLinear(ColumnParallelLinear):
         self.q_size = self.num_heads * head_dim
         self.kv_size = self.num_kv_heads * head_dim
 
-    def weight_loader(self, param, loaded, shard_id=None):
+    def weight_loader(self, param, loaded, shard_id=None, block=1):
         if shard_id == "q":
             offset, size, index = 0, self.q_size, self.parallel.tp_rank
         elif shard_id in ("k", "v"):
@@ -143,6 +167,8 @@ class QKVParallelLinear(ColumnParallelLinear):
             size, index = self.kv_size, self.parallel.tp_rank // self.kv_replicas
         else:
             raise ValueError(f"QKVParallelLinear shard_id must be 'q', 'k' or 'v', got {shard_id!r}")
+        what = f"QKVParallelLinear[{shard_id}]"
+        offset, size = _in_blocks(offset, block, what), _in_blocks(size, block, what)
         target = param.data.narrow(0, offset, size)
         _copy_checked(target, loaded.narrow(0, index * size, size), f"QKVParallelLinear[{shard_id}]")
 
@@ -160,7 +186,7 @@ class RowParallelLinear(_LinearBase):
         self.reduce_results = reduce_results
         self.output_placement = Replicate() if reduce_results else Partial()
 
-    def weight_loader(self, param, loaded, shard_id=None):
+    def weight_loader(self, param, loaded, shard_id=None, block=1):
         if param.dim() == 1:  # bias: added once, after the reduction
             _copy_checked(param, loaded, "RowParallelLinear bias")
             return
@@ -170,5 +196,5 @@ class RowParallelLinear(_LinearBase):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [T, in / tp] -> [T, out]
         # The bias joins the partial sum on rank 0 only, so it is counted once after reduction.
         bias = self.bias if self.parallel.tp_rank == 0 else None
-        y = ops.linear(x, self.weight, bias)
+        y = self.scheme.apply(self, x, bias)
         return redistribute(y, Partial(), self.output_placement, self.parallel)

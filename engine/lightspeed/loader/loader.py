@@ -10,7 +10,9 @@ import torch
 from torch import nn
 
 from ..layers import ParallelContext
+from ..layers.quantization import convert_to_fp8, quantize_to_fp8
 from ..models import ModelConfig, build_model, preset_config
+from ..models.config_deepseek import QuantizationConfig
 from .files import ModelFiles, find_gguf, resolve_model_files
 from .gguf_weights import gguf_hf_config, iterate_gguf_weights, open_gguf
 from .safetensors_weights import iterate_safetensors
@@ -27,26 +29,36 @@ def load_hf_config(path: str | Path) -> ModelConfig:
 
 def load_model(model: str | Path | None, *, load_format: str = "auto", dtype: str | torch.dtype = "auto",
                device: str | torch.device = "cpu", seed: int = 0, parallel: ParallelContext | None = None,
-               progress: bool = True) -> tuple[nn.Module, ModelConfig]:
+               progress: bool = True, quantization: str | None = None) -> tuple[nn.Module, ModelConfig]:
     """Build and load a model; returns `(model in eval mode, its ModelConfig)`.
 
     `model`: a HF directory, a .gguf file (or directory holding one), or for `load_format="dummy"`
     a config.json / directory / preset name; None = the default model (SmolLM2-135M-Instruct).
     `dtype="auto"` keeps the checkpoint's dtype (float32 for GGUF); the returned config's
-    `torch_dtype` is the dtype actually loaded. Bad or truncated files raise ValueError.
+    `torch_dtype` is the dtype actually loaded (of activations and unquantised weights).
+    FP8 checkpoints (`quantization_config`, 128x128 blocks) load as FP8; `quantization="fp8"`
+    quantises a full-precision checkpoint per block after loading it. Bad or truncated files
+    raise ValueError.
     """
     if model is None:
         from ..model_files import default_model
 
         model = default_model()
+    if quantization not in (None, "fp8"):
+        raise ValueError(f"quantization={quantization!r} is not supported (fp8)")
     files = resolve_model_files(model, load_format)
     reader = open_gguf(files.gguf_file) if files.load_format == "gguf" else None
     config = _config_of(files, reader)
     dtype = config.torch_dtype if dtype == "auto" else _as_dtype(dtype)
-    config = dataclasses.replace(config, torch_dtype=dtype)
+    quant = config.quantization
+    if quant is None and quantization == "fp8":
+        quant = QuantizationConfig(from_checkpoint=False)
+    config = dataclasses.replace(config, torch_dtype=dtype, quantization=quant)
     device = torch.device(device)
     with torch.device(device), _default_dtype(dtype):
         net = build_model(config, parallel)
+    if quant is not None and quant.from_checkpoint:
+        convert_to_fp8(net)  # e4m3 weights + block scales, filled by the checkpoint (or dummy init)
     if files.load_format == "dummy":
         init_dummy_weights(net, seed)
     else:
@@ -59,7 +71,50 @@ def load_model(model: str | Path | None, *, load_format: str = "auto", dtype: st
         if missing:
             shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
             raise ValueError(f"{files.weight_files[0].parent}: checkpoint lacks weights for {shown}")
+    if quant is not None and not quant.from_checkpoint:
+        quantize_to_fp8(net)
+    finish_loading(net)
     return net.eval(), config
+
+
+def load_mtp(model: str | Path, main: nn.Module, *, depth: int = 0, load_format: str = "auto", seed: int = 0,
+             progress: bool = True) -> nn.Module:
+    """DeepSeek-V3's MTP module `depth` over a loaded main model (`load_model` of the same `model`),
+    on its device and dtype, quantised like it, with the checkpoint's layer `num_hidden_layers + depth`
+    (random weights for `load_format="dummy"`). ValueError if the checkpoint has no such module."""
+    from ..models.deepseek_mtp import DeepseekMTP
+
+    config = main.config
+    weight = main.model.embed_tokens.weight
+    with torch.device(weight.device), _default_dtype(config.torch_dtype):
+        mtp = DeepseekMTP(main, depth)
+    quant = config.quantization
+    if quant is not None and quant.from_checkpoint:
+        convert_to_fp8(mtp)
+    files = resolve_model_files(model, load_format)
+    if files.load_format == "dummy":
+        init_dummy_weights(mtp, seed)
+    elif files.load_format == "hf":
+        loaded = mtp.load_weights(iterate_safetensors(files.weight_files, sum(files.tensor_counts), progress))
+        missing = sorted(set(dict(mtp.named_parameters())) - loaded)
+        if missing:
+            raise ValueError(f"{files.root}: checkpoint has no complete MTP module model.layers.{mtp.layer_idx} "
+                             f"(missing {missing[0]}{f' and {len(missing) - 1} more' if len(missing) > 1 else ''})")
+    else:
+        raise ValueError(f"MTP modules load from Hugging Face folders or dummy weights, not {files.load_format}")
+    if quant is not None and not quant.from_checkpoint:
+        quantize_to_fp8(mtp)
+    finish_loading(mtp)
+    return mtp.eval()
+
+
+def finish_loading(model: nn.Module) -> None:
+    """Run every module's `finish_loading()` hook once the weights are final (e.g. MLA derives a
+    full-precision copy of an FP8 `kv_b_proj` for its absorbed attention)."""
+    for module in model.modules():
+        hook = getattr(module, "finish_loading", None)
+        if hook is not None and module is not model:
+            hook()
 
 
 def _config_of(files: ModelFiles, reader) -> ModelConfig:
@@ -93,11 +148,20 @@ def _default_dtype(dtype: torch.dtype):
 
 @torch.no_grad()
 def init_dummy_weights(model: nn.Module, seed: int = 0, std: float = 0.02) -> None:
-    """Random weights for benchmarks: N(0, std) matrices and biases, norm weights 1 (deterministic per seed)."""
+    """Random weights for benchmarks: N(0, std) matrices and biases, norm weights 1 (deterministic per
+    seed). FP8 weights get N(0, 1) e4m3 values with block scales `std`: the same N(0, std) weights."""
     for name, param in model.named_parameters():
         generator = torch.Generator(device=param.device).manual_seed(seed)
         seed += 1
         if param.dim() == 1 and name.endswith("norm.weight"):
             param.fill_(1.0)
+        elif name.endswith("weight_scale_inv"):
+            param.fill_(std)
+        elif param.dtype == torch.float8_e4m3fn:
+            rows = param.view(-1, param.shape[-1])
+            step = max(1, (64 << 20) // param.shape[-1])  # fp32 staging in 256 MB slices
+            for start in range(0, rows.shape[0], step):
+                part = rows[start : start + step]
+                part.copy_(torch.randn(part.shape, generator=generator, device=param.device).clamp_(-448, 448))
         else:
             param.normal_(0.0, std, generator=generator)

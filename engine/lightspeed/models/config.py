@@ -14,12 +14,23 @@ from typing import Any
 
 import torch
 
+from .config_deepseek import (
+    MLA_MODEL_TYPES,
+    MLAConfig,
+    QuantizationConfig,
+    deepseek_fields,
+    parse_quantization,
+)
+
 # model_type -> architecture, for configs that omit `architectures`.
 _ARCH_BY_MODEL_TYPE = {
     "llama": "LlamaForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
     "qwen3_moe": "Qwen3MoeForCausalLM",
+    "deepseek_v2": "DeepseekV2ForCausalLM",
+    "deepseek_v3": "DeepseekV3ForCausalLM",
+    "kimi_k2": "DeepseekV3ForCausalLM",
 }
 
 
@@ -54,6 +65,18 @@ class ModelConfig:
     norm_topk_prob: bool = True  # renormalise the top-k routing weights
     decoder_sparse_step: int = 1  # every n-th layer is MoE
     mlp_only_layers: tuple[int, ...] = ()  # layers that stay dense
+    # DeepSeekMoE routing (DeepSeek-V2/V3, Kimi-K2); the defaults are plain softmax top-k.
+    scoring_func: str = "softmax"  # router score: softmax or sigmoid
+    topk_method: str = "greedy"  # greedy, group_limited_greedy (V2), noaux_tc (V3: + e_score_correction_bias)
+    n_group: int = 0  # expert groups of grouped top-k (0 = not grouped)
+    topk_group: int = 0  # groups a token may route to
+    routed_scaling_factor: float = 1.0  # multiplies the routed experts' weights
+    n_shared_experts: int = 0  # always-on experts, one MLP of n_shared_experts * moe_intermediate_size
+    # Multi-head latent attention (DeepSeek-V2/V3, Kimi-K2); None = multi-head / grouped-query attention.
+    mla: MLAConfig | None = None
+    num_nextn_predict_layers: int = 0  # multi-token-prediction modules after the last layer (DeepSeek-V3)
+    # Weight quantisation: the checkpoint's `quantization_config`, or --quantization; None = unquantised.
+    quantization: QuantizationConfig | None = None
     torch_dtype: torch.dtype = torch.bfloat16  # the checkpoint's dtype ("auto" loads in it)
     name: str = ""  # where it came from: a path or a preset name
 
@@ -71,6 +94,15 @@ class ModelConfig:
             raise ValueError(f"model config {self.name!r}: num_experts_per_tok must be in [1, {self.num_experts}]")
         if self.num_experts and self.moe_intermediate_size <= 0:
             raise ValueError(f"model config {self.name!r}: MoE model without moe_intermediate_size")
+        if self.quantization is not None and self.quantization.from_checkpoint:
+            block = self.quantization.weight_block_size[0]
+            # A checkpoint scales gate and up separately; fused, their blocks must not straddle.
+            for attr in ("intermediate_size", "moe_intermediate_size"):
+                if getattr(self, attr) % block:
+                    raise ValueError(f"model config {self.name!r}: {attr}={getattr(self, attr)} is not a multiple "
+                                     f"of the FP8 weight block {block} (quantization_config.weight_block_size)")
+        if self.topk_method == "noaux_tc" and self.num_experts and not self.n_group:
+            raise ValueError(f"model config {self.name!r}: topk_method='noaux_tc' needs n_group and topk_group")
 
     @property
     def is_moe(self) -> bool:
@@ -100,7 +132,7 @@ class ModelConfig:
             rope_params = dict(hf.get("rope_parameters") or {})
             num_experts = int(hf.get("num_experts") or hf.get("num_local_experts") or 0)
             eos = (generation_config or {}).get("eos_token_id", hf.get("eos_token_id"))
-            return cls(
+            fields = dict(
                 architecture=archs[0],
                 model_type=model_type,
                 vocab_size=int(hf["vocab_size"]),
@@ -128,9 +160,13 @@ class ModelConfig:
                 norm_topk_prob=bool(hf.get("norm_topk_prob", True)),
                 decoder_sparse_step=int(hf.get("decoder_sparse_step") or 1),
                 mlp_only_layers=_int_tuple(hf.get("mlp_only_layers")),
+                quantization=parse_quantization(hf.get("quantization_config"), name),
                 torch_dtype=_dtype(hf.get("torch_dtype") or hf.get("dtype") or "float32"),
                 name=name,
             )
+            if model_type in MLA_MODEL_TYPES:  # DeepSeek-V2/V3, Kimi-K2: MLA + DeepSeekMoE fields
+                fields.update(deepseek_fields(hf, name))
+            return cls(**fields)
         except KeyError as e:
             raise ValueError(f"model config {name!r} lacks required field {e.args[0]!r}") from None
 

@@ -128,14 +128,15 @@ class LlamaForCausalLM(nn.Module):
     - `load_weights(Iterable[(hf_name, tensor)]) -> set of parameter names loaded`
     """
 
-    layer_cls: type[LlamaDecoderLayer] = LlamaDecoderLayer
+    model_cls: type[nn.Module] = LlamaModel
+    layer_cls: type[nn.Module] = LlamaDecoderLayer
     stacked_params = LLAMA_STACKED_PARAMS
 
     def __init__(self, config: ModelConfig, parallel: ParallelContext | None = None):
         super().__init__()
         self.config = config
         self.parallel = parallel or ParallelContext()
-        self.model = LlamaModel(config, self.parallel, self.layer_cls)
+        self.model = self.model_cls(config, self.parallel, self.layer_cls)
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, self.parallel)
         if config.tie_word_embeddings:
             self.lm_head.tie_to(self.model.embed_tokens)

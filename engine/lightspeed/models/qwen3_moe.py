@@ -7,7 +7,6 @@ transformers and published on the hub); transformers 5 holds them stacked in mem
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 
 import torch
@@ -17,11 +16,7 @@ from ..layers import FusedMoE, ParallelContext, ReplicatedLinear
 from .config import ModelConfig
 from .llama import LlamaMLP
 from .qwen3 import Qwen3DecoderLayer, Qwen3ForCausalLM
-from .weights import load_stacked_weights
-
-_PER_EXPERT = re.compile(r"^(.*\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
-_STACKED_EXPERTS = re.compile(r"^(.*\.mlp\.experts)\.(gate_up_proj|down_proj)$")
-_SHARD_OF = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2", "gate_up_proj": "w13"}
+from .weights import load_stacked_weights, route_expert_weights
 
 
 class Qwen3MoeSparseMoeBlock(nn.Module):
@@ -53,23 +48,7 @@ class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
     layer_cls = Qwen3MoeDecoderLayer
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        params = dict(self.named_parameters())
         loaded: set[str] = set()
-
-        def dense_weights():
-            for name, tensor in weights:
-                per_expert = _PER_EXPERT.match(name)
-                stacked = None if per_expert else _STACKED_EXPERTS.match(name)
-                if per_expert is None and stacked is None:
-                    yield name, tensor
-                    continue
-                prefix, proj = (per_expert or stacked).group(1), (per_expert or stacked).groups()[-1]
-                target = f"{prefix}.{'w2' if proj == 'down_proj' else 'w13'}_weight"
-                if target not in params:
-                    raise ValueError(f"checkpoint tensor {name!r} matches no model parameter")
-                expert_id = int(per_expert.group(2)) if per_expert else None
-                params[target].weight_loader(params[target], tensor, _SHARD_OF[proj], expert_id)
-                loaded.add(target)
-
-        loaded |= load_stacked_weights(self, dense_weights(), self.stacked_params, self.config.tie_word_embeddings)
+        dense = route_expert_weights(dict(self.named_parameters()), weights, loaded)
+        loaded |= load_stacked_weights(self, dense, self.stacked_params, self.config.tie_word_embeddings)
         return loaded

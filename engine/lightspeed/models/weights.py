@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import re
+from collections.abc import Iterable, Iterator, Sequence
 
 import torch
 from torch import nn
@@ -54,3 +55,30 @@ def _param(params: dict[str, nn.Parameter], target: str, ckpt_name: str) -> nn.P
         return params[target]
     except KeyError:
         raise ValueError(f"checkpoint tensor {ckpt_name!r} matches no model parameter") from None
+
+
+# Experts one by one (checkpoints; FP8 ones carry a block scale per weight) or stacked (transformers 5 in memory).
+_PER_EXPERT = re.compile(r"^(.*\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.(weight|weight_scale_inv)$")
+_STACKED_EXPERTS = re.compile(r"^(.*\.mlp\.experts)\.(gate_up_proj|down_proj)$")
+_SHARD_OF = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2", "gate_up_proj": "w13"}
+
+
+def route_expert_weights(params: dict[str, nn.Parameter], weights: Iterable[tuple[str, torch.Tensor]],
+                         loaded: set[str]) -> Iterator[tuple[str, torch.Tensor]]:
+    """Load expert tensors into `FusedMoE` parameters (`w13_weight`, `w2_weight` and their
+    `_scale_inv` block scales), adding the names to `loaded`; yield every other tensor."""
+    for name, tensor in weights:
+        per_expert = _PER_EXPERT.match(name)
+        stacked = None if per_expert else _STACKED_EXPERTS.match(name)
+        if per_expert is None and stacked is None:
+            yield name, tensor
+            continue
+        if per_expert:
+            prefix, expert_id, proj, suffix = per_expert.group(1), int(per_expert.group(2)), *per_expert.groups()[2:]
+        else:
+            prefix, expert_id, proj, suffix = stacked.group(1), None, stacked.group(2), "weight"
+        target = f"{prefix}.{'w2' if proj == 'down_proj' else 'w13'}_{suffix}"
+        if target not in params:
+            raise ValueError(f"checkpoint tensor {name!r} matches no model parameter")
+        params[target].weight_loader(params[target], tensor, _SHARD_OF[proj], expert_id)
+        loaded.add(target)

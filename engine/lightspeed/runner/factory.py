@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from ..config import EngineConfig
-from ..kv import KVCache, KVLayout, device_kv_budget, resolve_kv_dtype
+from ..kv import build_kv_cache, device_kv_budget, kv_layout_for, resolve_kv_dtype
 from .cuda_graph import build_cuda_graph_runner
 from .model_runner import ModelRunner
 
@@ -62,14 +62,13 @@ def build_model_runner(config: EngineConfig, *, output_tokens_of: Callable[[int]
     dtype_name = resolve_dtype(config.dtype, device)
     load_format = "hf" if config.load_format == "safetensors" else config.load_format
     model, model_config = load_model(config.model, load_format=load_format, dtype=dtype_name, device=device,
-                                     seed=config.seed, progress=False)
+                                     seed=config.seed, progress=False, quantization=config.quantization)
     max_model_len = config.max_model_len or model_config.max_position_embeddings
     if max_model_len > model_config.max_position_embeddings:
         raise ValueError(f"max_model_len={max_model_len} exceeds the model's max_position_embeddings="
                          f"{model_config.max_position_embeddings}")
     kv_dtype = resolve_kv_dtype(config.kv_cache_dtype, model_config.torch_dtype)
-    layout = KVLayout(model_config.num_hidden_layers, model_config.num_key_value_heads, model_config.head_dim,
-                      config.page_size, kv_dtype)
+    layout = kv_layout_for(model_config, config.page_size, kv_dtype)  # MLA models: one latent row per token
     # Activations + logits of the largest step stay outside the KV budget on GPU.
     reserve = (config.max_num_batched_tokens * model_config.hidden_size * 24
                + config.max_num_seqs * model_config.vocab_size * 4 * 4 + (512 << 20))
@@ -88,9 +87,9 @@ def build_model_runner(config: EngineConfig, *, output_tokens_of: Callable[[int]
     if host_budget is None:
         host_budget = default_host_cache_bytes(device, num_device_pages * layout.bytes_per_page)
     num_host_pages = max(2, layout.pages_for(host_budget)) if host_budget > 0 else 0
-    kv_cache = KVCache(layout, num_device_pages, num_host_pages, device)
+    kv_cache = build_kv_cache(layout, num_device_pages, num_host_pages, device)
     log.info("model %s on %s (%s); KV cache %d device pages, %d host pages of %d tokens (%s); max_model_len %d",
-             model_config.name, device, dtype_name, num_device_pages, num_host_pages, config.page_size, kv_dtype,
+             model_config.name, device, dtype_name, num_device_pages, num_host_pages, config.page_size, layout,
              max_model_len)
     if load_tokenizer is None:
         def load_tokenizer():

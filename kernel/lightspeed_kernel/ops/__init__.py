@@ -8,7 +8,7 @@ from .activation import gelu_and_mul, silu_and_mul
 from .attention import attention_decode, attention_prefill
 from .gemm import fp8_block_gemm, linear
 from .kv_store import store_kv
-from .moe import fused_experts, moe_topk
+from .moe import fused_experts, fused_experts_fp8, moe_topk
 from .norm import fused_add_rms_norm, rms_norm
 from .quantize import quant_fp8_per_block, quant_fp8_per_token, quant_fp8_per_token_head
 from .rope import apply_rope, rope_cos_sin_cache, yarn_get_mscale
@@ -23,6 +23,7 @@ __all__ = [
     "fp8_block_gemm",
     "fused_add_rms_norm",
     "fused_experts",
+    "fused_experts_fp8",
     "gelu_and_mul",
     "linear",
     "moe_topk",

@@ -46,3 +46,26 @@ def fused_experts(
     topk_ids: [T, k] int32; activation "silu" or "gelu". Returns [T, H] in x's dtype.
     """
     return impl_for("moe", "fused_experts", x)(x, w13, w2, topk_weights, topk_ids, activation=activation)
+
+
+def fused_experts_fp8(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w13_scale: torch.Tensor,
+    w2: torch.Tensor,
+    w2_scale: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    *,
+    activation: str = "silu",
+) -> torch.Tensor:
+    """:func:`fused_experts` over FP8 block-scaled experts (moe/fused_experts_fp8, DeepSeek-V3 style).
+
+    w13: e4m3 [E, 2I, H] with w13_scale fp32 [E, ceil(2I/128), ceil(H/128)] (one scale per 128x128
+    block: w = e4m3 · scale); w2: e4m3 [E, H, I] with w2_scale [E, ceil(H/128), ceil(I/128)].
+    Activations are quantised per token and 128 columns (e4m3, amax/448) before each GEMM.
+    x: [T, H] (bf16 / fp16 / fp32); returns [T, H] in x's dtype.
+    """
+    return impl_for("moe", "fused_experts_fp8", x)(
+        x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, activation=activation
+    )

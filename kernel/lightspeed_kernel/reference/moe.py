@@ -88,3 +88,52 @@ def fused_experts(
         expert_out = (hidden @ w2[expert].t()).float()  # [n, H]
         out.index_add_(0, tokens, expert_out * topk_weights.reshape(-1)[picks, None].float())
     return out.to(x.dtype)
+
+
+def _fp8_block_matmul(a: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    # a: [n, K] float -> per-(token, 128 columns) e4m3 activations, then a · (w·w_scale)^T in fp32
+    from .gemm import fp8_block_gemm
+    from .quantize import quant_fp8_per_block
+
+    q, q_scale = quant_fp8_per_block(a)
+    return fp8_block_gemm(q, q_scale, w, w_scale, out_dtype=out_dtype)
+
+
+@reference("moe", "fused_experts_fp8")
+def fused_experts_fp8(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w13_scale: torch.Tensor,
+    w2: torch.Tensor,
+    w2_scale: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    *,
+    activation: str = "silu",
+) -> torch.Tensor:
+    # x: [T, H]; w13: e4m3 [E, 2I, H] with w13_scale fp32 [E, ceil(2I/128), ceil(H/128)];
+    # w2: e4m3 [E, H, I] with w2_scale [E, ceil(H/128), ceil(I/128)] -> [T, H] in x's dtype.
+    # Activations are quantised per token and 128 columns before each GEMM (DeepSeek-V3's recipe);
+    # each GEMM output is rounded to x's dtype, as in `fused_experts`.
+    if activation == "silu":
+        act = silu_and_mul
+    elif activation == "gelu":
+        act = gelu_and_mul
+    else:
+        raise ValueError(f"activation must be 'silu' or 'gelu', got {activation!r}")
+    num_tokens, top_k = topk_ids.shape
+    out = torch.zeros(num_tokens, x.shape[1], dtype=torch.float32, device=x.device)
+    flat_ids = topk_ids.reshape(-1).long()
+    order = torch.argsort(flat_ids, stable=True)
+    counts = torch.bincount(flat_ids, minlength=w13.shape[0]).tolist()
+    start = 0
+    for expert, count in enumerate(counts):
+        if count == 0:
+            continue
+        picks = order[start : start + count]
+        start += count
+        tokens = picks // top_k
+        hidden = act(_fp8_block_matmul(x[tokens], w13[expert], w13_scale[expert], x.dtype))  # [n, I]
+        expert_out = _fp8_block_matmul(hidden, w2[expert], w2_scale[expert], x.dtype).float()  # [n, H]
+        out.index_add_(0, tokens, expert_out * topk_weights.reshape(-1)[picks, None].float())
+    return out.to(x.dtype)

@@ -20,6 +20,7 @@ MODULES = (
     "fp8_gemm",
     "moe_topk",
     "fused_moe",
+    "fused_moe_fp8",
     "sampling",
 )
 

@@ -10,9 +10,21 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import FLOAT_DTYPES, FP8_E4M3_MAX, check, check_dtype, register
+from ._common import FLOAT_DTYPES, FP8_E4M3_MAX, check, check_dtype, interpreting, register
 
 EPS = 1e-10  # amax floor, as the reference: an all-zero group gets a tiny finite scale
+
+
+@triton.jit
+def snap_to_e4m3(q):
+    """Round fp32 values (|q| <= 448) to the nearest e4m3 value (3 mantissa bits, subnormal step 2^-9).
+
+    Only for the interpreter: Triton's CPU cast to e4m3 rounds imperfectly and drops the exponent
+    carry (127.7 -> 64), so snapped values make the cast exact there; GPUs cast correctly."""
+    mag = tl.abs(q)
+    e = tl.maximum(tl.floor(tl.log2(tl.maximum(mag, 1.0 / 512.0))), -6.0)
+    step = tl.exp2(e - 3.0)
+    return tl.where(q < 0, -1.0, 1.0) * tl.floor(mag / step + 0.5) * step
 
 
 @triton.jit
@@ -28,6 +40,7 @@ def _quant_group_kernel(
     eps,
     FP8_MAX: tl.constexpr,
     BLOCK: tl.constexpr,
+    ROUND_TO_E4M3: tl.constexpr,
 ):
     pid = tl.program_id(0).to(tl.int64)
     row = pid // groups_per_row
@@ -38,6 +51,8 @@ def _quant_group_kernel(
     amax = tl.max(tl.abs(x), axis=0)
     scale = tl.maximum(amax, eps) / FP8_MAX
     q = tl.minimum(tl.maximum(x / scale, -FP8_MAX), FP8_MAX)
+    if ROUND_TO_E4M3:
+        q = snap_to_e4m3(q)
     tl.store(q_ptr + row * stride_qr + g * group + cols, q.to(q_ptr.dtype.element_ty), mask=mask)
     tl.store(s_ptr + pid, scale)
 
@@ -63,6 +78,7 @@ def _quant_rows(x2d: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tens
         EPS,
         FP8_MAX=FP8_E4M3_MAX,
         BLOCK=block,
+        ROUND_TO_E4M3=interpreting(),
         num_warps=4 if block <= 2048 else 8,
     )
     return q, s
