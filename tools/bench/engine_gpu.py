@@ -24,12 +24,12 @@ import datetime as dt
 import gc
 import json
 import platform
-import subprocess
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
+from result_files import git_commit, result_stem
 
 HBM_BYTES_PER_S = 4.27e12
 
@@ -169,10 +169,7 @@ def run_transformers(args, rng: np.random.Generator, report: dict) -> None:
 
 
 def write_report(report: dict, out: Path) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d_%H%M")
-    device = report["device_name"].replace(" ", "-").lower()
-    stem = out / f"engine_gpu_{stamp}_{device}"  # never overwrites an earlier run
+    stem = result_stem(out, "engine_gpu", report["device_name"])  # never overwrites an earlier run
     stem.with_suffix(".json").write_text(json.dumps(report, indent=2))
     b1, hf = report["batch1"], report.get("transformers", {})
     lines = [f"# Engine on {report['device_name']} ({report['date']}, commit {report['commit']})", "",
@@ -200,14 +197,6 @@ def write_report(report: dict, out: Path) -> None:
     lines.append("")
     stem.with_suffix(".md").write_text("\n".join(lines))
     print(f"wrote {stem}.json and {stem}.md")
-
-
-def git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def main() -> None:

@@ -1,8 +1,8 @@
 """Kernel benchmarks of lightspeed_kernel's Triton kernels on one GPU (the H200 of DESIGN.md §9).
 
-    python tools/bench/kernels.py --out bench/results/kernels_DATE_h200 [--commit SHA] [--quick]
+    python tools/bench/kernels.py --out bench/results [--commit SHA] [--quick]
 
-Writes OUT.json (every measurement) and OUT.md (tables). Reported:
+Writes OUT/kernels_<date-time>_<device>.json (every measurement) and .md (tables). Reported:
 - paged decode attention, Llama-3-8B heads (32 q / 8 kv, head dim 128), page 16 and 64, batch
   1/16/64/256, context 1K/8K/32K: achieved HBM bandwidth (KV bytes read / time) as a fraction of
   4.27 TB/s, and the speed ratio to torch SDPA on the same data gathered contiguous (GQA folded into
@@ -28,6 +28,7 @@ import sys
 import time
 
 import torch
+from result_files import result_stem
 
 HBM_BYTES_PER_S = 4.27e12  # DESIGN.md §9, measured H200 HBM read bandwidth
 
@@ -491,6 +492,8 @@ def to_markdown(result: dict) -> str:
 
 
 def write(out: str, result: dict) -> None:
+    """out is a folder: the run's files are named by date-time and device (never overwritten)."""
+    out = str(result_stem(out, "kernels", result.get("device")))
     with open(out + ".json", "w") as f:
         json.dump(result, f, indent=1)
     with open(out + ".md", "w") as f:
@@ -499,7 +502,7 @@ def write(out: str, result: dict) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", required=True, help="output path without extension (.json and .md are written)")
+    ap.add_argument("--out", required=True, help="output folder (kernels_<date-time>_<device>.json/.md are written)")
     ap.add_argument(
         "--commit", default=None, help="git commit of the code measured (default: git rev-parse HEAD)"
     )

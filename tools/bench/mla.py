@@ -2,7 +2,7 @@
 
     python tools/bench/mla.py --out DIR [--budget-s 150] [--tile-sweep]
 
-Writes DIR/mla_bench.json and DIR/mla_bench.md. Every figure is measured here: µs per call
+Writes DIR/mla_bench_<date-time>_<device>.json and .md. Every figure is measured here: µs per call
 (median of CUDA-graph replays, triton.testing.do_bench_cudagraph), achieved HBM bandwidth as a
 fraction of 4.27 TB/s (bytes of KV + queries + outputs, each read or written once), TFLOP/s.
 Points run in priority order (targets first) until --budget-s is spent; what did not run is listed.
@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import torch
+from result_files import result_stem
 
 HBM_BPS = 4.27e12
 BF16_FLOPS = 810e12
@@ -187,8 +188,9 @@ def save(results: dict, out: Path) -> None:
         if r["tag"] == "fold_off" and "us" in r and key in on:
             results["fold_speedup"].append({"kind": key[0], "batch": key[1], "ctx": key[2], "fold_us": on[key]["us"],
                                             "nofold_us": r["us"], "speedup": round(r["us"] / on[key]["us"], 2)})
-    (out / "mla_bench.json").write_text(json.dumps(results, indent=1))
-    write_markdown(results, out / "mla_bench.md")
+    stem = results.setdefault("_stem", str(result_stem(out, "mla_bench", results.get("device"))))
+    Path(stem + ".json").write_text(json.dumps({k: v for k, v in results.items() if k != "_stem"}, indent=1))
+    write_markdown(results, Path(stem + ".md"))
 
 
 def write_markdown(results: dict, path: Path) -> None:
