@@ -374,6 +374,7 @@ NB_MODULE(_core, m) {
             d["num_copy_batches"] = st.num_copy_batches;
             d["cached_device_pages"] = st.cached_device_pages;
             d["cached_host_pages"] = st.cached_host_pages;
+            d["unreferenced_cached_device_pages"] = st.unreferenced_cached_device_pages;
             d["num_in_flight_plans"] = st.num_in_flight_plans;
             d["prefix_hit_tokens"] = st.prefix_hit_tokens;
             d["prefix_query_tokens"] = st.prefix_query_tokens;

@@ -191,6 +191,7 @@ SchedulerStats Scheduler::stats() const {
   s.num_copy_batches = static_cast<int32_t>(copy_batches_.size());
   s.cached_device_pages = cache_.num_device_resident();
   s.cached_host_pages = cache_.num_host_resident();
+  s.unreferenced_cached_device_pages = cache_.num_unreferenced_device();
   s.num_in_flight_plans = num_in_flight_;
   s.prefix_hit_tokens = prefix_hit_tokens_;
   s.prefix_query_tokens = prefix_query_tokens_;

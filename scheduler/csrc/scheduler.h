@@ -46,6 +46,9 @@ struct SchedulerStats {
   int32_t free_device_pages, free_host_pages, num_device_pages, num_host_pages;
   int32_t num_waiting, num_running, num_retracted, num_loading, num_writing_back, write_through_queued;
   int32_t cached_device_pages, cached_host_pages, num_in_flight_plans, num_copy_batches;
+  // Cached device pages no request references: reusable at once (eviction frees them on demand),
+  // so a KV usage figure counts them as free.
+  int32_t unreferenced_cached_device_pages;
   int64_t prefix_hit_tokens, prefix_query_tokens, num_retractions, num_steps;
 };
 

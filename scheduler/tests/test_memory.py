@@ -32,6 +32,20 @@ def test_shared_prompt_is_computed_once():
     assert first != second
 
 
+def test_cached_pages_a_running_request_shares_are_not_unreferenced():
+    s = make_scheduler(page_size=16)
+    prompt = list(range(3, 3 + 4 * 16 + 5))
+    s.submit(spec("a", prompt, max_new_tokens=2))
+    drain(s)
+    idle = s.stats()
+    assert idle["cached_device_pages"] == 4 and idle["unreferenced_cached_device_pages"] == 4
+    s.submit(spec("b", prompt, max_new_tokens=8))
+    plan = s.next_plan()
+    s.advance(plan, samples(plan))
+    busy = s.stats()
+    assert busy["cached_device_pages"] >= 4 and busy["unreferenced_cached_device_pages"] == 0
+
+
 def test_retraction_moves_kv_to_host_and_back():
     s = make_scheduler(page_size=4, num_device_pages=9, num_host_pages=64, enable_prefix_cache=False,
                        max_num_batched_tokens=64, chunked_prefill_size=16)

@@ -234,6 +234,7 @@ struct Episode {
     coverage.prefix_hits += s.stats().prefix_hit_tokens;
     const auto stats = s.stats();
     EXPECT_EQ(stats.free_device_pages + stats.cached_device_pages, stats.num_device_pages - 1);
+    EXPECT_EQ(stats.unreferenced_cached_device_pages, stats.cached_device_pages);  // no request is left
     EXPECT_EQ(stats.free_host_pages + stats.cached_host_pages, std::max(stats.num_host_pages - 1, 0));
     EXPECT_EQ(stats.num_writing_back, 0);
     EXPECT_EQ(stats.num_copy_batches, 0);
