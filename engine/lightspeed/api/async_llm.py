@@ -24,7 +24,16 @@ from ..core.client import EngineCoreClient
 from ..core.errors import EngineDeadError
 from ..envs import ENVS
 from ..frontend.output_processor import RequestGroup, SequenceState
-from ..frontend.tokenizer import apply_chat_template, eos_token_ids, load_tokenizer, resolve_model_path
+from ..frontend.preflight import check_engine_config
+from ..frontend.tokenizer import (
+    apply_chat_template,
+    byte_level_tokenizer,
+    check_vocab,
+    eos_token_ids,
+    load_tokenizer,
+    resolve_model_path,
+    tokenizer_source,
+)
 from .outputs import RequestOutput
 from .sampling_params import SamplingParams
 
@@ -44,16 +53,21 @@ class AsyncLLM:
         if config.model is None:
             config = config.replace(model=resolve_model_path(None))
         self.config = config
+        check_engine_config(config)
         self._core = EngineCoreClient(config)   # the core loads the model while we load the tokenizer
         try:
-            self.tokenizer = self._load_tokenizer(config)
+            source = tokenizer_source(config)
+            tokenizer = load_tokenizer(source) if source is not None else None
             self.engine_info: m.Ready = self._core.wait_ready()
+            if tokenizer is None:  # a dummy model without tokenizer files
+                tokenizer = byte_level_tokenizer(self.engine_info.vocab_size)
+            check_vocab(tokenizer, self.engine_info.vocab_size, source)
         except BaseException:
             self._core.close()
             raise
+        self.tokenizer = tokenizer
         self.eos_token_ids = list(dict.fromkeys(
-            [*self.engine_info.eos_token_ids,
-             *(eos_token_ids(self.tokenizer, config.model) if self.tokenizer is not None else [])]))
+            [*self.engine_info.eos_token_ids, *eos_token_ids(self.tokenizer, config.model)]))
         self._seqs: dict[str, tuple[RequestGroup, SequenceState]] = {}
         self._groups: dict[str, RequestGroup] = {}
         self._output_task: asyncio.Task | None = None
@@ -67,13 +81,6 @@ class AsyncLLM:
             pass
         else:
             self._ensure_output_task()
-
-    @staticmethod
-    def _load_tokenizer(config: EngineConfig) -> Any | None:
-        source = config.tokenizer or config.model
-        if config.load_format == "dummy" and config.tokenizer is None:
-            return None  # random weights from a preset or config: token-id prompts only
-        return load_tokenizer(source)
 
     # -- public API ------------------------------------------------------------------------------
     @property
@@ -100,8 +107,6 @@ class AsyncLLM:
         return self.tokenizer
 
     def apply_chat_template(self, messages: list[dict], **kwargs: Any) -> list[int]:
-        if self.tokenizer is None:
-            raise ValueError("this engine has no tokenizer (dummy weights); send token ids")
         return apply_chat_template(self.tokenizer, messages, **kwargs)
 
     async def generate(self, prompt: PromptType, sampling_params: SamplingParams | None = None,
@@ -163,8 +168,6 @@ class AsyncLLM:
                 return prompt.get("prompt"), [int(t) for t in prompt["prompt_token_ids"]]
             prompt = prompt["prompt"]
         if isinstance(prompt, str):
-            if self.tokenizer is None:
-                raise ValueError("this engine has no tokenizer (dummy weights); send token ids")
             return prompt, list(self.tokenizer(prompt).input_ids)
         ids = [int(t) for t in prompt]
         return None, ids

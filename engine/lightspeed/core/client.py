@@ -77,7 +77,8 @@ class EngineCoreClient:
         return self.proc.poll() is None
 
     def wait_ready(self) -> m.Ready:
-        """Block until the core reports Ready (model loaded); EngineDeadError if it dies first."""
+        """Block until the core reports Ready (model loaded); ValueError for a bad configuration or model,
+        EngineDeadError if the core dies first."""
         deadline = time.monotonic() + ENVS.engine_ready_timeout_s
         poll_ms = int(ENVS.engine_poll_interval_s * 1000)
         while time.monotonic() < deadline:
@@ -88,6 +89,8 @@ class EngineCoreClient:
                     return msg
                 if isinstance(msg, m.EngineFailure):
                     self.close()
+                    if msg.user_error:
+                        raise ValueError(msg.message)
                     raise EngineDeadError(f"engine core failed to start:\n{msg.message}")
             elif not self.is_alive():
                 code = self.proc.returncode

@@ -53,6 +53,7 @@ class Engine:
         self._awaiting_first: set[int] = set()
         self._num_steps = 0
         self._num_generated = 0
+        self._num_prefill_tokens = 0
 
     # -- requests --------------------------------------------------------------------------------
     def add_request(self, msg: m.AddRequest) -> str | None:
@@ -159,6 +160,7 @@ class Engine:
         finished = self.scheduler.advance(plan, result.tokens)
         self._num_steps += 1
         self._num_generated += len(rows)
+        self._num_prefill_tokens += plan.num_tokens - plan.num_decode_tokens
         out_names = [names[r] for r in req_ids.tolist()]
         tokens = result.tokens[rows].tolist()
         logprobs = self._logprobs(result, names) if result.logprob_rows is not None else None
@@ -200,14 +202,16 @@ class Engine:
         s = self.scheduler.stats()
         total = self.built.num_device_pages - 1  # page 0 is padding
         free = int(s["free_device_pages"])
+        reusable = free + int(s.get("unreferenced_cached_device_pages", 0))  # cached, no request holds it
         return m.EngineStats(
             num_running=int(s["num_running"]), num_waiting=int(s["num_waiting"]),
             num_retracted=int(s.get("num_retracted", 0)),
-            kv_usage=max(0.0, 1.0 - free / total) if total > 0 else 0.0,
+            kv_usage=max(0.0, 1.0 - reusable / total) if total > 0 else 0.0,
             num_device_pages=self.built.num_device_pages, free_device_pages=free,
             free_host_pages=int(s["free_host_pages"]), prefix_hit_tokens=int(s["prefix_hit_tokens"]),
             prefix_query_tokens=int(s["prefix_query_tokens"]), num_steps=self._num_steps,
-            num_generated_tokens=self._num_generated, timestamp=time.time())
+            num_generated_tokens=self._num_generated, timestamp=time.time(),
+            cached_device_pages=int(s["cached_device_pages"]), num_prefill_tokens=self._num_prefill_tokens)
 
     def ready_message(self) -> m.Ready:
         b = self.built

@@ -130,8 +130,13 @@ def main(argv: list[str] | None = None) -> int:
     output_sock.connect(args.output)
     output_sock.setsockopt(zmq.LINGER, 2000)
     try:
-        config = EngineConfig(**json.loads(args.config))
-        engine = Engine(config)
+        try:
+            config = EngineConfig(**json.loads(args.config))
+            engine = Engine(config)
+        except ValueError as e:  # the user's configuration or model files: the client reports the reason
+            log.debug("engine core start-up failed:\n%s", traceback.format_exc())
+            output_sock.send(m.encoder.encode(m.EngineFailure(str(e), user_error=True)))
+            return 2
         output_sock.send(m.encoder.encode(engine.ready_message()))
         EngineCore(engine, input_sock, output_sock).run()
     except BaseException:

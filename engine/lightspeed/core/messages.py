@@ -57,7 +57,7 @@ class EngineStats(msgspec.Struct, frozen=True):
     num_running: int                # requests decoding or prefilling
     num_waiting: int                # requests not yet scheduled
     num_retracted: int              # requests swapped out under memory pressure
-    kv_usage: float                 # used fraction of device KV pages (0..1)
+    kv_usage: float                 # fraction of device KV pages held by requests (0..1); reusable cached pages count as free
     num_device_pages: int
     free_device_pages: int
     free_host_pages: int
@@ -66,6 +66,8 @@ class EngineStats(msgspec.Struct, frozen=True):
     num_steps: int                  # engine steps run so far
     num_generated_tokens: int       # tokens sampled so far
     timestamp: float                # time.time() of the snapshot
+    cached_device_pages: int = 0    # device pages holding prefix-cache KV (shared by requests or reusable)
+    num_prefill_tokens: int = 0     # cumulative prompt tokens computed (prefix-cache hits excluded)
 
 
 class TokenLogprobs(msgspec.Struct, array_like=True, frozen=True):
@@ -109,6 +111,7 @@ class Ready(msgspec.Struct, tag="ready", frozen=True):
 
 class EngineFailure(msgspec.Struct, tag="failure", frozen=True):
     message: str                    # the exception that killed the core, with its traceback
+    user_error: bool = False        # a bad configuration or model at start-up: message is the one-line reason
 
 
 CoreMessage = Ready | StepOutputs | RequestErrors | EngineFailure

@@ -2,7 +2,9 @@
 
 A Hugging Face folder loads with `AutoTokenizer`. A .gguf file carries its tokenizer in its metadata;
 transformers converts it (several seconds), so the converted tokenizer is cached on disk keyed by the
-file's path, size and mtime.
+file's path, size and mtime. A dummy model (a preset, or a folder holding only config.json) has no
+tokenizer files: it gets a byte-level tokenizer sized to its vocabulary, so it serves text out of
+the box. Whatever the source, the tokenizer's ids must fit the model's vocabulary (`check_vocab`).
 """
 
 from __future__ import annotations
@@ -83,6 +85,17 @@ def _load_without_remote_code(folder: Path, remote_class: str) -> Any:
     return PreTrainedTokenizerFast.from_pretrained(str(folder))
 
 
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "tiktoken.model")
+
+
+def has_tokenizer(path: str | os.PathLike) -> bool:
+    """True when `path` is a .gguf file or a folder holding tokenizer files or a .gguf file."""
+    p = Path(path)
+    if p.is_file():
+        return p.suffix == ".gguf"
+    return p.is_dir() and (any((p / name).is_file() for name in _TOKENIZER_FILES) or any(p.glob("*.gguf")))
+
+
 def load_tokenizer(path: str | os.PathLike) -> Any:
     """A transformers tokenizer from a Hugging Face folder or a .gguf file (ValueError if neither).
 
@@ -97,11 +110,83 @@ def load_tokenizer(path: str | os.PathLike) -> Any:
         ggufs = sorted(p.glob("*.gguf"))
         if not (p / "tokenizer_config.json").exists() and not (p / "tokenizer.json").exists() and ggufs:
             return _load_gguf_tokenizer(ggufs[0])
+        if not has_tokenizer(p):
+            raise ValueError(f"{p} has no tokenizer ({', '.join(_TOKENIZER_FILES[:2])} or a .gguf file); "
+                             "name one with --tokenizer")
         remote = _remote_tokenizer_class(p)
         if remote is not None:
             return _load_without_remote_code(p, remote)
         return AutoTokenizer.from_pretrained(str(p), trust_remote_code=False)
     raise ValueError(f"no tokenizer at {str(path)!r}: expected a Hugging Face folder or a .gguf file")
+
+
+def tokenizer_source(config: Any) -> str | None:
+    """Where an engine's tokenizer comes from: `config.tokenizer`, else the model's own files; None
+    for a dummy model without tokenizer files (a preset, or a folder with only config.json)."""
+    if config.tokenizer is not None:
+        return config.tokenizer
+    model = resolve_model_path(config.model)
+    if config.load_format != "dummy":
+        return model
+    folder = Path(model).expanduser()
+    folder = folder.parent if folder.is_file() else folder
+    return str(folder) if has_tokenizer(folder) else None
+
+
+def load_engine_tokenizer(config: Any, vocab_size: int) -> Any:
+    """The tokenizer of the engine `config` describes (the byte-level fallback when it has none),
+    checked against the model's vocabulary."""
+    source = tokenizer_source(config)
+    tokenizer = load_tokenizer(source) if source is not None else byte_level_tokenizer(vocab_size)
+    check_vocab(tokenizer, vocab_size, source)
+    return tokenizer
+
+
+def check_vocab(tokenizer: Any, vocab_size: int, source: str | None) -> None:
+    """ValueError when the tokenizer can produce ids the model has no embedding for."""
+    if len(tokenizer) > vocab_size:
+        where = f"the tokenizer of {source}" if source else "the tokenizer"
+        raise ValueError(f"{where} has {len(tokenizer)} tokens but the model's vocabulary has {vocab_size}: "
+                         "name a matching tokenizer with --tokenizer")
+
+
+# A plain role-tagged transcript: each rendering extends the previous one, as the chat renderer wants.
+_FALLBACK_CHAT_TEMPLATE = (
+    "{% for message in messages %}<|{{ message['role'] }}|>\n{{ message['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
+
+
+def _byte_to_unicode() -> dict[int, str]:
+    """GPT-2's byte-level alphabet: each byte as a printable character (the ByteLevel decoder's inverse)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("\u00a1"), ord("\u00ac") + 1),
+                 *range(ord("\u00ae"), ord("\u00ff") + 1)]
+    chars = list(printable)
+    extra = 0
+    for byte in range(256):
+        if byte not in printable:
+            printable.append(byte)
+            chars.append(256 + extra)
+            extra += 1
+    return {byte: chr(char) for byte, char in zip(printable, chars, strict=True)}
+
+
+def byte_level_tokenizer(vocab_size: int) -> Any:
+    """A tokenizer for models without one (random-weight benchmarks): id b < 256 is byte b, every
+    higher id decodes to `<|reserved_ID|>`, so any id the model samples is text and any text encodes."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    if vocab_size < 256:
+        raise ValueError(f"the model's vocabulary has {vocab_size} tokens, too few for the byte-level fallback "
+                         "tokenizer (256 needed): name a tokenizer with --tokenizer")
+    vocab = {char: byte for byte, char in _byte_to_unicode().items()}
+    vocab.update({f"<|reserved_{i}|>": i for i in range(256, vocab_size)})
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    backend.decoder = decoders.ByteLevel()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend)
+    tokenizer.chat_template = _FALLBACK_CHAT_TEMPLATE
+    return tokenizer
 
 
 def eos_token_ids(tokenizer: Any, model_path: str | os.PathLike | None = None) -> list[int]:

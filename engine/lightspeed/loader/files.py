@@ -4,6 +4,7 @@ or, for dummy loading, a config.json / directory / preset name."""
 from __future__ import annotations
 
 import json
+import re
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,8 +37,8 @@ def resolve_model_files(model: str | Path, load_format: str = "auto") -> ModelFi
     if load_format == "dummy":
         return _resolve_dummy(str(model), path)
     if not path.exists():
-        raise ValueError(f"model path {str(path)!r} does not exist (no hub access: give a local directory "
-                         f"or .gguf file, or load_format='dummy' with a preset)")
+        raise ValueError(_hub_hint(str(model)) or f"model path {str(path)!r} does not exist (give a local "
+                         "directory or .gguf file, or --load-format dummy with a preset)")
     gguf = find_gguf(path)
     if load_format == "gguf" or (load_format == "auto" and gguf is not None and not (path / "config.json").is_file()):
         if gguf is None:
@@ -92,7 +93,15 @@ def _resolve_dummy(name: str, path: Path) -> ModelFiles:
     if name in PRESETS:
         return ModelFiles("dummy", None, preset=name)
     raise ValueError(f"dummy model {name!r} is neither a config.json path, a directory with one, "
-                     f"nor a preset ({', '.join(preset_names())})")
+                     f"nor a preset ({', '.join(preset_names())})" + (f"; {_hub_hint(name)}" if _hub_hint(name) else ""))
+
+
+def _hub_hint(name: str) -> str:
+    """A note for names shaped like a Hugging Face hub id ("Qwen/Qwen3-0.6B"): they are not fetched."""
+    if re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", name) and not name.startswith("."):
+        return (f"{name!r} is not a local path; it looks like a Hugging Face hub id, but Lightspeed loads "
+                f"local files only: download it (`huggingface-cli download {name} --local-dir DIR`) and pass DIR")
+    return ""
 
 
 def check_safetensors(path: Path) -> int:

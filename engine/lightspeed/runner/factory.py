@@ -41,7 +41,7 @@ def resolve_device(device: str) -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     resolved = torch.device(device)
     if resolved.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device={device!r} but no CUDA GPU is available")
+        raise ValueError(f"device {device!r}: no CUDA GPU is available here (use device 'cpu' or 'auto')")
     return resolved
 
 
@@ -82,7 +82,11 @@ def build_model_runner(config: EngineConfig, *, output_tokens_of: Callable[[int]
             raise ValueError(f"the KV cache budget ({budget / 2**20:.0f} MiB, {num_device_pages} pages of "
                              f"{layout.bytes_per_page} bytes) cannot hold one sequence of max_model_len="
                              f"{max_model_len}; raise kv_cache_memory / gpu_memory_utilization or lower max_model_len")
-        max_model_len = max_fit  # the model's default length does not fit: cap it to what the cache holds
+        # The model's default length does not fit: cap it to what the cache holds, and say so.
+        log.warning("max_model_len lowered from the model's %d to %d tokens: that is what the KV cache "
+                    "(%.0f MiB) holds; raise --kv-cache-memory / --gpu-memory-utilization for longer requests",
+                    max_model_len, max_fit, budget / 2**20)
+        max_model_len = max_fit
     host_budget = config.host_cache_memory
     if host_budget is None:
         host_budget = default_host_cache_bytes(device, num_device_pages * layout.bytes_per_page)
@@ -93,9 +97,9 @@ def build_model_runner(config: EngineConfig, *, output_tokens_of: Callable[[int]
              max_model_len)
     if load_tokenizer is None:
         def load_tokenizer():
-            from ..frontend.tokenizer import load_tokenizer as load
+            from ..frontend.tokenizer import load_engine_tokenizer
 
-            return load(config.tokenizer or config.model)
+            return load_engine_tokenizer(config, model_config.vocab_size)
 
     runner = ModelRunner(model, kv_cache, max_num_seqs=config.max_num_seqs, vocab_size=model_config.vocab_size,
                          device=device, engine_seed=config.seed, load_tokenizer=load_tokenizer,

@@ -7,11 +7,21 @@ sampling; after sampling each matcher accepts its token. Unconstrained batches n
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import torch
+
+# xgrammar's messages start with its C++ log prefix: "[12:00:00] /path/to/file.cc:123: ".
+_XGRAMMAR_LOG_PREFIX = re.compile(r"^\s*(\[[0-9:.]+\]\s*)?\S+\.(cc|cpp|h):\d+:\s*")
+
+
+def _reason(error: Exception) -> str:
+    """The error's own text, without the source location of the library that raised it."""
+    lines = [_XGRAMMAR_LOG_PREFIX.sub("", line) for line in str(error).strip().splitlines()]
+    return " ".join(line.strip() for line in lines if line.strip()) or type(error).__name__
 
 
 class StructuredOutputs:
@@ -44,7 +54,7 @@ class StructuredOutputs:
             except ValueError:
                 raise
             except Exception as e:  # xgrammar raises its own error types for bad schemas/regexes
-                raise ValueError(f"invalid {kind} for structured output: {e}") from None
+                raise ValueError(f"invalid {kind} for structured output: {_reason(e)}") from None
             self._compiled[key] = grammar
         return self._compiled[key]
 
