@@ -24,14 +24,15 @@ def _f(default: Any, help: str, choices: tuple | None = None) -> Any:
 
 @dataclass(frozen=True)
 class ServerConfig:
-    """How the HTTP server runs. Immutable; validated in __post_init__."""
+    """The HTTP server's knobs (a frozen dataclass, checked in __post_init__)."""
 
     host: str = _f("127.0.0.1", "Address to listen on (0.0.0.0 exposes the server to the network).")
     port: int = _f(8000, "TCP port to listen on (0 picks a free one).")
     api_key: str | None = _f(None, "API key clients must send as 'Authorization: Bearer KEY' on /v1 routes "
                              "(default: env LIGHTSPEED_API_KEY; none = no auth).")
-    served_model_name: str | None = _f(None, "Model name clients use and /v1/models lists (default: the "
-                                       "model file's stem).")
+    served_model_name: tuple[str, ...] = _f((), "Names clients may send as `model` (several allowed, as in "
+                                            "vLLM; the first is the one responses carry). Default: the model's "
+                                            "name, e.g. SmolLM2-135M-Instruct for SmolLM2-135M-Instruct.Q4_1.gguf.")
     chat_template: str | None = _f(None, "Jinja chat template (a file path or the template text); default: "
                                    "the tokenizer's.")
     tool_call_parser: str = _f("hermes", "How tool calls are read from the model's output.", tuple(TOOL_PARSERS))
@@ -44,6 +45,11 @@ class ServerConfig:
     retry_after_s: int = _f(1, "Retry-After seconds sent with 429 and 503 answers.")
     health_check_interval_s: float = _f(0.25, "How often the server checks that the engine core is alive.")
     access_log: bool = _f(False, "Log every HTTP request (uvicorn access log).")
+    log_requests: bool = _f(False, "Log one line when a request arrives (prompt tokens, sampling) and one when "
+                            "it finishes (tokens, time to first token, speed).")
+    log_stats_interval_s: float = _f(10.0, "Seconds between the engine stats lines (prompt and generation "
+                                     "tokens/s, running and waiting requests, KV-cache use, prefix-cache hit "
+                                     "rate, prefills in progress) while the engine is busy; 0 turns them off.")
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -60,6 +66,13 @@ class ServerConfig:
             raise ValueError("max_waiting_requests must be >= 0")
         if self.retry_after_s < 0 or self.health_check_interval_s <= 0:
             raise ValueError("retry_after_s must be >= 0 and health_check_interval_s > 0")
+        if self.log_stats_interval_s < 0:
+            raise ValueError("log_stats_interval_s must be >= 0")
+        if isinstance(self.served_model_name, str):  # one name given as a string
+            object.__setattr__(self, "served_model_name", (self.served_model_name,))
+        object.__setattr__(self, "served_model_name", tuple(self.served_model_name))
+        if any(not name for name in self.served_model_name):
+            raise ValueError("served_model_name: a name must not be empty")
         if self.api_key == "":
             object.__setattr__(self, "api_key", None)
 

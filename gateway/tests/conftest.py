@@ -15,3 +15,15 @@ def server():
 @pytest.fixture(scope="module")
 def base_url(server) -> str:
     return server.url
+
+
+@pytest.fixture(scope="session")
+def compat_server():
+    """A server started with vLLM's habits (aliases, accepted no-op flags, several served names),
+    request and stats logging on, one sequence at a time (so queueing order is observable).
+    Shared by the vLLM-compatibility, observability and chat modules."""
+    proc = start_server(["--max-num-seqs", "1", "--served-model-name", "SmolLM2-135M-Instruct", "smol",
+                         "--enable-log-requests", "--log-stats-interval-s", "1", "--enable-prefix-caching",
+                         "--enable-auto-tool-choice", "--trust-remote-code"])
+    yield proc
+    stop_cleanly(proc)

@@ -35,7 +35,7 @@ def test_help_lists_every_config_field_once():
             if field.name == "model":
                 continue
             flag = "--" + field.name.replace("_", "-")
-            assert text.count(flag + " ") + text.count(flag + "\n") >= 1, flag
+            assert text.count(flag + " ") + text.count(flag + "\n") + text.count(flag + ",") >= 1, flag
             assert field.metadata["help"].split()[0] in text
 
 

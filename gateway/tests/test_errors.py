@@ -50,7 +50,8 @@ def test_auth_on_every_v1_route(url):
 def test_invalid_json_and_wrong_types(url):
     resp = httpx.post(url + "/v1/chat/completions", content=b"{not json", headers={**AUTH, "content-type":
                                                                                     "application/json"})
-    assert_error(resp, 400)
+    error = assert_error(resp, 400)
+    assert error["param"] is None and error["message"].startswith("The request body is not valid JSON")
     assert_error(post(url, "/v1/chat/completions", {"messages": "hello"}), 400, "messages")
     assert_error(post(url, "/v1/chat/completions", {**OK_CHAT, "max_tokens": "many"}), 400, "max_tokens")
     assert_error(post(url, "/v1/chat/completions", {"messages": []}), 400, "messages")
@@ -65,15 +66,24 @@ def test_out_of_range(url, field, value):
 
 
 def test_unknown_fields_rejected(url):
-    error = assert_error(post(url, "/v1/chat/completions", {**OK_CHAT, "frobnicate": 1}), 400)
-    assert "frobnicate" in error["message"]
+    error = assert_error(post(url, "/v1/chat/completions", {**OK_CHAT, "frobnicate": 1}), 400, "frobnicate")
+    assert "frobnicate" in error["message"] and "did you mean" not in error["message"]
     assert_error(post(url, "/v1/completions", {"prompt": "x", "bogus": True}), 400)
+
+
+def test_messages_carry_no_pydantic_prefixes(url):
+    error = assert_error(post(url, "/v1/chat/completions", {**OK_CHAT, "top_logprobs": 2}), 400)
+    assert error["message"] == "top_logprobs requires logprobs=true"
 
 
 def test_context_length(url):
     long_prompt = "word " * 1100
-    assert_error(post(url, "/v1/completions", {"prompt": long_prompt, "max_tokens": 1}), 400)
+    assert_error(post(url, "/v1/completions", {"prompt": long_prompt, "max_tokens": 1}), 400, "prompt")
     assert_error(post(url, "/v1/chat/completions", {**OK_CHAT, "max_tokens": 1020}), 400, "max_tokens")
+    assert_error(post(url, "/v1/chat/completions", {**OK_CHAT, "max_completion_tokens": 1020}), 400,
+                 "max_completion_tokens")
+    chat = {"messages": [{"role": "user", "content": long_prompt}], "max_tokens": 1}
+    assert_error(post(url, "/v1/chat/completions", chat), 400, "messages")
 
 
 def test_unknown_model_is_404(url):
@@ -163,6 +173,7 @@ def test_edge_values_never_reach_the_core_as_poison(url):
     assert post(url, "/v1/chat/completions", {**OK_CHAT, "top_k": 15716214824, "temperature": 1}).status_code == 200
     bad_schema = {**OK_CHAT, "response_format": {"type": "json_schema",
                                                  "json_schema": {"name": "x", "schema": {"type": "foo"}}}}
-    assert_error(post(url, "/v1/chat/completions", bad_schema), 400)
+    error = assert_error(post(url, "/v1/chat/completions", bad_schema), 400)
+    assert "foo" in error["message"] and ".cc:" not in error["message"] and "/" not in error["message"]
     assert_error(post(url, "/v1/chat/completions", {**OK_CHAT, "stream": True, **bad_schema}), 400)
     assert httpx.get(url + "/health").status_code == 200

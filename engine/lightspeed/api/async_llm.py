@@ -153,8 +153,16 @@ class AsyncLLM:
         if self._closed:
             return
         self._closed = True
-        if self._output_task is not None and not self._output_task.done():
-            self._output_task.get_loop().call_soon_threadsafe(self._output_task.cancel)
+        task = self._output_task
+        if task is not None and not task.done():
+            try:
+                on_its_loop = asyncio.get_running_loop() is task.get_loop()
+            except RuntimeError:
+                on_its_loop = False
+            if on_its_loop:  # cancel its socket poll now, before the sockets close under it
+                task.cancel()
+            else:
+                task.get_loop().call_soon_threadsafe(task.cancel)
         self._fail_all(EngineDeadError("the engine was shut down"))
         self._core.close()
 

@@ -6,12 +6,29 @@ import argparse
 import sys
 
 from lightspeed_gateway.cli import bench, chat, env, serve
+from lightspeed_gateway.cli.args import unknown_flags_message
+
+
+def version_text() -> str:
+    """`lightspeed --version`: the gateway's version and those of the packages it runs on."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    parts = []
+    for label, dist in (("engine", "lightspeed"), ("scheduler", "lightspeed-scheduler"),
+                        ("kernel", "lightspeed-kernel"), ("mla", "lightspeed-mla")):
+        try:
+            parts.append(f"{label} {version(dist)}")
+        except PackageNotFoundError:
+            continue
+    from lightspeed_gateway import __version__
+
+    return f"lightspeed {__version__} ({', '.join(parts)})" if parts else f"lightspeed {__version__}"
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="lightspeed", description="Lightspeed: an LLM inference engine with an OpenAI-compatible server."
-    )
+        prog="lightspeed", description="Lightspeed: an LLM inference engine with an OpenAI-compatible server.")
+    parser.add_argument("--version", action="version", version=version_text())
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     serve.add_parser(sub)
     env.add_parser(sub)
@@ -25,5 +42,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["bench"]:
         # Everything after `bench` belongs to lightspeed_bench's own parser (its --help included).
         return bench.run(argv[1:])
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # reported by the subcommand's parser: its usage, and the nearest flag for a typo
+        command_parser = getattr(args, "command_parser", parser)
+        command_parser.error(unknown_flags_message(command_parser, unknown))
     return int(args.func(args) or 0)

@@ -9,7 +9,7 @@ def add_parser(sub) -> None:
     p = sub.add_parser("bench", help="benchmarks (agentic multi-turn sweep, plots): see `lightspeed bench --help`",
                        add_help=False)
     p.add_argument("rest", nargs="*")
-    p.set_defaults(func=lambda args: run(args.rest))
+    p.set_defaults(func=lambda args: run(args.rest), command_parser=p)
 
 
 def run(argv: list[str]) -> int:

@@ -19,7 +19,7 @@ def add_parser(sub) -> None:
                    "engine's: bfloat16 on GPU, float32 on CPU)")
     p.add_argument("--explain", action="store_true", help="list every candidate kernel with its rank or why "
                    "it was rejected, not only the pick")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, command_parser=p)
 
 
 def _version(dist: str) -> str:

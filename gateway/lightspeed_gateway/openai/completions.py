@@ -21,10 +21,12 @@ from lightspeed_gateway.openai.serving import (
     engine_error_events,
     first_then_rest,
     merge_streams,
+    response_headers,
     sampling_params,
     sse,
     token_logprobs,
     usage_dict,
+    vllm_structured_output,
 )
 from lightspeed_gateway.server.engine import RequestTiming
 
@@ -55,8 +57,11 @@ async def create_completion(state: GatewayState, req: CompletionRequest, raw: Re
     prompts = _prompts(state, req.prompt)
     if req.echo and req.logprobs is not None:
         raise bad_request("echo together with logprobs is not supported (no prompt logprobs)", "echo")
+    structured = vllm_structured_output(req)
     params = [sampling_params(state, req, len(ids), req.max_tokens if req.max_tokens is not None else 16,
-                              req.logprobs) for _, ids in prompts]
+                              req.logprobs, structured[0] if structured else None, prompt_param="prompt")
+              for _, ids in prompts]
+    headers = response_headers(state, req)
     state.admit()
     run = _CompletionRun(state, req, prompts, params)
     if req.stream:
@@ -65,15 +70,15 @@ async def create_completion(state: GatewayState, req: CompletionRequest, raw: Re
         except ENGINE_ERRORS as e:
             raise engine_api_error(e) from None
         return StreamingResponse(run.stream(outputs), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-    return JSONResponse(await cancel_on_disconnect(raw, run.full()))
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **headers})
+    return JSONResponse(await cancel_on_disconnect(raw, run.full()), headers=headers)
 
 
 class _CompletionRun:
     def __init__(self, state: GatewayState, req: CompletionRequest, prompts: list[tuple[str, list[int]]],
                  params: list[Any]) -> None:
         self.state, self.req, self.prompts, self.params = state, req, prompts, params
-        self.request_id = new_id("cmpl")
+        self.request_id = f"cmpl-{req.request_id}" if req.request_id else new_id("cmpl")
         self.created = int(time.time())
         self.timings = [RequestTiming() for _ in prompts]
         self.token_text = TokenText(state.engine.tokenizer) if req.logprobs is not None else None
@@ -85,7 +90,8 @@ class _CompletionRun:
     def streams(self):
         engine = self.state.engine
         rid = self.request_id
-        return merge_streams([engine.generate(ids, p, f"{rid}-{i}" if len(self.prompts) > 1 else rid, t)
+        return merge_streams([engine.generate(ids, p, f"{rid}-{i}" if len(self.prompts) > 1 else rid, t,
+                                              self.req.priority)
                               for i, ((_, ids), p, t) in enumerate(zip(self.prompts, self.params, self.timings,
                                                                        strict=True))])
 

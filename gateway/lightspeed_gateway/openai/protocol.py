@@ -1,6 +1,9 @@
-"""OpenAI wire models (pydantic). Requests forbid unknown fields, as OpenAI does; vLLM's sampling
-extensions (top_k, min_p, repetition_penalty, ...) are accepted because clients send them through
-`extra_body`. Ranges follow OpenAI's documented bounds, so a bad value is a 400 here, not a 500 later.
+"""OpenAI wire models (pydantic). Requests forbid unknown fields, as OpenAI does (a typo is a 400 that
+names the nearest field); vLLM's extensions (top_k, min_p, repetition_penalty, guided_json, priority,
+request_id, ...) are accepted because clients send them through `extra_body`. Fields that are valid
+for OpenAI or vLLM but mean nothing here (`reasoning_effort`, `service_tier`, `prompt_logprobs`, ...)
+are accepted and ignored; the response then carries a `Warning` header naming them. Ranges follow
+OpenAI's documented bounds, so a bad value is a 400 here, not a 500 later.
 """
 
 from __future__ import annotations
@@ -113,7 +116,49 @@ class ChatMessage(BaseModel):
         return "".join(part.text for part in self.content)
 
 
-class SamplingFields(BaseModel):
+class StructuredOutputsField(BaseModel):
+    """vLLM's `structured_outputs`: exactly one constraint."""
+
+    model_config = LooseModel
+    json_: dict[str, Any] | str | None = Field(default=None, alias="json")
+    regex: str | None = None
+    choice: Annotated[list[str], Field(min_length=1)] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+
+
+class IgnoredFields(BaseModel):
+    """Valid OpenAI / vLLM request fields without an effect in Lightspeed: accepted, named in the
+    response's Warning header (see `ignored_fields`)."""
+
+    reasoning_effort: str | None = None
+    service_tier: str | None = None
+    prediction: dict[str, Any] | None = None
+    audio: dict[str, Any] | None = None
+    modalities: list[str] | None = None
+    web_search_options: dict[str, Any] | None = None
+    verbosity: str | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
+    # vLLM extras whose feature Lightspeed lacks
+    prompt_logprobs: int | None = None
+    use_beam_search: bool | None = None
+    length_penalty: float | None = None
+    truncate_prompt_tokens: int | None = None
+    spaces_between_special_tokens: bool | None = None
+    guided_decoding_backend: str | None = None
+    guided_whitespace_pattern: str | None = None
+    return_tokens_as_token_ids: bool | None = None
+    cache_salt: str | None = None
+    kv_transfer_params: dict[str, Any] | None = None
+    vllm_xargs: dict[str, Any] | None = None
+
+    def ignored_fields(self) -> list[str]:
+        """The ignored fields this request set."""
+        return [name for name in IgnoredFields.model_fields if getattr(self, name) is not None]
+
+
+class SamplingFields(IgnoredFields):
     """Fields common to chat and completions requests."""
 
     model_config = StrictModel
@@ -139,6 +184,13 @@ class SamplingFields(BaseModel):
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    priority: Annotated[int, Field(ge=-(2**31 - 1), le=2**31 - 1)] = 0  # lower is scheduled earlier
+    request_id: Annotated[str, Field(min_length=1, max_length=256)] | None = None  # the response id's suffix
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: Annotated[list[str], Field(min_length=1)] | None = None
+    guided_grammar: str | None = None
+    structured_outputs: StructuredOutputsField | None = None
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -221,7 +273,7 @@ class ResponseMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
     reasoning_content: str | None = None
-    tool_calls: list[ToolCall] = []
+    tool_calls: list[ToolCall] | None = None  # null when the answer has none, as OpenAI sends
 
 
 class ChatChoice(BaseModel):

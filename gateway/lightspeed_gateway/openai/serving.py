@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from starlette.requests import Request
@@ -24,6 +26,8 @@ from lightspeed_gateway.server.engine import EngineClient, EngineDead, RequestRe
 from lightspeed_gateway.server.metrics import GatewayMetrics
 from lightspeed_gateway.template import ChatRenderer
 
+log = logging.getLogger("lightspeed.gateway")
+
 
 @dataclass
 class GatewayState:
@@ -32,12 +36,15 @@ class GatewayState:
     config: ServerConfig
     engine: EngineClient
     renderer: ChatRenderer
-    model_name: str
-    model_root: str
+    model_name: str                         # the primary served name: responses carry it
+    model_names: tuple[str, ...]            # what /v1/models lists (model_name first)
+    accepted_model_names: frozenset[str]    # what a request may name: those, the model's path, its file stem
+    model_root: str                         # the model's path
     metrics: GatewayMetrics
+    warned_fields: set[str] = field(default_factory=set)  # ignored request fields already logged
 
     def check_model(self, name: str | None) -> None:
-        if name is not None and name != self.model_name and name != self.model_root:
+        if name is not None and name not in self.accepted_model_names:
             raise model_not_found(name)
 
     def admit(self) -> None:
@@ -52,23 +59,25 @@ class GatewayState:
 ENGINE_SEED_RANGE = 2**63 - 1024
 
 
-def token_budget(state: GatewayState, prompt_len: int, requested: int | None) -> int:
+def token_budget(state: GatewayState, prompt_len: int, requested: int | None, prompt_param: str,
+                 requested_param: str = "max_tokens") -> int:
     limit = state.engine.max_model_len
     if prompt_len >= limit:
         raise bad_request(f"This model's maximum context length is {limit} tokens; the prompt has "
-                          f"{prompt_len} tokens.", "messages")
+                          f"{prompt_len} tokens.", prompt_param)
     if requested is None:
         return limit - prompt_len
     if prompt_len + requested > limit:
         raise bad_request(f"This model's maximum context length is {limit} tokens. However, you requested "
                           f"{prompt_len + requested} tokens ({prompt_len} in the prompt, {requested} for the "
-                          "completion). Please reduce the prompt or max_tokens.", "max_tokens")
+                          f"completion). Please reduce the prompt or {requested_param}.", requested_param)
     return requested
 
 
 def sampling_params(state: GatewayState, req: SamplingFields, prompt_len: int, max_tokens: int | None,
-                    logprobs: int | None, structured: Any = None) -> Any:
-    budget = token_budget(state, prompt_len, max_tokens)
+                    logprobs: int | None, structured: Any = None, prompt_param: str = "messages",
+                    max_tokens_param: str = "max_tokens") -> Any:
+    budget = token_budget(state, prompt_len, max_tokens, prompt_param, max_tokens_param)
     vocab = state.engine.vocab_size
     logit_bias = None
     if req.logit_bias:
@@ -100,15 +109,64 @@ def sampling_params(state: GatewayState, req: SamplingFields, prompt_len: int, m
         raise bad_request(str(e)) from None
 
 
-def structured_output(json_schema: dict | None = None, json_object: bool = False) -> Any:
+def structured_output(json_schema: dict | str | None = None, json_object: bool = False, regex: str | None = None,
+                      grammar: str | None = None, param: str = "response_format") -> Any:
     from lightspeed import StructuredOutputParams
 
     try:
         if json_object:
             return StructuredOutputParams(json_object=True)
+        if regex is not None:
+            return StructuredOutputParams(regex=regex)
+        if grammar is not None:
+            return StructuredOutputParams(grammar=grammar)
         return StructuredOutputParams(json_schema=json_schema)
     except ValueError as e:
-        raise bad_request(str(e), "response_format") from None
+        raise bad_request(str(e), param) from None
+
+
+def _choice_regex(choices: list[str]) -> str:
+    return "(" + "|".join(re.escape(c) for c in choices) + ")"
+
+
+def vllm_structured_output(req: SamplingFields) -> tuple[Any, str] | None:
+    """vLLM's guided_* / structured_outputs fields as (StructuredOutputParams, the field's name), or None;
+    400 when a request sets more than one."""
+    given = [(name, getattr(req, name)) for name in ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
+             if getattr(req, name) is not None]
+    if req.structured_outputs is not None:
+        so = req.structured_outputs
+        given += [(f"structured_outputs.{key}", value) for key, value in
+                  (("json", so.json_), ("regex", so.regex), ("choice", so.choice), ("grammar", so.grammar),
+                   ("json_object", so.json_object or None)) if value is not None]
+    if not given:
+        return None
+    if len(given) > 1:
+        raise bad_request(f"set one structured-output constraint, not {len(given)} ({', '.join(n for n, _ in given)})",
+                          given[1][0])
+    name, value = given[0]
+    kind = name.rsplit(".", 1)[-1].removeprefix("guided_")
+    if kind == "json":
+        return structured_output(json_schema=value, param=name), name
+    if kind == "json_object":
+        return structured_output(json_object=True, param=name), name
+    if kind == "choice":
+        return structured_output(regex=_choice_regex(value), param=name), name
+    if kind == "regex":
+        return structured_output(regex=value, param=name), name
+    return structured_output(grammar=value, param=name), name
+
+
+def response_headers(state: GatewayState, req: SamplingFields) -> dict[str, str]:
+    """A Warning header naming the request's ignored fields (each is also logged once per server)."""
+    ignored = req.ignored_fields()
+    if not ignored:
+        return {}
+    new = [name for name in ignored if name not in state.warned_fields]
+    if new:
+        state.warned_fields.update(new)
+        log.warning("requests set %s, which Lightspeed accepts and ignores", ", ".join(new))
+    return {"Warning": f'299 lightspeed "ignored fields without effect here: {", ".join(ignored)}"'}
 
 
 # -- logprobs --------------------------------------------------------------------------------------

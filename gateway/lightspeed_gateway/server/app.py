@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import difflib
 import logging
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -36,6 +38,7 @@ from lightspeed_gateway.openai.serving import GatewayState
 from lightspeed_gateway.server.engine import EngineClient
 from lightspeed_gateway.server.metrics import GatewayMetrics
 from lightspeed_gateway.server.middleware import GuardMiddleware
+from lightspeed_gateway.server.stats_log import StatsLogger
 from lightspeed_gateway.template import ChatRenderer, load_chat_template
 
 log = logging.getLogger("lightspeed.gateway")
@@ -51,13 +54,29 @@ _STREAM = {"text/event-stream": {"schema": {
                    "event": {"type": "string"}}}}}
 
 
-def model_name_of(model_path: str | None, served_model_name: str | None) -> str:
+# A GGUF file's name ends in its quantisation ("SmolLM2-135M-Instruct.Q4_1.gguf"); the model is the rest.
+_GGUF_QUANT_SUFFIX = re.compile(r"[.\-_](?:[IT]?Q\d+(?:_[A-Z0-9]+)*|B?F(?:16|32)|MXFP4(?:_MOE)?)$", re.IGNORECASE)
+
+
+def served_names(model_path: str | None, served_model_name: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """The names /v1/models lists, the primary one first: --served-model-name, else the model's name
+    (a folder's name; a GGUF file's stem without its quantisation)."""
     if served_model_name:
-        return served_model_name
+        return tuple(served_model_name)
     if not model_path:
-        return "default"
+        return ("default",)
     path = Path(model_path)
-    return path.stem if path.suffix == ".gguf" else path.name
+    if path.suffix == ".gguf":
+        return (_GGUF_QUANT_SUFFIX.sub("", path.stem) or path.stem,)
+    if path.name == "config.json":  # a dummy model from a config file: the folder names it
+        return (path.parent.name or "default",)
+    return (path.name,)
+
+
+def accepted_names(names: tuple[str, ...], model_path: str | None) -> frozenset[str]:
+    """What a request's `model` may say: a listed name, the model's path, or its file name's stem."""
+    extra = {model_path, Path(model_path).stem, Path(model_path).name} if model_path else set()
+    return frozenset({*names, *extra})
 
 
 def _version(dist: str) -> str:
@@ -75,20 +94,25 @@ def build_app(config: ServerConfig, make_engine: Callable[[], Any], model_path: 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         llm = make_engine()
-        engine = EngineClient(llm)
-        name = model_name_of(getattr(llm, "model_path", None) or model_path, config.served_model_name)
+        engine = EngineClient(llm, log_requests=config.log_requests)
+        path = getattr(llm, "model_path", None) or model_path
+        names = served_names(path, config.served_model_name)
         state = GatewayState(config=config, engine=engine,
                              renderer=ChatRenderer(engine.tokenizer, load_chat_template(config.chat_template)),
-                             model_name=name, model_root=str(getattr(llm, "model_path", None) or model_path or name),
-                             metrics=GatewayMetrics(name, engine.stats))
+                             model_name=names[0], model_names=names,
+                             accepted_model_names=accepted_names(names, path), model_root=str(path or names[0]),
+                             metrics=GatewayMetrics(names[0], engine.stats))
         app.state.gateway = state
-        monitor = asyncio.ensure_future(_watch_engine(engine, config.health_check_interval_s))
+        background = [asyncio.ensure_future(_watch_engine(engine, config.health_check_interval_s))]
+        if config.log_stats_interval_s > 0:
+            background.append(asyncio.ensure_future(StatsLogger(engine).run(config.log_stats_interval_s)))
         try:
             yield
         finally:
-            monitor.cancel()
-            with contextlib.suppress(BaseException):
-                await monitor
+            for task in background:
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
             engine.shutdown()
 
     app = FastAPI(title="Lightspeed", version=_version("lightspeed-gateway"), lifespan=lifespan,
@@ -104,6 +128,33 @@ async def _watch_engine(engine: EngineClient, interval_s: float) -> None:
         await asyncio.sleep(interval_s)
 
 
+# Field names a request body may use, for "did you mean" on a misspelt one.
+_REQUEST_FIELDS = sorted({name for model in (ChatCompletionRequest, CompletionRequest)
+                          for name, info in model.model_fields.items()
+                          for name in (name, info.alias) if name})
+
+
+def validation_message(errors: list[dict]) -> tuple[str, str | None]:
+    """pydantic's first error as (an OpenAI-style message, the `param` it concerns)."""
+    first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
+    if first.get("type") == "json_invalid":  # its loc is a character offset, not a field
+        return f"The request body is not valid JSON ({first.get('ctx', {}).get('error', 'parse error')}).", None
+    # Union members add their type names to the location ("prompt.str"): keep only field names and indices.
+    loc = [str(p) for p in first.get("loc", ()) if p != "body" and not _is_type_tag(p)]
+    param = ".".join(loc) or None
+    message = re.sub(r"^(Value error|Assertion failed), ", "", first.get("msg", "invalid request"))
+    if first.get("type") == "extra_forbidden":
+        close = difflib.get_close_matches(loc[-1] if loc else "", _REQUEST_FIELDS, n=1, cutoff=0.7)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        return f"Unrecognized request argument supplied: {param}{hint}", param
+    return (f"{param}: {message}" if param else message), param
+
+
+def _is_type_tag(part: Any) -> bool:
+    return isinstance(part, str) and (part in ("str", "int", "float", "bool", "list", "dict") or "[" in part
+                                      or part.startswith(("function-", "literal")))
+
+
 def _state(request: Request) -> GatewayState:
     return request.app.state.gateway
 
@@ -117,17 +168,8 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError):
-        errors = exc.errors()
-        first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
-        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
-        message = first.get("msg", "invalid request")
-        if first.get("type") == "json_invalid":
-            message = "The request body is not valid JSON."
-        elif first.get("type") == "extra_forbidden":
-            message = f"Unrecognized request argument supplied: {'.'.join(loc)}"
-        elif loc:
-            message = f"{'.'.join(loc)}: {message}"
-        return await api_error(request, bad_request(message, ".".join(loc) or None))
+        message, param = validation_message(exc.errors())
+        return await api_error(request, bad_request(message, param))
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException):
@@ -140,6 +182,10 @@ def _install_error_handlers(app: FastAPI) -> None:
         log.exception("unhandled error")
         return JSONResponse({"error": {"message": f"internal error: {type(exc).__name__}", "type": "internal_error",
                                        "param": None, "code": 500}}, status_code=500)
+
+
+def _model_card(state: GatewayState, name: str) -> ModelCard:
+    return ModelCard(id=name, root=state.model_root, max_model_len=state.engine.max_model_len)
 
 
 def _add_routes(app: FastAPI) -> None:
@@ -155,8 +201,13 @@ def _add_routes(app: FastAPI) -> None:
     @app.get("/v1/models", response_model=ModelList, responses=_ERRORS)
     async def models(request: Request):
         state = _state(request)
-        return ModelList(data=[ModelCard(id=state.model_name, root=state.model_root,
-                                         max_model_len=state.engine.max_model_len)])
+        return ModelList(data=[_model_card(state, name) for name in state.model_names])
+
+    @app.get("/v1/models/{model_id:path}", response_model=ModelCard, responses=_ERRORS)
+    async def model(model_id: str, request: Request):
+        state = _state(request)
+        state.check_model(model_id)
+        return _model_card(state, model_id)
 
     @app.post("/tokenize", response_model=TokenizeResponse, responses=_ERRORS)
     async def tokenize(body: TokenizeCompletionRequest | TokenizeChatRequest, request: Request):
@@ -196,5 +247,8 @@ def _add_routes(app: FastAPI) -> None:
         return Response(generate_latest(_state(request).metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/version")
-    async def version() -> dict[str, str]:
-        return {"version": _version("lightspeed-gateway"), "engine": _version("lightspeed")}
+    async def version(request: Request) -> dict[str, str]:
+        """Versions, and the device the engine runs on (benchmarks label per-GPU figures with it)."""
+        info = _state(request).engine.info
+        return {"version": _version("lightspeed-gateway"), "engine": _version("lightspeed"),
+                "device": str(getattr(info, "device", "unknown"))}

@@ -42,9 +42,11 @@ class EngineStatsCollector:
         yield gauge("lightspeed:num_requests_waiting", "Requests waiting for the scheduler.", get("num_waiting"))
         yield gauge("lightspeed:num_requests_retracted", "Requests swapped out under memory pressure.",
                     get("num_retracted"))
-        yield gauge("lightspeed:kv_cache_usage_perc", "Used fraction of device KV-cache pages (0..1).",
-                    get("kv_usage"))
+        yield gauge("lightspeed:kv_cache_usage_perc", "Fraction of device KV-cache pages held by requests (0..1); "
+                    "cached prefix pages no request holds are reusable and count as free.", get("kv_usage"))
         yield gauge("lightspeed:kv_cache_free_pages", "Free device KV-cache pages.", get("free_device_pages"))
+        yield gauge("lightspeed:kv_cache_cached_pages", "Device KV-cache pages holding prefix-cache entries "
+                    "(shared by running requests or kept for reuse).", get("cached_device_pages"))
         yield counter("lightspeed:prefix_cache_hit_tokens", "Prompt tokens served from the prefix cache.",
                       get("prefix_hit_tokens"))
         yield counter("lightspeed:prefix_cache_query_tokens", "Prompt tokens looked up in the prefix cache.",
