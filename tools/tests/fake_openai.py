@@ -45,6 +45,8 @@ class Script:
     metrics: bool = True  # serve /metrics
     tokenize: bool = True  # serve /tokenize
     reject_fields: set[str] = field(default_factory=set)  # body fields answered with HTTP 400
+    max_model_len: int | None = None  # reported by /v1/models; longer requests get HTTP 400
+    device: str | None = None  # reported by /version (as Lightspeed does)
 
 
 class FakeOpenAI:
@@ -122,9 +124,13 @@ class FakeOpenAI:
     async def _route(self, method: str, path: str, body: bytes, writer: asyncio.StreamWriter) -> bool:
         """Serve one request; False when the connection must close."""
         if path == "/v1/models":
-            self._json(writer, 200, {"object": "list", "data": [{"id": "fake-model", "object": "model"}]})
+            card = {"id": "fake-model", "object": "model"}
+            if self.script.max_model_len is not None:
+                card["max_model_len"] = self.script.max_model_len
+            self._json(writer, 200, {"object": "list", "data": [card]})
         elif path == "/version":
-            self._json(writer, 200, {"version": "fake-0.1"})
+            self._json(writer, 200, {"version": "fake-0.1", **({"device": self.script.device}
+                                                              if self.script.device else {})})
         elif path == "/tokenize" and self.script.tokenize:
             self.tokenize_calls += 1
             words = json.loads(body)["prompt"].split()
@@ -182,6 +188,12 @@ class FakeOpenAI:
             return True
         words = render_chat(req["messages"]) if chat else req["prompt"].split()
         n_prompt = len(words)
+        limit = self.script.max_model_len
+        if limit is not None and n_prompt + req["max_tokens"] > limit:
+            self._json(writer, 400, {"error": {"message": f"This model's maximum context length is {limit} tokens.",
+                                               "type": "invalid_request_error"}})
+            await writer.drain()
+            return True
         cached = (self._perfect_cached(words) if self.script.cached is None
                   else self.script.cached(index, n_prompt))
         self.hit_tokens += cached

@@ -2,12 +2,13 @@
 
 import csv
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from fake_openai import FakeOpenAI, Script
+from fake_openai import FakeOpenAI, Script, render_chat
 from lightspeed_bench.cli import main
 
 REPO = Path(__file__).resolve().parents[2]
@@ -234,3 +235,33 @@ def test_launcher_script():
     proc = subprocess.run([sys.executable, str(REPO / "tools/bench/agentic.py"), "--help"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and "--concurrency" in proc.stdout
+
+
+def test_default_workload_fits_the_servers_context(tmp_path, capsys):
+    """No size flags: the defaults (30K-token first turns) shrink to the server's max_model_len, so
+    a run against a small-context model works as typed instead of failing every request."""
+    with FakeOpenAI(Script(ttft_s=0.005, tpot_s=0.0005, max_model_len=3000)) as srv:
+        argv = ["agentic", "--base-url", srv.base_url, "--output-dir", str(tmp_path), "--name", "fit",
+                "--no-progress", "--quiet", "--salt", "t", "--concurrency", "1", "--num-conversations", "1"]
+        assert main(argv) == 0
+        longest = max(len(render_chat(r["messages"])) + r["max_tokens"] for r in srv.requests)
+    run = json.loads((tmp_path / "fit.json").read_text())
+    assert run["levels"][0]["error_count"] == 0 and len(srv.requests) == 10  # the default 10 turns
+    assert 0.5 * 3000 < longest <= 3000
+    spec = run["workload"]["spec"]
+    assert spec["first_turn_tokens"] < 30000 and spec["turns"] == 10
+    assert "max_model_len 3000" in run["workload"]["sizing_note"]
+    assert "sized to the server's max_model_len 3000" in capsys.readouterr().err
+
+
+def test_table_has_units_and_failures_say_why(tmp_path, capsys):
+    with FakeOpenAI(Script(ttft_s=0.005, tpot_s=0.0005, fail={1}, device="cpu")) as srv:
+        argv = ["agentic", "--base-url", srv.base_url, "--output-dir", str(tmp_path), "--name", "why",
+                "--no-progress", "--no-plot", "--salt", "t", "--concurrency", "1", "--num-conversations", "2",
+                "--turns", "2", "--output-tokens", "4", "--system-prompt-tokens", "50", "--first-turn-tokens", "80"]
+        assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "TTFT p50" in out and "(ms)" in out and "(tok/s)" in out
+    assert "out tok/min " in out and "/GPU" not in out  # a CPU server: no per-GPU figure
+    assert re.search(r"c=1: 1 failed \(1 http_500\): scripted failure", out)
+    assert json.loads((tmp_path / "why.json").read_text())["device"] == "cpu"

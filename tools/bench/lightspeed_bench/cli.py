@@ -19,14 +19,16 @@ from .client import RequestOptions
 from .metrics import best_at_floor
 from .plot import plot_runs
 from .progress import Progress
-from .report import format_table, git_commit, load_run, utc_now, write_run
+from .report import format_errors, format_table, git_commit, load_run, run_on_gpu, utc_now, write_run
 from .runner import SweepConfig, run_sweep
 from .tokenizer import TokenCounter, choose_counter
 from .workload import (
+    CONTEXT_MARGIN,
     AgenticSpec,
     Conversation,
     agentic_conversations,
     calibrate,
+    fit_agentic_spec,
     load_trace,
     random_conversations,
     system_prompt,
@@ -68,13 +70,14 @@ def _add_agentic(sub: argparse._SubParsersAction) -> None:
     wl = p.add_argument_group("workload")
     wl.add_argument("--mode", choices=("agentic", "random", "trace"), default="agentic")
     wl.add_argument("--trace", help="JSONL trace to replay (implies --mode trace)")
-    wl.add_argument("--system-prompt-tokens", type=int, default=2000, help="shared by every conversation")
-    wl.add_argument("--first-turn-tokens", type=int, default=30000, help="per-conversation repo context")
-    wl.add_argument("--turn-tokens", type=int, default=800, help="tool result appended per later turn")
+    fits = "; the sizes you do not give shrink together when the server's max_model_len is shorter"
+    wl.add_argument("--system-prompt-tokens", type=int, help="shared by every conversation (default 2000" + fits + ")")
+    wl.add_argument("--first-turn-tokens", type=int, help="per-conversation repo context (default 30000)")
+    wl.add_argument("--turn-tokens", type=int, help="tool result appended per later turn (default 800)")
     wl.add_argument("--turn-jitter", type=float, default=0.25, help="tool result length ± this fraction")
-    wl.add_argument("--turns", type=int, default=10, help="requests per conversation")
-    wl.add_argument("--output-tokens", type=int, default=500, help="max_tokens (= min_tokens) per request")
-    wl.add_argument("--input-tokens", type=int, default=1000, help="prompt length in --mode random")
+    wl.add_argument("--turns", type=int, help="requests per conversation (default 10)")
+    wl.add_argument("--output-tokens", type=int, help="max_tokens (= min_tokens) per request (default 500)")
+    wl.add_argument("--input-tokens", type=int, help="prompt length in --mode random (default 1000)")
     wl.add_argument("--num-conversations", type=int,
                     help="conversations per level (default: 2 x concurrency; random mode: requests)")
     wl.add_argument("--seed", type=int, default=0)
@@ -161,7 +164,37 @@ def probe_options(client: httpx.Client, options: RequestOptions) -> RequestOptio
     raise SystemExit(f"error: probe request to {options.path} failed: HTTP {resp.status_code}: {detail[:300]}")
 
 
-def _workload(args: argparse.Namespace, counter: TokenCounter) -> tuple[Any, dict[str, Any]]:
+def server_max_model_len(server: dict[str, Any], model: str) -> int | None:
+    """The context length the server reports for `model` in /v1/models (vLLM and Lightspeed do)."""
+    for card in (server.get("models") or {}).get("data") or []:
+        if card.get("id") == model and isinstance(card.get("max_model_len"), int):
+            return card["max_model_len"]
+    return None
+
+
+def server_device(server: dict[str, Any]) -> str | None:
+    """The device the server reports in /version (Lightspeed does), e.g. 'cpu' or 'cuda:0'."""
+    device = (server.get("version") or {}).get("device")
+    return device if isinstance(device, str) else None
+
+
+def fit_workload(args: argparse.Namespace, max_model_len: int | None) -> tuple[AgenticSpec, str | None]:
+    """The agentic spec: the sizes given, the rest defaults shrunk to the server's context; also
+    settles --output-tokens / --input-tokens for the other modes."""
+    names = ("system_prompt_tokens", "first_turn_tokens", "turn_tokens", "turns", "output_tokens")
+    given = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
+    spec, note = fit_agentic_spec({**given, "turn_jitter": args.turn_jitter, "seed": args.seed},
+                                  max_model_len if args.mode == "agentic" else None)
+    if args.output_tokens is None:
+        args.output_tokens = spec.output_tokens if args.mode == "agentic" else AgenticSpec.output_tokens
+    if args.input_tokens is None:
+        args.input_tokens = 1000
+        if args.mode == "random" and max_model_len:  # leave room for the output and the template
+            args.input_tokens = max(1, min(1000, int(max_model_len * CONTEXT_MARGIN) - args.output_tokens))
+    return spec, note
+
+
+def _workload(args: argparse.Namespace, counter: TokenCounter, spec: AgenticSpec) -> tuple[Any, dict[str, Any]]:
     """A level -> conversations factory, and the workload's description for the report."""
     desc: dict[str, Any] = {"mode": args.mode, "tokenizer": counter.name}
     if args.mode == "trace":
@@ -181,8 +214,6 @@ def _workload(args: argparse.Namespace, counter: TokenCounter) -> tuple[Any, dic
                                         count, args.seed, counter, cpt)
         desc.update(input_tokens=args.input_tokens, output_tokens=args.output_tokens)
         return randoms, desc
-    spec = AgenticSpec(args.system_prompt_tokens, args.first_turn_tokens, args.turn_tokens,
-                       args.turn_jitter, args.turns, args.output_tokens, args.seed)
     system, system_tokens = system_prompt(spec, counter, cpt)
     desc.update(spec=spec.__dict__, system_prompt_tokens_measured=system_tokens)
 
@@ -203,9 +234,14 @@ def cmd_agentic(args: argparse.Namespace) -> int:
         options = RequestOptions(model, args.endpoint, args.ignore_eos, args.min_tokens, args.temperature,
                                  args.extra_body)
         options = probe_options(sync_client, options)
+    max_model_len = server_max_model_len(server, model)
+    spec, note = fit_workload(args, max_model_len)
+    if note:
+        print(f"lightspeed-bench: {note}", file=sys.stderr, flush=True)
     counter = (TokenCounter("unused", len) if args.mode == "trace"
                else choose_counter(args.tokenizer, args.base_url, model, headers))
-    factory, workload = _workload(args, counter)
+    factory, workload = _workload(args, counter, spec)
+    workload.update(server_max_model_len=max_model_len, sizing_note=note)
     salt = secrets.token_hex(4) if args.salt is None else args.salt
     cfg = SweepConfig(
         concurrencies=args.concurrency, warmup_requests=args.warmup_requests,
@@ -226,6 +262,7 @@ def cmd_agentic(args: argparse.Namespace) -> int:
     run = {
         "tool": f"lightspeed-bench {__version__}", "label": args.label or f"{model} @ {args.base_url}",
         "date": date, "git_commit": git_commit(), "server": server, "model": model,
+        "device": server_device(server),
         "flags": {k: v for k, v in vars(args).items() if k not in ("api_key", "func")},
         "workload": workload, "salt": salt,
         "request_fields": {"endpoint": options.endpoint, "ignore_eos": options.ignore_eos,
@@ -240,11 +277,14 @@ def cmd_agentic(args: argparse.Namespace) -> int:
     if args.plot:
         written.append(plot_runs([run], stem.with_suffix(".png"), floor=args.floor))
     if not args.quiet:
-        print(format_table(run["levels"]))
+        print(format_table(run["levels"], per_gpu=run_on_gpu(run)))
+        for line in format_errors(run["levels"]):
+            print(line)
         if run["best_at_floor"]:
             b = run["best_at_floor"]
+            per = "/GPU" if run_on_gpu(run) else ""
             print(f"best above {b['floor_tokens_per_s_per_user']:g} tok/s/user (p10): c={b['concurrency']}, "
-                  f"{b['output_tokens_per_min_per_gpu']:.0f} output tok/min/GPU")
+                  f"{b['output_tokens_per_min_per_gpu']:.0f} output tok/min{per}")
         print("wrote " + ", ".join(str(p) for p in written))
     return 0
 

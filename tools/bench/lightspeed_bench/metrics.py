@@ -20,6 +20,7 @@ drain time ran out, counted in `cancelled_at_deadline`):
 
 from __future__ import annotations
 
+import json
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 from typing import Any
@@ -78,6 +79,7 @@ def summarize_level(records: list[RequestRecord], concurrency: int, num_gpus: in
         "requests_measured": len(measured),
         "errors": dict(errors),
         "error_count": sum(errors.values()),
+        "error_examples": _error_examples(records),
         "cancelled_at_deadline": sum(r.error == "cancelled" for r in records),
         "window_s": window,
         "ttft_ms": _dist_ms(ttfts),
@@ -102,6 +104,24 @@ def summarize_level(records: list[RequestRecord], concurrency: int, num_gpus: in
             sum(r.ideal_cached_tokens // page_size * page_size for r in ideal), sum(r.prompt_tokens for r in ideal)),
         "cache_page_size": page_size or None,
     }
+
+
+def _error_examples(records: list[RequestRecord]) -> dict[str, str]:
+    """Per kind of failure, the first one's detail: the server's own message where it sent one."""
+    examples: dict[str, str] = {}
+    for r in records:
+        if not r.ok and r.error != "cancelled" and r.error not in examples:
+            examples[r.error] = _server_message(r.error_detail)
+    return examples
+
+
+def _server_message(detail: str) -> str:
+    try:
+        body = json.loads(detail)
+        message = body["error"]["message"] if isinstance(body.get("error"), dict) else body.get("message", detail)
+    except (ValueError, KeyError, TypeError, AttributeError):
+        message = detail
+    return " ".join(str(message).split())[:200]
 
 
 def best_at_floor(levels: list[dict[str, Any]], floor: float) -> dict[str, Any] | None:

@@ -82,11 +82,23 @@ def load_run(path: str | Path) -> dict[str, Any]:
     return run
 
 
-def format_table(levels: list[dict[str, Any]]) -> str:
-    """A terminal summary of the levels."""
-    head = f"{'conc':>5} {'req':>5} {'err':>4} {'TTFT p50':>9} {'p99':>8} {'TPOT p50':>9} {'p99':>7} " \
-           f"{'tok/s/usr':>9} {'p10':>6} {'out tok/min/GPU':>15} {'cached':>7} {'ideal':>6}"
-    rows = [head]
+def run_on_gpu(run: dict[str, Any]) -> bool:
+    """Whether the server ran on a GPU: its reported device (Lightspeed's /version); servers that
+    report none (vLLM's) are taken to run on GPUs."""
+    device = run.get("device")
+    if isinstance(device, str):
+        return device.startswith("cuda")
+    return True
+
+
+def format_table(levels: list[dict[str, Any]], per_gpu: bool = True) -> str:
+    """A terminal summary of the levels, with each column's unit."""
+    throughput = "out tok/min/GPU" if per_gpu else "out tok/min"
+    head = (f"{'conc':>5} {'req':>5} {'err':>4} {'TTFT p50':>9} {'p99':>8} {'TPOT p50':>9} {'p99':>7} "
+            f"{'tok/s/usr':>9} {'p10':>6} {throughput:>15} {'cached':>7} {'ideal':>6}")
+    units = (f"{'':>5} {'':>5} {'':>4} {'(ms)':>9} {'(ms)':>8} {'(ms)':>9} {'(ms)':>7} "
+             f"{'(tok/s)':>9} {'':>6} {'(tokens)':>15} {'(frac)':>7} {'(frac)':>6}")
+    rows = [head, units]
 
     def num(v: Any, fmt: str) -> str:
         width = int(fmt.split(".")[0])
@@ -101,3 +113,15 @@ def format_table(levels: list[dict[str, Any]]) -> str:
             f"{num(s['output_tokens_per_min_per_gpu'], '15.0f')} {num(s['cached_fraction'], '7.3f')} "
             f"{num(s['ideal_cached_fraction'], '6.3f')}")
     return "\n".join(rows)
+
+
+def format_errors(levels: list[dict[str, Any]]) -> list[str]:
+    """One line per level with failed requests: how many of each kind, and what the server said."""
+    lines = []
+    for s in levels:
+        if not s.get("error_count"):
+            continue
+        kinds = ", ".join(f"{count} {kind}" for kind, count in (s.get("errors") or {}).items())
+        example = next(iter((s.get("error_examples") or {}).values()), "")
+        lines.append(f"c={s['concurrency']}: {s['error_count']} failed ({kinds})" + (f": {example}" if example else ""))
+    return lines

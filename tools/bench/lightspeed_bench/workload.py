@@ -58,6 +58,44 @@ class AgenticSpec:
             raise ValueError("token sizes must be >= 0")
 
 
+# Room left in the context for what sizing cannot see: the chat template, and text that tokenises
+# a little longer than measured.
+CONTEXT_MARGIN = 0.85
+_SIZE_FIELDS = ("system_prompt_tokens", "first_turn_tokens", "turn_tokens", "output_tokens")
+
+
+def last_turn_tokens(spec: AgenticSpec) -> int:
+    """Prompt + output tokens of a conversation's last request, at the longest tool results."""
+    return _last_turn(vars(spec))
+
+
+def _last_turn(sizes: dict[str, float]) -> int:
+    per_turn = round(sizes["turn_tokens"] * (1 + sizes["turn_jitter"])) + sizes["output_tokens"]
+    return int(sizes["system_prompt_tokens"] + sizes["first_turn_tokens"] + (sizes["turns"] - 1) * per_turn
+               + sizes["output_tokens"])
+
+
+def fit_agentic_spec(given: dict[str, int | float], max_model_len: int | None) -> tuple[AgenticSpec, str | None]:
+    """The spec from the flags the user gave (`given`), the others from AgenticSpec's defaults,
+    shrunk together when a conversation's last request would not fit the server's context.
+
+    Returns (spec, a note on what was fitted or on a workload that cannot fit; None when nothing to say)."""
+    spec = AgenticSpec(**given)
+    need = last_turn_tokens(spec)
+    budget = (max_model_len or 0) * CONTEXT_MARGIN
+    if max_model_len is None or need <= budget:
+        return spec, None
+    free = [name for name in _SIZE_FIELDS if name not in given]
+    fixed = _last_turn({**vars(spec), **{name: 0 for name in free}})
+    if not free or need == fixed or fixed >= budget:
+        return spec, (f"the last request of a conversation needs about {need} tokens but the server's "
+                      f"max_model_len is {max_model_len}: those requests will fail; lower --turns or the token sizes")
+    scale = (budget - fixed) / (need - fixed)
+    fitted = AgenticSpec(**{**given, **{name: max(1, int(getattr(spec, name) * scale)) for name in free}})
+    sizes = ", ".join(f"--{name.replace('_', '-')} {getattr(fitted, name)}" for name in free)
+    return fitted, f"workload sized to the server's max_model_len {max_model_len}: {sizes}"
+
+
 def calibrate(counter: TokenCounter, seed: int = 0) -> float:
     """Characters per token of the generator's text for this tokenizer (one measurement)."""
     from .textgen import code_text
