@@ -38,19 +38,20 @@ def test_vllm_spellings_set_the_same_fields():
     args = build_parser().parse_args(["serve", "--enable-prefix-caching", "--block-size", "32",
                                       "--kv-cache-memory-bytes", "1GiB", "--uvicorn-log-level", "warning",
                                       "--enable-log-requests", "--disable-log-stats", "-tp", "1",
-                                      "--served-model-name", "a", "b"])
+                                      "--served-model-name", "a", "b", "-q", "fp8"])
     server, engine = build_configs(args)
     assert engine.enable_prefix_cache is True and engine.page_size == 32 and engine.kv_cache_memory == 2**30
     assert server.log_level == "warning" and server.log_requests and server.log_stats_interval_s == 0
     assert server.served_model_name == ("a", "b") and engine.tensor_parallel_size == 1
+    assert engine.quantization == "fp8"
     off = build_configs(build_parser().parse_args(["serve", "--no-enable-prefix-caching"]))[1]
     assert off.enable_prefix_cache is False
 
 
 @pytest.mark.parametrize("argv,needle", [
     (["--max-modle-len", "512"], "unrecognized arguments: --max-modle-len (did you mean --max-model-len?)"),
-    (["--quantization", "awq"], "--quantization awq: quantised weights are not supported yet"),
-    (["-q", "fp8"], "-q fp8: quantised weights are not supported yet"),
+    (["--quantization", "awq"], "argument --quantization/-q: invalid choice: 'awq'"),
+    (["--speculative-config", "{}"], "--speculative-config {}: speculative decoding is not configurable yet"),
 ])
 def test_flag_mistakes_are_one_clear_error(argv, needle):
     out = _run("serve", *argv)

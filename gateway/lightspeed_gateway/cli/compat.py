@@ -7,8 +7,8 @@ One table per kind:
 - IGNORED: flags that are no-ops here (the behaviour is always on, or does not exist in this
   design): accepted, with one warning line each at start-up.
 - UNSUPPORTED: flags whose meaning we do not have yet: a clear error instead of a silent change of
-  behaviour. An entry whose flag a config field defines becomes that field's flag automatically
-  (e.g. once EngineConfig grows `quantization`, `--quantization` is the real flag).
+  behaviour. An entry whose flag a config field defines is skipped, so the field's own flag wins
+  (as `--quantization` did once EngineConfig grew `quantization`).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "log_level": ("--uvicorn-log-level",),
     "log_requests": ("--enable-log-requests",),
     "tensor_parallel_size": ("-tp",),
+    "quantization": ("-q",),
 }
 
 
@@ -60,10 +61,6 @@ IGNORED: tuple[CompatFlag, ...] = (
 )
 
 UNSUPPORTED: tuple[CompatFlag, ...] = (
-    CompatFlag("--quantization", True, "quantised weights are not supported yet: checkpoints load in their own "
-               "dtype and GGUF files are dequantised at load"),
-    CompatFlag("-q", True, "quantised weights are not supported yet: checkpoints load in their own dtype and "
-               "GGUF files are dequantised at load"),
     CompatFlag("--speculative-config", True, "speculative decoding is not configurable yet"),
     CompatFlag("--enable-lora", False, "LoRA adapters are not supported"),
     CompatFlag("--lora-modules", True, "LoRA adapters are not supported"),
