@@ -34,6 +34,9 @@ class ServerConfig:
                                        "model file's stem).")
     chat_template: str | None = _f(None, "Jinja chat template (a file path or the template text); default: "
                                    "the tokenizer's.")
+    render_cache_tokens: int = _f(4_000_000, "Token ids of rendered conversations the chat renderer remembers, so "
+                                  "a turn tokenises only its new messages (0 = off).")
+    render_workers: int = _f(2, "Worker threads that render chat templates and tokenise prompts off the event loop.")
     tool_call_parser: str = _f("hermes", "How tool calls are read from the model's output.", tuple(TOOL_PARSERS))
     reasoning_parser: str | None = _f(None, "Split <think>...</think> reasoning into reasoning_content.",
                                       tuple(REASONING_PARSERS))
@@ -54,6 +57,8 @@ class ServerConfig:
             raise ValueError(f"reasoning_parser={self.reasoning_parser!r}: choose from {sorted(REASONING_PARSERS)}")
         if self.log_level not in LOG_LEVELS:
             raise ValueError(f"log_level={self.log_level!r}: choose from {LOG_LEVELS}")
+        if self.render_cache_tokens < 0 or self.render_workers < 1:
+            raise ValueError("render_cache_tokens must be >= 0 and render_workers >= 1")
         if self.max_request_body_bytes < 1:
             raise ValueError("max_request_body_bytes must be positive")
         if self.max_waiting_requests < 0:

@@ -113,7 +113,7 @@ async def create_chat_completion(state: GatewayState, req: ChatCompletionRequest
     state.check_model(req.model)
     tool_mode, tool_name = _tool_mode(req)
     try:
-        prompt = state.renderer.render(
+        prompt = await state.renderer.render_async(
             req.messages, tools=req.tools if tool_mode else None, add_generation_prompt=req.add_generation_prompt,
             continue_final_message=req.continue_final_message, template_kwargs=req.chat_template_kwargs)
     except APIError:

@@ -78,7 +78,9 @@ def build_app(config: ServerConfig, make_engine: Callable[[], Any], model_path: 
         engine = EngineClient(llm)
         name = model_name_of(getattr(llm, "model_path", None) or model_path, config.served_model_name)
         state = GatewayState(config=config, engine=engine,
-                             renderer=ChatRenderer(engine.tokenizer, load_chat_template(config.chat_template)),
+                             renderer=ChatRenderer(engine.tokenizer, load_chat_template(config.chat_template),
+                                                   cache_tokens=config.render_cache_tokens,
+                                                   workers=config.render_workers),
                              model_name=name, model_root=str(getattr(llm, "model_path", None) or model_path or name),
                              metrics=GatewayMetrics(name, engine.stats))
         app.state.gateway = state
@@ -90,6 +92,7 @@ def build_app(config: ServerConfig, make_engine: Callable[[], Any], model_path: 
             with contextlib.suppress(BaseException):
                 await monitor
             engine.shutdown()
+            state.renderer.close()
 
     app = FastAPI(title="Lightspeed", version=_version("lightspeed-gateway"), lifespan=lifespan,
                   description="OpenAI-compatible API of the Lightspeed inference engine.")
@@ -164,8 +167,8 @@ def _add_routes(app: FastAPI) -> None:
         state.check_model(body.model)
         if isinstance(body, TokenizeChatRequest):
             try:
-                ids = state.renderer.render(body.messages, tools=body.tools,
-                                            add_generation_prompt=body.add_generation_prompt).token_ids
+                ids = (await state.renderer.render_async(body.messages, tools=body.tools,
+                                                         add_generation_prompt=body.add_generation_prompt)).token_ids
             except Exception as e:
                 raise bad_request(f"cannot apply the chat template: {e}", "messages") from None
         else:
