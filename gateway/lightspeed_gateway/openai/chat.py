@@ -24,6 +24,7 @@ from lightspeed_gateway.openai.serving import (
     sse,
     structured_output,
     token_logprobs,
+    tool_grammar,
     usage_dict,
 )
 from lightspeed_gateway.parsers import (
@@ -85,16 +86,8 @@ def _tool_mode(req: ChatCompletionRequest) -> tuple[str | None, str | None]:
 
 
 def _structured(req: ChatCompletionRequest, tool_mode: str | None, tool_name: str | None) -> Any:
-    if tool_mode == "named":
-        tool = next(t for t in req.tools if t.function.name == tool_name)
-        return structured_output(json_schema=tool.function.parameters or {"type": "object"})
-    if tool_mode == "required":
-        items = [{"type": "object", "properties": {"name": {"const": t.function.name},
-                                                    "parameters": t.function.parameters or {"type": "object"}},
-                  "required": ["name", "parameters"], "additionalProperties": False} for t in req.tools]
-        max_items = {} if req.parallel_tool_calls is not False else {"maxItems": 1}
-        return structured_output(json_schema={"type": "array", "minItems": 1, **max_items,
-                                              "items": {"anyOf": items}})
+    if tool_mode in ("named", "required"):
+        return tool_grammar(req.tools, tool_mode, tool_name, req.parallel_tool_calls)
     fmt = req.response_format
     if fmt is None or fmt.type == "text":
         return None

@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from lightspeed_gateway import anthropic
 from lightspeed_gateway.config import ServerConfig
 from lightspeed_gateway.openai import chat, completions
 from lightspeed_gateway.openai.errors import APIError, bad_request
@@ -96,9 +97,11 @@ def build_app(config: ServerConfig, make_engine: Callable[[], Any], model_path: 
 
     app = FastAPI(title="Lightspeed", version=_version("lightspeed-gateway"), lifespan=lifespan,
                   description="OpenAI-compatible API of the Lightspeed inference engine.")
-    app.add_middleware(GuardMiddleware, api_key=config.api_key, max_body_bytes=config.max_request_body_bytes)
+    app.add_middleware(GuardMiddleware, api_key=config.api_key, max_body_bytes=config.max_request_body_bytes,
+                       error_shapes={"/v1/messages": anthropic.error_response})
     _install_error_handlers(app)
     _add_routes(app)
+    app.include_router(anthropic.router)
     return app
 
 

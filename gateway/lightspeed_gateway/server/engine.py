@@ -54,6 +54,8 @@ class EngineClient:
         self.page_size: int = int(info.page_size)
         # Ids the tokenizer can decode and the LM head can produce (added tokens may exceed either).
         self.vocab_size: int = min(int(info.vocab_size), len(self.tokenizer))
+        # Whether finished prompt pages stay in the engine's prefix cache (Anthropic usage reports them).
+        self.prefix_cache: bool = bool(getattr(getattr(llm, "config", None), "enable_prefix_cache", True))
         self.engine_pid: int | None = getattr(llm, "engine_pid", None)
         self.dead_reason: str | None = None
         self.num_waiting = 0  # admitted requests that have not produced their first token
