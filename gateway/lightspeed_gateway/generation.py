@@ -74,10 +74,13 @@ class Generation:
             written = max(0, (prompt // page) * page - self.cached_tokens)
         return PromptUsage(prompt, self.cached_tokens, written)
 
-    async def start(self, raw: Request) -> None:
-        outputs = self.state.engine.generate(self.prompt_ids, self.params, self.request_id, self.timing)
+    async def start(self, raw: Request | None) -> None:
+        """Wait for the first output. `raw`: the HTTP request whose disconnect cancels the wait
+        (None for background work, which has no client to lose)."""
+        outputs = self.state.engine.generate(self.prompt_ids, self.params, self.request_id, self.timing,
+                                             session=self.session)
         try:
-            self._outputs = await first_then_rest(outputs, raw)
+            self._outputs = await (first_then_rest(outputs, raw) if raw is not None else _started(outputs))
         except ENGINE_ERRORS as e:
             raise engine_api_error(e) from None
 
@@ -112,3 +115,21 @@ class Generation:
             raise engine_api_error(e) from None
         return whole
 
+
+
+async def _started(stream: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    """`stream` with its first item already awaited (so engine rejections raise here)."""
+    iterator = stream.__aiter__()
+    try:
+        first = await iterator.__anext__()
+    except StopAsyncIteration:
+        first = None
+
+    async def chained() -> AsyncIterator[Any]:
+        if first is None:
+            return
+        yield first
+        async for item in iterator:
+            yield item
+
+    return chained()

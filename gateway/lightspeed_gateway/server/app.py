@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from lightspeed_gateway import anthropic
+from lightspeed_gateway import anthropic, responses
 from lightspeed_gateway.config import ServerConfig
 from lightspeed_gateway.openai import chat, completions
 from lightspeed_gateway.openai.errors import APIError, bad_request
@@ -102,6 +102,7 @@ def build_app(config: ServerConfig, make_engine: Callable[[], Any], model_path: 
     _install_error_handlers(app)
     _add_routes(app)
     app.include_router(anthropic.router)
+    app.include_router(responses.router)
     return app
 
 

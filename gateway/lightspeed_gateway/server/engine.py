@@ -97,8 +97,9 @@ class EngineClient:
         return SamplingParams(output_kind=RequestOutputKind.DELTA, **kwargs)
 
     async def generate(self, prompt_token_ids: list[int], params: Any, request_id: str,
-                       timing: RequestTiming) -> AsyncIterator[Any]:
-        """Delta RequestOutputs; aborts the request in the engine if the consumer stops early."""
+                       timing: RequestTiming, session: str | None = None) -> AsyncIterator[Any]:
+        """Delta RequestOutputs; aborts the request in the engine if the consumer stops early.
+        `session` names the conversation (a retention hint for its cached prefix)."""
         if self.dead:
             raise EngineDead(self.dead_reason)
         task = asyncio.current_task()
