@@ -16,6 +16,7 @@ import asyncio
 import logging
 import uuid
 from collections.abc import AsyncIterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ..config import EngineConfig
@@ -23,6 +24,7 @@ from ..core import messages as m
 from ..core.client import EngineCoreClient
 from ..core.errors import EngineDeadError
 from ..envs import ENVS
+from ..frontend.detokenizer import StepDetokenizer
 from ..frontend.output_processor import RequestGroup, SequenceState
 from ..frontend.tokenizer import apply_chat_template, eos_token_ids, load_tokenizer, resolve_model_path
 from .outputs import RequestOutput
@@ -54,6 +56,9 @@ class AsyncLLM:
         self.eos_token_ids = list(dict.fromkeys(
             [*self.engine_info.eos_token_ids,
              *(eos_token_ids(self.tokenizer, config.model) if self.tokenizer is not None else [])]))
+        # Detokenisation of big steps runs here, off the event loop (see frontend/detokenizer.py).
+        self._detok_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="detok")
+        self._detok = StepDetokenizer(self.tokenizer, self._detok_pool)
         self._seqs: dict[str, tuple[RequestGroup, SequenceState]] = {}
         self._groups: dict[str, RequestGroup] = {}
         self._output_task: asyncio.Task | None = None
@@ -152,6 +157,7 @@ class AsyncLLM:
             self._output_task.get_loop().call_soon_threadsafe(self._output_task.cancel)
         self._fail_all(EngineDeadError("the engine was shut down"))
         self._core.close()
+        self._detok_pool.shutdown(wait=False, cancel_futures=True)
 
     def __del__(self) -> None:  # the core client's finalizer does the real work
         pass
@@ -249,7 +255,7 @@ class AsyncLLM:
                             f"engine core (pid {self._core.pid}) died with exit code {self._core.proc.returncode}")
                     continue
                 if isinstance(msg, m.StepOutputs):
-                    self._on_step(msg)
+                    await self._on_step(msg)
                 elif isinstance(msg, m.RequestErrors):
                     for engine_id, error in msg.errors.items():
                         entry = self._seqs.get(engine_id)
@@ -269,22 +275,26 @@ class AsyncLLM:
             if not group.finished:
                 group.fail(error)
 
-    def _on_step(self, msg: m.StepOutputs) -> None:
+    async def _on_step(self, msg: m.StepOutputs) -> None:
         if msg.stats is not None:
             self._stats = msg.stats
-        seqs, stopped = self._seqs, []
-        lps = msg.logprobs or {}
+        seqs, live = self._seqs, []
         cached = msg.num_cached_tokens or {}
         for engine_id, token in zip(msg.request_ids, msg.token_ids, strict=True):
             entry = seqs.get(engine_id)
-            if entry is None:
-                continue  # aborted or released by its consumer
-            group, seq = entry
-            if seq.finish_reason is not None:
-                continue
+            if entry is None or entry[1].finish_reason is not None:
+                continue  # aborted, released by its consumer, or stopped by a stop string
             if engine_id in cached:
-                group.num_cached_tokens = max(group.num_cached_tokens, cached[engine_id])
-            if seq.append(token, lps.get(engine_id)):
+                entry[0].num_cached_tokens = max(entry[0].num_cached_tokens, cached[engine_id])
+            live.append((engine_id, token, *entry))
+        decoded = [x for x in live if x[3].detok is not None]
+        texts = iter(await self._detok.decode([x[3].detok for x in decoded], [x[1] for x in decoded]))
+        lps, stopped = msg.logprobs or {}, []
+        for engine_id, token, group, seq in live:
+            text = next(texts) if seq.detok is not None else None
+            if seq.finish_reason is not None:
+                continue  # aborted while the step was being decoded
+            if seq.append(token, lps.get(engine_id), text):
                 stopped.append(engine_id)   # a stop string: the core still thinks it runs
             group.touch(seq.index)
         for engine_id, reason in (msg.finished or {}).items():
