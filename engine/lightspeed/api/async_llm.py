@@ -110,10 +110,13 @@ class AsyncLLM:
         return apply_chat_template(self.tokenizer, messages, **kwargs)
 
     async def generate(self, prompt: PromptType, sampling_params: SamplingParams | None = None,
-                       request_id: str | None = None, *, priority: int = 0) -> AsyncIterator[RequestOutput]:
-        """Stream RequestOutputs for one prompt (text, token ids, or {"prompt"/"prompt_token_ids": ...})."""
+                       request_id: str | None = None, *, priority: int = 0,
+                       session_id: str | None = None) -> AsyncIterator[RequestOutput]:
+        """Stream RequestOutputs for one prompt (text, token ids, or {"prompt"/"prompt_token_ids": ...}).
+        `session_id` names the conversation: the scheduler keeps its cached prefix longer under
+        eviction pressure (EngineConfig.session_retention)."""
         params = sampling_params or SamplingParams()
-        group = self._add_request(prompt, params, request_id, priority)
+        group = self._add_request(prompt, params, request_id, priority, session_id)
         try:
             while True:
                 await group.event.wait()
@@ -182,7 +185,7 @@ class AsyncLLM:
             raise self._dead
 
     def _add_request(self, prompt: PromptType, params: SamplingParams, request_id: str | None,
-                     priority: int) -> RequestGroup:
+                     priority: int, session_id: str | None = None) -> RequestGroup:
         self._check_alive()
         self._ensure_output_task()
         prompt_text, prompt_ids = self._tokenize(prompt)
@@ -200,7 +203,8 @@ class AsyncLLM:
             engine_id = request_id if params.n == 1 else f"{request_id}#{i}"
             seqs.append(SequenceState(engine_id, i, params, self.tokenizer, prompt_ids))
             seed = None if params.seed is None else params.seed + i
-            messages.append(m.AddRequest(engine_id, prompt_ids, self._spec(params, max_tokens, seed), priority))
+            messages.append(m.AddRequest(engine_id, prompt_ids, self._spec(params, max_tokens, seed), priority,
+                                         session_id))
         group = RequestGroup(request_id, prompt_text, prompt_ids, params, seqs)
         self._groups[request_id] = group
         for seq in seqs:
