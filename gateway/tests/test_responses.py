@@ -65,6 +65,14 @@ def test_stateless_turns_with_prompt_cache_key(client, model):
         client.responses.retrieve(first.id)
 
 
+def test_chat_and_completions_take_prompt_cache_key_too(client, model):
+    chat = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "SAY:hi"}],
+                                          max_tokens=2, prompt_cache_key="session-42")
+    assert chat.choices[0].message.content is not None
+    done = client.completions.create(model=model, prompt="Hi", max_tokens=2, extra_body={"prompt_cache_key": "s"})
+    assert done.choices[0].text is not None
+
+
 def test_streaming_events(client, model, base_url):
     whole = client.responses.create(model=model, input="Say hello.", max_output_tokens=8, temperature=0)
     body = {"model": model, "input": "Say hello.", "max_output_tokens": 8, "temperature": 0, "stream": True}

@@ -159,7 +159,8 @@ class _ChatRun:
         texts: list[list[str]] = [[] for _ in range(self.req.n)]
         logprobs: list[list[dict]] = [[] for _ in range(self.req.n)]
         try:
-            async for out in self.state.engine.generate(self.prompt_ids, self.params, self.request_id, self.timing):
+            async for out in self.state.engine.generate(self.prompt_ids, self.params, self.request_id, self.timing,
+                                                    session=self.req.prompt_cache_key):
                 self.cached_tokens = max(self.cached_tokens, out.num_cached_tokens or 0)
                 for c in out.outputs:
                     texts[c.index].append(c.text)
@@ -220,7 +221,8 @@ class _ChatRun:
 
     async def first_output(self, raw: Request) -> AsyncIterator[Any]:
         """The engine's outputs, started: rejection and engine death surface here as status codes."""
-        outputs = self.state.engine.generate(self.prompt_ids, self.params, self.request_id, self.timing)
+        outputs = self.state.engine.generate(self.prompt_ids, self.params, self.request_id, self.timing,
+                                                    session=self.req.prompt_cache_key)
         try:
             return await first_then_rest(outputs, raw)
         except ENGINE_ERRORS as e:

@@ -107,7 +107,7 @@ class EngineClient:
         self.num_waiting += 1
         started = finished = False
         try:
-            async for out in self.llm.generate(prompt_token_ids, params, request_id=request_id):
+            async for out in self.llm.generate(prompt_token_ids, params, request_id=request_id, session_id=session):
                 current = asyncio.current_task()
                 if current is not task:  # consumed by another task now (a stream after its first token)
                     self.inflight.discard(task)
