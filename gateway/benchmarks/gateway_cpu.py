@@ -94,14 +94,10 @@ def measure(url: str, pid: int, streams: int, tokens: int) -> dict:
 def render_costs(turns: int) -> list[dict]:
     """Rendering turn k of a long agent session: cold (from scratch) vs with the render cache."""
     from lightspeed import default_model, load_tokenizer
-    from lightspeed_gateway.openai.protocol import ChatMessage
     from lightspeed_gateway.template import ChatRenderer
 
     tokenizer = load_tokenizer(default_model())
-    session = [ChatMessage(role="system", content="You are a coding agent. Follow the rules. " * 200)]
-    for i in range(turns):
-        session.append(ChatMessage(role="user", content=f"Tool output {i}: " + "lorem ipsum dolor sit amet " * 60))
-        session.append(ChatMessage(role="assistant", content=f"Step {i} done; next I will edit file_{i}.py. " * 6))
+    session = _session(turns)
     warm, cold = ChatRenderer(tokenizer), ChatRenderer(tokenizer, cache_tokens=0)
     rows = []
     for end in range(2, len(session), 2):
@@ -118,6 +114,84 @@ def render_costs(turns: int) -> list[dict]:
     return rows
 
 
+def _session(turns: int, tag: str = "") -> list:
+    from lightspeed_gateway.openai.protocol import ChatMessage
+
+    session = [ChatMessage(role="system", content=f"You are a coding agent{tag}. Follow the rules. " * 200)]
+    for i in range(turns):
+        session.append(ChatMessage(role="user", content=f"Tool output {i}: " + "lorem ipsum dolor sit amet " * 60))
+        session.append(ChatMessage(role="assistant", content=f"Step {i} done; next I will edit file_{i}.py. " * 6))
+    return session
+
+
+_WORKER_RENDERER = None
+
+
+def _worker_init() -> None:
+    global _WORKER_RENDERER  # one renderer per worker process (its tokenizer loads once)
+    from lightspeed import default_model, load_tokenizer
+    from lightspeed_gateway.template import ChatRenderer
+
+    _WORKER_RENDERER = ChatRenderer(load_tokenizer(default_model()), cache_tokens=0)
+
+
+def _worker_render(messages: list) -> int:
+    return len(_WORKER_RENDERER.render(messages).token_ids)
+
+
+def offload_costs(num_renders: int, turns: int) -> list[dict]:
+    """Where cold renders (new long conversations) should run: event-loop lag and wall time with
+    `num_renders` concurrent renders on the loop, in the renderer's worker threads, or in a
+    process pool (one worker per core), while a 1 ms ticker measures the loop's lag."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    from lightspeed import default_model, load_tokenizer
+    from lightspeed_gateway.template import ChatRenderer
+
+    sessions = [_session(turns, f" #{i}") for i in range(num_renders)]
+    threads = ChatRenderer(load_tokenizer(default_model()), cache_tokens=0)
+    processes = ProcessPoolExecutor(max_workers=os.cpu_count(), initializer=_worker_init)
+    list(processes.map(_worker_render, [sessions[0][:2]] * os.cpu_count()))  # start and warm the workers
+
+    async def run(mode: str) -> dict:
+        loop = asyncio.get_running_loop()
+        lags: list[float] = []
+        done = asyncio.Event()
+
+        async def ticker() -> None:
+            while not done.is_set():
+                before = time.perf_counter()
+                await asyncio.sleep(0.001)
+                lags.append(time.perf_counter() - before - 0.001)
+
+        async def render(messages: list) -> None:
+            if mode == "event loop":
+                threads.render(messages)
+                await asyncio.sleep(0)
+            elif mode == "thread pool":
+                await threads.render_async(messages)
+            else:
+                await loop.run_in_executor(processes, _worker_render, messages)
+
+        tick = asyncio.ensure_future(ticker())
+        await asyncio.sleep(0.05)
+        started = time.perf_counter()
+        await asyncio.gather(*(render(m) for m in sessions))
+        wall = time.perf_counter() - started
+        done.set()
+        await tick
+        lags.sort()
+        return {"mode": mode, "renders": num_renders, "wall_ms": wall * 1000,
+                "lag_p50_ms": lags[len(lags) // 2] * 1000, "lag_p99_ms": lags[int(len(lags) * 0.99)] * 1000,
+                "lag_max_ms": lags[-1] * 1000}
+
+    try:
+        return [asyncio.run(run(mode)) for mode in ("event loop", "thread pool", "process pool")]
+    finally:
+        processes.shutdown()
+        threads.close()
+
+
 def commit() -> str:
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
@@ -132,6 +206,7 @@ def main() -> int:
     parser.add_argument("--streams", default="1:1000,128:128", help="STREAMS:TOKENS_PER_STREAM, comma-separated")
     parser.add_argument("--step-s", type=float, default=0.01, help="the scripted core's step time")
     parser.add_argument("--turns", type=int, default=40, help="turns of the rendering session (0: skip)")
+    parser.add_argument("--offload-renders", type=int, default=8, help="concurrent cold renders, offload table")
     args = parser.parse_args()
     from lightspeed import default_model, load_tokenizer
 
@@ -148,10 +223,12 @@ def main() -> int:
         proc.terminate()
         proc.wait(30)
     rendering = render_costs(args.turns) if args.turns else []
+    offload = offload_costs(args.offload_renders, args.turns) if args.turns else []
     stamp = datetime.datetime.now(datetime.timezone.utc)
     result = {"date": stamp.isoformat(timespec="seconds"), "commit": commit(), "device": "cpu",
               "machine": f"{platform.machine()}, {os.cpu_count()} cores", "load_average": os.getloadavg()[0],
-              "server_args": serve_args, "step_s": args.step_s, "streaming": rows, "rendering": rendering}
+              "server_args": serve_args, "step_s": args.step_s, "streaming": rows, "rendering": rendering,
+              "offload": offload}
     args.out.with_suffix(".json").write_text(json.dumps(result, indent=1))
     lines = [f"# Gateway CPU per token, CPU ({stamp:%Y-%m-%d %H:%M} UTC, commit {result['commit']})", "",
              f"Machine: {result['machine']}, load average at the end {result['load_average']:.1f} (shared cores). "
@@ -166,6 +243,12 @@ def main() -> int:
               "with the render cache (turn k-1 rendered before) vs from scratch.", "",
               "| turn | prompt tokens | with cache ms | from scratch ms |", "|---|---|---|---|"]
     lines += [f"| {r['turn']} | {r['prompt_tokens']} | {r['warm_ms']:.1f} | {r['cold_ms']:.1f} |" for r in rendering]
+    lines += ["", f"Where rendering runs: {args.offload_renders} concurrent cold renders of {args.turns}-turn sessions "
+              "while a 1 ms asyncio ticker measures event-loop lag (process pool: one worker per core, "
+              "tokenizer loaded in each).", "",
+              "| mode | wall ms | loop lag p50 ms | p99 ms | max ms |", "|---|---|---|---|---|"]
+    lines += [f"| {r['mode']} | {r['wall_ms']:.0f} | {r['lag_p50_ms']:.2f} | {r['lag_p99_ms']:.1f} | "
+              f"{r['lag_max_ms']:.1f} |" for r in offload]
     args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

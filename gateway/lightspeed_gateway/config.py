@@ -36,7 +36,8 @@ class ServerConfig:
                                    "the tokenizer's.")
     render_cache_tokens: int = _f(4_000_000, "Token ids of rendered conversations the chat renderer remembers, so "
                                   "a turn tokenises only its new messages (0 = off).")
-    render_workers: int = _f(2, "Worker threads that render chat templates and tokenise prompts off the event loop.")
+    render_workers: int = _f(1, "Worker threads that render chat templates and tokenise prompts off the event "
+                             "loop (template rendering holds the GIL: more threads add event-loop lag, not speed).")
     responses_store_size: int = _f(4096, "Responses kept for previous_response_id and GET /v1/responses/{id} "
                                    "(least recently used beyond are dropped).")
     responses_store_path: str | None = _f(None, "SQLite file for stored responses (default: in memory, lost at "

@@ -13,6 +13,9 @@ Incremental: the pieces of a conversation rendered before are remembered (`rende
 turn renders and tokenises only its new messages: O(new messages) template calls and tokens, not
 O(N) per turn. All new pieces are tokenised in one `encode_batch` call of the Rust tokenizer, which
 releases the GIL; `render_async` runs the whole rendering in a worker thread, off the event loop.
+One thread, by measurement (gateway/benchmarks/gateway_cpu.py): template rendering is Python and
+holds the GIL, so a second thread adds event-loop lag without speed; a process pool lags less
+under many concurrent cold renders but would need per-process caches with conversation affinity.
 """
 
 from __future__ import annotations
@@ -61,7 +64,7 @@ class ChatRenderer:
     """
 
     def __init__(self, tokenizer: Any, chat_template: str | None = None, cache_tokens: int = 4_000_000,
-                 workers: int = 2) -> None:
+                 workers: int = 1) -> None:
         self.tokenizer = tokenizer
         self.template = chat_template or getattr(tokenizer, "chat_template", None)
         if not self.template:
