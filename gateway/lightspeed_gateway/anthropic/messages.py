@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from lightspeed_gateway.anthropic.convert import to_chat, tool_mode
 from lightspeed_gateway.anthropic.errors import AnthropicRoute, error_body
-from lightspeed_gateway.anthropic.protocol import CountTokensRequest, MessagesRequest
+from lightspeed_gateway.anthropic.protocol import CountTokensRequest, ErrorResponse, MessagesRequest
 from lightspeed_gateway.anthropic.stream import BlockWriter, event, tool_use_id
 from lightspeed_gateway.generation import Generation
 from lightspeed_gateway.openai.errors import APIError, bad_request
@@ -32,7 +32,15 @@ from lightspeed_gateway.openai.serving import (
 )
 from lightspeed_gateway.template import RenderedPrompt
 
-router = APIRouter(route_class=AnthropicRoute, tags=["anthropic"])
+_ERRORS = {code: {"model": ErrorResponse, "description": text} for code, text in (
+    (400, "Invalid request"), (401, "Invalid or missing API key"), (404, "Unknown model"),
+    (413, "Request body too large"), (429, "Too many waiting requests (see Retry-After)"),
+    (503, "Engine not running (see Retry-After)"))}
+_STREAM = {200: {"content": {"text/event-stream": {"schema": {
+    "type": "object", "required": ["data"],
+    "properties": {"data": {"type": "string", "description": "a JSON event"}, "event": {"type": "string"}}}}},
+                 "description": "A Message, or with stream=true Anthropic's server-sent events"}}
+router = APIRouter(route_class=AnthropicRoute, tags=["anthropic"], responses=_ERRORS)
 
 
 def _state(request: Request) -> GatewayState:
@@ -65,7 +73,7 @@ async def count_tokens(body: CountTokensRequest, request: Request) -> dict:
     return {"input_tokens": len(prompt.token_ids)}
 
 
-@router.post("/v1/messages")
+@router.post("/v1/messages", responses=_STREAM)
 async def create_message(body: MessagesRequest, request: Request):
     state = _state(request)
     state.check_model(body.model)

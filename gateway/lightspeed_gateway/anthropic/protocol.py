@@ -133,6 +133,18 @@ class Metadata(BaseModel):
     user_id: Annotated[str, Field(max_length=512)] | None = None
 
 
+class ErrorDetail(BaseModel):
+    type: str
+    message: str
+
+
+class ErrorResponse(BaseModel):
+    """Anthropic's error body (for the OpenAPI document)."""
+
+    type: Literal["error"] = "error"
+    error: ErrorDetail
+
+
 class CountTokensRequest(BaseModel):
     """The input half of a Messages request (what count_tokens measures)."""
 

@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from lightspeed_gateway.generation import Generation
 from lightspeed_gateway.openai.errors import APIError, bad_request
-from lightspeed_gateway.openai.protocol import SamplingFields
+from lightspeed_gateway.openai.protocol import ErrorResponse, SamplingFields
 from lightspeed_gateway.openai.serving import (
     ENGINE_ERRORS,
     GatewayState,
@@ -57,7 +57,15 @@ async def lifespan(app: FastAPI):
         state.store.close()
 
 
-router = APIRouter(tags=["responses"], lifespan=lifespan)
+_ERRORS = {code: {"model": ErrorResponse, "description": text} for code, text in (
+    (400, "Invalid request"), (401, "Invalid or missing API key"), (404, "Unknown model or response"),
+    (413, "Request body too large"), (429, "Too many waiting requests (see Retry-After)"),
+    (503, "Engine not running (see Retry-After)"))}
+_STREAM = {200: {"content": {"text/event-stream": {"schema": {
+    "type": "object", "required": ["data"],
+    "properties": {"data": {"type": "string", "description": "a JSON event"}, "event": {"type": "string"}}}}},
+                 "description": "A Response, or with stream=true the Responses server-sent events"}}
+router = APIRouter(tags=["responses"], lifespan=lifespan, responses=_ERRORS)
 
 
 def not_found(response_id: str) -> APIError:
@@ -103,7 +111,7 @@ def _structured(req: ResponsesRequest, tools, mode: str | None, name: str | None
     return structured_output(json_schema=fmt.schema_)
 
 
-@router.post("/v1/responses")
+@router.post("/v1/responses", responses=_STREAM)
 async def create_response(body: ResponsesRequest, request: Request):
     state: GatewayState = request.app.state.gateway
     responses: ResponsesState = request.app.state.responses
