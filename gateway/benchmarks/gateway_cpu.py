@@ -1,6 +1,6 @@
 """Gateway CPU per streamed token at 1 and 128 concurrent streams, over the real AsyncLLM client.
 
-    .venv/bin/python gateway/benchmarks/gateway_cpu.py --out bench/results/gateway_cpu_<date-time>_cpu
+    .venv/bin/python gateway/benchmarks/gateway_cpu.py --out-dir bench/results   # gateway_cpu_<UTC date-time>_cpu.{json,md}
 
 `lightspeed serve` (default model's tokenizer) runs with `scripted_core.py` as its engine core: the
 real ZMQ protocol and AsyncLLM client, a token for every running request every 10 ms (a GPU's
@@ -196,16 +196,22 @@ def commit() -> str:
     """The commit of the gateway code under test (the checkout `lightspeed_gateway` is imported from)."""
     import lightspeed_gateway
 
+    where = Path(lightspeed_gateway.__file__).parent
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=Path(lightspeed_gateway.__file__).parent, check=True).stdout.strip()
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=where,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                               text=True, cwd=where, check=True).stdout.strip()
+        return head + ("+dirty" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True, help="path without suffix: writes .json and .md")
+    parser.add_argument("--out-dir", type=Path, default=Path("bench/results"),
+                        help="writes gateway_cpu_<YYYY-MM-DD_HHMMSS>_cpu[_LABEL].json and .md here")
+    parser.add_argument("--label", default="", help="suffix of the file name (e.g. the branch measured)")
     parser.add_argument("--streams", default="1:1000,128:128", help="STREAMS:TOKENS_PER_STREAM, comma-separated")
     parser.add_argument("--step-s", type=float, default=0.01, help="the scripted core's step time")
     parser.add_argument("--repeat", type=int, default=3, help="runs per stream count (the median is reported)")
@@ -231,6 +237,8 @@ def main() -> int:
     rendering = render_costs(args.turns) if args.turns else []
     offload = offload_costs(args.offload_renders, args.turns) if args.turns else []
     stamp = datetime.datetime.now(datetime.timezone.utc)
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    args.out = args.out_dir / f"gateway_cpu_{stamp:%Y-%m-%d_%H%M%S}_cpu{'_' + args.label if args.label else ''}"
     result = {"date": stamp.isoformat(timespec="seconds"), "commit": commit(), "device": "cpu",
               "machine": f"{platform.machine()}, {os.cpu_count()} cores", "load_average": os.getloadavg()[0],
               "server_args": serve_args, "step_s": args.step_s, "streaming": rows, "streaming_runs": runs, "rendering": rendering,
