@@ -253,16 +253,17 @@ def main() -> int:
              "|---|---|---|---|---|"]
     lines += [f"| {r['streams']} | {r['tokens']} | {r['tok_s']:.0f} | **{r['gateway_cpu_us_per_token']:.0f}** | "
               f"{100 * r['gateway_cpu_share']:.0f} % |" for r in rows]
-    lines += ["", f"Rendering turn k of a {args.turns}-turn agent session (SmolLM2 template and tokenizer): "
-              "with the render cache (turn k-1 rendered before) vs from scratch.", "",
-              "| turn | prompt tokens | with cache ms | from scratch ms |", "|---|---|---|---|"]
-    lines += [f"| {r['turn']} | {r['prompt_tokens']} | {r['warm_ms']:.1f} | {r['cold_ms']:.1f} |" for r in rendering]
-    lines += ["", f"Where rendering runs: {args.offload_renders} concurrent cold renders of {args.turns}-turn sessions "
-              "while a 1 ms asyncio ticker measures event-loop lag (process pool: one worker per core, "
-              "tokenizer loaded in each).", "",
-              "| mode | wall ms | loop lag p50 ms | p99 ms | max ms |", "|---|---|---|---|---|"]
-    lines += [f"| {r['mode']} | {r['wall_ms']:.0f} | {r['lag_p50_ms']:.2f} | {r['lag_p99_ms']:.1f} | "
-              f"{r['lag_max_ms']:.1f} |" for r in offload]
+    if rendering:
+        lines += ["", f"Rendering turn k of a {args.turns}-turn agent session (SmolLM2 template and tokenizer): "
+                  "with the render cache (turn k-1 rendered before) vs from scratch.", "",
+                  "| turn | prompt tokens | with cache ms | from scratch ms |", "|---|---|---|---|"]
+        lines += [f"| {r['turn']} | {r['prompt_tokens']} | {r['warm_ms']:.1f} | {r['cold_ms']:.1f} |" for r in rendering]
+        lines += ["", f"Where rendering runs: {args.offload_renders} concurrent cold renders of {args.turns}-turn sessions "
+                  "while a 1 ms asyncio ticker measures event-loop lag (process pool: one worker per core, "
+                  "tokenizer loaded in each).", "",
+                  "| mode | wall ms | loop lag p50 ms | p99 ms | max ms |", "|---|---|---|---|---|"]
+        lines += [f"| {r['mode']} | {r['wall_ms']:.0f} | {r['lag_p50_ms']:.2f} | {r['lag_p99_ms']:.1f} | "
+                  f"{r['lag_max_ms']:.1f} |" for r in offload]
     args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
