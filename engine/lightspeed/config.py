@@ -86,6 +86,8 @@ class EngineConfig:
                                        "Default: 2x the device KV cache on GPU (at most 1/4 of free RAM), "
                                        "256MiB on CPU.")
     enable_prefix_cache: bool = _f(True, "Reuse KV pages of shared prompt prefixes across requests.")
+    session_retention: int = _f(2, "Extra eviction sweeps (0-16) the cached prefix of a request that names its "
+                                "session (session_id, prompt_cache_key) survives beyond LRU; 0 = plain LRU.")
     policy: str = _f("decode_first", "Batching policy: decode_first (running decodes first, prefill chunks "
                      "fill the rest) or prefill_first.", POLICIES)
     seed: int = _f(0, "Seed of the engine: weights of dummy models and the seeds of requests that set none.")
@@ -111,6 +113,8 @@ class EngineConfig:
                 raise ValueError(f"{name}={getattr(self, name)!r} is not one of {', '.join(allowed)}")
         if self.quantization is not None and self.quantization not in QUANTIZATIONS:
             raise ValueError(f"quantization={self.quantization!r} is not one of {', '.join(QUANTIZATIONS)}")
+        if not 0 <= self.session_retention <= 16:
+            raise ValueError(f"session_retention must be in [0, 16], got {self.session_retention}")
         if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device):
             raise ValueError(f"device={self.device!r}: expected auto, cpu, cuda or cuda:N")
         if self.chunked_prefill_size is None:

@@ -252,3 +252,17 @@ def test_shutdown_and_killed_client_leave_no_orphan(tiny_model_dir, default_mode
                           timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert _wait_gone(int(done.stdout.split()[0]), timeout=5)
+
+
+def test_session_id_is_a_hint_only(llm):
+    """A request that names its session gets the same tokens (the hint only changes eviction order)."""
+    prompt = list(range(40, 90))
+
+    async def both():
+        outs = []
+        for session in (None, "conversation-1"):
+            outs.append([out async for out in llm.engine.generate(prompt, GREEDY, session_id=session)][-1])
+        return [out.outputs[0].token_ids for out in outs]
+
+    plain, in_session = llm._call(both())
+    assert plain == in_session and len(plain) == 12

@@ -37,6 +37,7 @@ def test_from_cli_converts_strings_and_is_frozen():
     ({"kv_cache_memory": "0B"}, "kv_cache_memory"),
     ({"tensor_parallel_size": 2}, "tensor_parallel_size"),
     ({"quantization": "int3"}, "quantization=.int3. is not one of fp8"),
+    ({"session_retention": 17}, "session_retention"),
 ])
 def test_validation_errors(kwargs, match):
     with pytest.raises(ValueError, match=match):

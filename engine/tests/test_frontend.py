@@ -81,3 +81,34 @@ def test_remote_code_tokenizer_without_tokenizer_json_is_refused(tokenizer, tmp_
                                          r".TikTokenTokenizer.*does not execute remote code"):
         load_tokenizer(tmp_path)
     assert not marker.exists()
+
+
+@pytest.mark.parametrize("num_seqs", [3, 40])  # below and above the worker-thread threshold
+def test_step_detokenizer_batches_a_step_across_sequences(tokenizer, num_seqs):
+    import asyncio
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from lightspeed.frontend.detokenizer import OFFLOAD_MIN_TOKENS, StepDetokenizer
+
+    texts = [" Héllo wörld 😀 日本語, naïve café!", "<|im_end|> special <|im_start|>x", " tabs\t\tand  spaces\n"]
+    outputs = [tokenizer(texts[i % 3] * (1 + i % 2), add_special_tokens=False).input_ids for i in range(num_seqs)]
+    prompt = tokenizer("Translate:").input_ids
+    detoks = [IncrementalDetokenizer(tokenizer, prompt, skip_special_tokens=i % 4 != 3) for i in range(num_seqs)]
+    threads = set()
+    pool = ThreadPoolExecutor(max_workers=1, initializer=lambda: threads.add(threading.current_thread().name))
+    step_detok = StepDetokenizer(tokenizer, pool)
+    streamed = [""] * num_seqs
+
+    async def run():
+        for step in range(max(map(len, outputs))):
+            live = [i for i in range(num_seqs) if step < len(outputs[i])]
+            pieces = await step_detok.decode([detoks[i] for i in live], [outputs[i][step] for i in live])
+            for i, piece in zip(live, pieces, strict=True):
+                streamed[i] += piece
+
+    asyncio.run(run())
+    for i in range(num_seqs):
+        assert streamed[i] == tokenizer.decode(outputs[i], skip_special_tokens=i % 4 != 3)
+    assert bool(threads) == (num_seqs >= OFFLOAD_MIN_TOKENS)  # big steps decode in the worker thread
+    pool.shutdown()

@@ -35,6 +35,14 @@ class ServerConfig:
                                             "name, e.g. SmolLM2-135M-Instruct for SmolLM2-135M-Instruct.Q4_1.gguf.")
     chat_template: str | None = _f(None, "Jinja chat template (a file path or the template text); default: "
                                    "the tokenizer's.")
+    render_cache_tokens: int = _f(4_000_000, "Token ids of rendered conversations the chat renderer remembers, so "
+                                  "a turn tokenises only its new messages (0 = off).")
+    render_workers: int = _f(1, "Worker threads that render chat templates and tokenise prompts off the event "
+                             "loop (template rendering holds the GIL: more threads add event-loop lag, not speed).")
+    responses_store_size: int = _f(4096, "Responses kept for previous_response_id and GET /v1/responses/{id} "
+                                   "(least recently used beyond are dropped).")
+    responses_store_path: str | None = _f(None, "SQLite file for stored responses (default: in memory, lost at "
+                                          "exit).")
     tool_call_parser: str = _f("hermes", "How tool calls are read from the model's output.", tuple(TOOL_PARSERS))
     reasoning_parser: str | None = _f(None, "Split <think>...</think> reasoning into reasoning_content.",
                                       tuple(REASONING_PARSERS))
@@ -60,6 +68,10 @@ class ServerConfig:
             raise ValueError(f"reasoning_parser={self.reasoning_parser!r}: choose from {sorted(REASONING_PARSERS)}")
         if self.log_level not in LOG_LEVELS:
             raise ValueError(f"log_level={self.log_level!r}: choose from {LOG_LEVELS}")
+        if self.render_cache_tokens < 0 or self.render_workers < 1:
+            raise ValueError("render_cache_tokens must be >= 0 and render_workers >= 1")
+        if self.responses_store_size < 1:
+            raise ValueError("responses_store_size must be >= 1")
         if self.max_request_body_bytes < 1:
             raise ValueError("max_request_body_bytes must be positive")
         if self.max_waiting_requests < 0:

@@ -96,7 +96,7 @@ class FakeAsyncLLM:
         filler = self.tokenizer.encode(" lorem ipsum" * (max_tokens // 2 + 1), add_special_tokens=False)
         return filler[:max_tokens], "length"
 
-    async def generate(self, prompt, params, request_id, priority: int = 0):
+    async def generate(self, prompt, params, request_id, priority: int = 0, session_id=None):
         if self._dead is not None:
             raise self._dead
         prompt_ids = list(prompt)

@@ -47,6 +47,22 @@ def test_auth_on_every_v1_route(url):
     assert httpx.get(url + "/metrics").status_code == 200
 
 
+def test_anthropic_routes_take_x_api_key_and_answer_in_their_shape(url):
+    body = {"max_tokens": 2, "messages": [{"role": "user", "content": "SAY:ok"}], "model": None}
+    body["model"] = httpx.get(url + "/v1/models", headers=AUTH).json()["data"][0]["id"]
+    for headers in ({}, {"x-api-key": "wrong"}, {"Authorization": f"Bearer {KEY}x"}):
+        resp = httpx.post(url + "/v1/messages", json=body, headers=headers)
+        assert resp.status_code == 401
+        assert resp.json() == {"type": "error", "error": {"type": "authentication_error",
+                                                          "message": "Invalid or missing API key."}}
+    for headers in ({"x-api-key": KEY}, AUTH):
+        assert httpx.post(url + "/v1/messages", json=body, headers=headers, timeout=120).status_code == 200
+    assert httpx.get(url + "/v1/models", headers={"x-api-key": KEY}).status_code == 200
+    big = {**body, "messages": [{"role": "user", "content": "x" * (LIMIT + 10)}]}
+    resp = httpx.post(url + "/v1/messages", json=big, headers={"x-api-key": KEY})
+    assert resp.status_code == 413 and resp.json()["error"]["type"] == "request_too_large"
+
+
 def test_invalid_json_and_wrong_types(url):
     resp = httpx.post(url + "/v1/chat/completions", content=b"{not json", headers={**AUTH, "content-type":
                                                                                     "application/json"})

@@ -178,7 +178,8 @@ NB_MODULE(_core, m) {
       .def(
           "__init__",
           [](RequestSpec* self, std::string rid, nb::handle token_ids, int32_t max_new_tokens, nb::handle eos_token_ids,
-             nb::handle stop_token_ids, bool ignore_eos, int32_t priority, int32_t num_draft_tokens) {
+             nb::handle stop_token_ids, bool ignore_eos, int32_t priority, int32_t num_draft_tokens,
+             int32_t retention) {
             new (self) RequestSpec{std::move(rid),
                                    int32_vector(token_ids, "token_ids"),
                                    max_new_tokens,
@@ -186,13 +187,15 @@ NB_MODULE(_core, m) {
                                    int32_vector(stop_token_ids, "stop_token_ids"),
                                    ignore_eos,
                                    priority,
-                                   num_draft_tokens};
+                                   num_draft_tokens,
+                                   retention};
           },
           nb::kw_only(), "rid"_a, "token_ids"_a, "max_new_tokens"_a = 16, "eos_token_ids"_a = nb::tuple(),
           "stop_token_ids"_a = nb::tuple(), "ignore_eos"_a = false, "priority"_a = 0, "num_draft_tokens"_a = 0,
+          "retention"_a = 0,
           nb::sig("def __init__(self, *, rid: str, token_ids: " LS_IDS ", max_new_tokens: int = 16, "
                   "eos_token_ids: " LS_IDS " = (), stop_token_ids: " LS_IDS " = (), ignore_eos: bool = False, "
-                  "priority: int = 0, num_draft_tokens: int = 0) -> None"))
+                  "priority: int = 0, num_draft_tokens: int = 0, retention: int = 0) -> None"))
       .def_ro("rid", &RequestSpec::rid, "Caller's id; unique among live requests.")
       .def_ro("token_ids", &RequestSpec::token_ids, "Prompt token ids.")
       .def_ro("max_new_tokens", &RequestSpec::max_new_tokens, "Stop with 'length' after this many outputs.")
@@ -200,6 +203,8 @@ NB_MODULE(_core, m) {
       .def_ro("stop_token_ids", &RequestSpec::stop_token_ids, "Stop with 'stop' on these, always.")
       .def_ro("ignore_eos", &RequestSpec::ignore_eos, "Ignore eos_token_ids.")
       .def_ro("priority", &RequestSpec::priority, "Larger is scheduled first and retracted last.")
+      .def_ro("retention", &RequestSpec::retention,
+              "Extra eviction sweeps the prefix-cache pages of this request survive (a session's hint; 0: LRU).")
       .def_ro("num_draft_tokens", &RequestSpec::num_draft_tokens,
               "Speculative draft tokens per decode step (k; the row has k + 1 query tokens).");
 

@@ -36,6 +36,9 @@ struct SchedulerConfig {
   int32_t max_pages_per_seq() const;
 };
 
+// Bound of RequestSpec::retention: a hint must not pin pages for ever.
+inline constexpr int32_t kMaxRetention = 16;
+
 struct RequestSpec {
   std::string rid;                      // caller's id; unique among live requests
   std::vector<int32_t> token_ids;       // prompt
@@ -45,6 +48,9 @@ struct RequestSpec {
   bool ignore_eos = false;
   int32_t priority = 0;                 // larger runs first and is retracted last
   int32_t num_draft_tokens = 0;         // speculative tokens per decode step (0: none)
+  // Retention hint of a request that names its session: the prefix-cache pages it uses survive
+  // this many extra eviction sweeps beyond plain LRU (0: plain LRU). See RadixCache::touch.
+  int32_t retention = 0;
 };
 
 }  // namespace lightspeed

@@ -20,6 +20,7 @@ struct Request {
   bool ignore_eos = false;
   int32_t priority = 0;
   int32_t num_draft_tokens = 0;
+  int32_t retention = 0;  // RequestSpec::retention, applied to the cache nodes it touches
   uint64_t arrival = 0;  // submit order; ties in priority go to the earlier arrival
 
   int32_t slot = -1;               // row for per-request GPU state, held from admission to finish

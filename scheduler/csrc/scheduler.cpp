@@ -49,6 +49,9 @@ int64_t Scheduler::submit(const RequestSpec& spec) {
   if (spec.num_draft_tokens < 0 || spec.num_draft_tokens > config_.max_num_draft_tokens)
     bad_input("submit(): num_draft_tokens must be in [0, " + std::to_string(config_.max_num_draft_tokens) +
               "], got " + std::to_string(spec.num_draft_tokens));
+  if (spec.retention < 0 || spec.retention > kMaxRetention)
+    bad_input("submit(): retention must be in [0, " + std::to_string(kMaxRetention) + "], got " +
+              std::to_string(spec.retention));
   if (std::any_of(spec.token_ids.begin(), spec.token_ids.end(), [](int32_t t) { return t < 0; }))
     bad_input("submit(): request '" + spec.rid + "' has a negative token id");
   const int64_t pages_needed = (prompt_len + 1 + page_size_ - 1) / page_size_;
@@ -78,6 +81,7 @@ int64_t Scheduler::submit(const RequestSpec& spec) {
   r.ignore_eos = spec.ignore_eos;
   r.priority = spec.priority;
   r.num_draft_tokens = spec.num_draft_tokens;
+  r.retention = spec.retention;
   r.arrival = next_arrival_++;
   r.slot = -1;
   r.admitted_once = false;

@@ -164,7 +164,7 @@ void Scheduler::insert_into_cache(Request& r, kv::PageList& pages, int32_t num_v
     r.cache_path.push_back(node);
     queue_write_through(node);
   }
-  if (!r.cache_path.empty()) cache_.touch(r.cache_path.back());  // leaf first, ancestors after
+  if (!r.cache_path.empty()) cache_.touch(r.cache_path.back(), r.retention);  // leaf first, ancestors after
 }
 
 }  // namespace lightspeed

@@ -262,7 +262,7 @@ void Scheduler::admit_waiting(Plan& plan, Budget& budget) {
     // At least the last known token is computed: its logits give the next token.
     prefix::MatchResult match;
     match_path_.clear();
-    if (config_.enable_prefix_cache) match = cache_.match(r.tokens.data(), (known - 1) / page_size_, match_path_);
+    if (config_.enable_prefix_cache) match = cache_.match(r.tokens.data(), (known - 1) / page_size_, match_path_, r.retention);
     kv::PageList device_pages(device_, max_pages_per_seq_);
     kv::PageList host_pins(host_, match.num_host);
     for (int32_t k = 0; k < match.num_device; ++k) device_pages.push_shared(cache_.node(match_path_[k]).device_page);

@@ -231,3 +231,34 @@ def test_full_host_tier_never_stalls_agentic_conversations():
     assert least_free_host == 0  # the host tier really filled up
     assert stats["prefix_hit_tokens"] > 0.7 * stats["prefix_query_tokens"]
     s.check_invariants()
+
+
+@pytest.mark.parametrize("retention", [0, 2])
+def test_session_retention_outlives_lru_under_pressure(retention):
+    """A session's prefix (RequestSpec.retention) survives an eviction that plain LRU would make."""
+    s = make_scheduler(page_size=4, num_device_pages=14, num_host_pages=0, max_num_batched_tokens=64,
+                       chunked_prefill_size=64)
+    session, plain = list(range(3, 20)), list(range(100, 117))  # 4 full pages + 1 token each
+    s.submit(spec("session", session, max_new_tokens=1, retention=retention))
+    drain(s)
+    s.submit(spec("plain", plain, max_new_tokens=1))
+    drain(s)
+    s.submit(spec("pressure", range(200, 221), max_new_tokens=1))  # needs an eviction
+    drain(s)
+    hits = {}
+    for rid, prompt in (("session-2", session), ("plain-2", plain)):
+        req_id = s.submit(spec(rid, prompt, max_new_tokens=1))
+        drain(s)
+        hits[rid] = s.request_stats(req_id)["num_cached_tokens"]
+    if retention:
+        assert hits["session-2"] == 16 and hits["plain-2"] < 16  # the newer plain prefix paid
+    else:
+        assert hits["session-2"] < 16 and hits["plain-2"] > 0  # plain LRU: the older prefix went first
+
+
+def test_retention_is_validated():
+    s = make_scheduler()
+    for bad in (-1, 17):
+        with pytest.raises(ValueError, match="retention"):
+            s.submit(spec("r", range(3, 10), retention=bad))
+    assert spec("ok", range(3, 10), retention=4).retention == 4

@@ -16,6 +16,7 @@ import asyncio
 import logging
 import uuid
 from collections.abc import AsyncIterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ..config import EngineConfig
@@ -23,6 +24,7 @@ from ..core import messages as m
 from ..core.client import EngineCoreClient
 from ..core.errors import EngineDeadError
 from ..envs import ENVS
+from ..frontend.detokenizer import StepDetokenizer
 from ..frontend.output_processor import RequestGroup, SequenceState
 from ..frontend.preflight import check_engine_config
 from ..frontend.tokenizer import (
@@ -68,6 +70,9 @@ class AsyncLLM:
         self.tokenizer = tokenizer
         self.eos_token_ids = list(dict.fromkeys(
             [*self.engine_info.eos_token_ids, *eos_token_ids(self.tokenizer, config.model)]))
+        # Detokenisation of big steps runs here, off the event loop (see frontend/detokenizer.py).
+        self._detok_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="detok")
+        self._detok = StepDetokenizer(self.tokenizer, self._detok_pool)
         self._seqs: dict[str, tuple[RequestGroup, SequenceState]] = {}
         self._groups: dict[str, RequestGroup] = {}
         self._output_task: asyncio.Task | None = None
@@ -110,10 +115,13 @@ class AsyncLLM:
         return apply_chat_template(self.tokenizer, messages, **kwargs)
 
     async def generate(self, prompt: PromptType, sampling_params: SamplingParams | None = None,
-                       request_id: str | None = None, *, priority: int = 0) -> AsyncIterator[RequestOutput]:
-        """Stream RequestOutputs for one prompt (text, token ids, or {"prompt"/"prompt_token_ids": ...})."""
+                       request_id: str | None = None, *, priority: int = 0,
+                       session_id: str | None = None) -> AsyncIterator[RequestOutput]:
+        """Stream RequestOutputs for one prompt (text, token ids, or {"prompt"/"prompt_token_ids": ...}).
+        `session_id` names the conversation: the scheduler keeps its cached prefix longer under
+        eviction pressure (EngineConfig.session_retention)."""
         params = sampling_params or SamplingParams()
-        group = self._add_request(prompt, params, request_id, priority)
+        group = self._add_request(prompt, params, request_id, priority, session_id)
         try:
             while True:
                 await group.event.wait()
@@ -165,6 +173,7 @@ class AsyncLLM:
                 task.get_loop().call_soon_threadsafe(task.cancel)
         self._fail_all(EngineDeadError("the engine was shut down"))
         self._core.close()
+        self._detok_pool.shutdown(wait=False, cancel_futures=True)
 
     def __del__(self) -> None:  # the core client's finalizer does the real work
         pass
@@ -187,7 +196,7 @@ class AsyncLLM:
             raise self._dead
 
     def _add_request(self, prompt: PromptType, params: SamplingParams, request_id: str | None,
-                     priority: int) -> RequestGroup:
+                     priority: int, session_id: str | None = None) -> RequestGroup:
         self._check_alive()
         self._ensure_output_task()
         prompt_text, prompt_ids = self._tokenize(prompt)
@@ -205,7 +214,8 @@ class AsyncLLM:
             engine_id = request_id if params.n == 1 else f"{request_id}#{i}"
             seqs.append(SequenceState(engine_id, i, params, self.tokenizer, prompt_ids))
             seed = None if params.seed is None else params.seed + i
-            messages.append(m.AddRequest(engine_id, prompt_ids, self._spec(params, max_tokens, seed), priority))
+            messages.append(m.AddRequest(engine_id, prompt_ids, self._spec(params, max_tokens, seed), priority,
+                                         session_id))
         group = RequestGroup(request_id, prompt_text, prompt_ids, params, seqs)
         self._groups[request_id] = group
         for seq in seqs:
@@ -260,7 +270,7 @@ class AsyncLLM:
                             f"engine core (pid {self._core.pid}) died with exit code {self._core.proc.returncode}")
                     continue
                 if isinstance(msg, m.StepOutputs):
-                    self._on_step(msg)
+                    await self._on_step(msg)
                 elif isinstance(msg, m.RequestErrors):
                     for engine_id, error in msg.errors.items():
                         entry = self._seqs.get(engine_id)
@@ -280,22 +290,26 @@ class AsyncLLM:
             if not group.finished:
                 group.fail(error)
 
-    def _on_step(self, msg: m.StepOutputs) -> None:
+    async def _on_step(self, msg: m.StepOutputs) -> None:
         if msg.stats is not None:
             self._stats = msg.stats
-        seqs, stopped = self._seqs, []
-        lps = msg.logprobs or {}
+        seqs, live = self._seqs, []
         cached = msg.num_cached_tokens or {}
         for engine_id, token in zip(msg.request_ids, msg.token_ids, strict=True):
             entry = seqs.get(engine_id)
-            if entry is None:
-                continue  # aborted or released by its consumer
-            group, seq = entry
-            if seq.finish_reason is not None:
-                continue
+            if entry is None or entry[1].finish_reason is not None:
+                continue  # aborted, released by its consumer, or stopped by a stop string
             if engine_id in cached:
-                group.num_cached_tokens = max(group.num_cached_tokens, cached[engine_id])
-            if seq.append(token, lps.get(engine_id)):
+                entry[0].num_cached_tokens = max(entry[0].num_cached_tokens, cached[engine_id])
+            live.append((engine_id, token, *entry))
+        decoded = [x for x in live if x[3].detok is not None]
+        texts = iter(await self._detok.decode([x[3].detok for x in decoded], [x[1] for x in decoded]))
+        lps, stopped = msg.logprobs or {}, []
+        for engine_id, token, group, seq in live:
+            text = next(texts) if seq.detok is not None else None
+            if seq.finish_reason is not None:
+                continue  # aborted while the step was being decoded
+            if seq.append(token, lps.get(engine_id), text):
                 stopped.append(engine_id)   # a stop string: the core still thinks it runs
             group.touch(seq.index)
         for engine_id, reason in (msg.finished or {}).items():

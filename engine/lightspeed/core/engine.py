@@ -88,6 +88,7 @@ class Engine:
             req_id = self.scheduler.submit(RequestSpec(
                 rid=name, token_ids=prompt, max_new_tokens=max_new, eos_token_ids=list(spec.eos_token_ids),
                 stop_token_ids=list(spec.stop_token_ids), ignore_eos=spec.ignore_eos, priority=-msg.priority,
+                retention=self.config.session_retention if msg.session_id else 0,
                 num_draft_tokens=0))
         except ValueError as e:
             return str(e)

@@ -38,6 +38,7 @@ class AddRequest(msgspec.Struct, tag="add", frozen=True):
     prompt_token_ids: list[int]     # tokenised prompt
     sampling: SamplingSpec
     priority: int = 0               # vLLM semantics: lower value = scheduled earlier (core negates it)
+    session_id: str | None = None   # the conversation it belongs to: its cached prefix is kept longer
 
 
 class AbortRequests(msgspec.Struct, tag="abort", frozen=True):

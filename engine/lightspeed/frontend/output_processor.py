@@ -35,14 +35,16 @@ class SequenceState:
         self.sent_tokens = 0   # delta mode: what the consumer has seen
         self.sent_chars = 0
 
-    def append(self, token: int, logprobs: m.TokenLogprobs | None) -> bool:
-        """Add one token; True when a stop string finished the sequence (the core must abort it)."""
+    def append(self, token: int, logprobs: m.TokenLogprobs | None, new_text: str | None = None) -> bool:
+        """Add one token and the text it completed (`new_text`, from the step's batch decode; None
+        decodes here). True when a stop string finished the sequence (the core must abort it)."""
         self.token_ids.append(token)
         if logprobs is not None and self.logprobs is not None:
             self._add_logprobs(token, logprobs)
         if self.detok is None:
             return False
-        new_text = self.detok.step([token])
+        if new_text is None:
+            new_text = self.detok.step([token])
         self.text += new_text
         hit = self.stops.check(self.text, len(new_text))
         if hit is not None:

@@ -25,6 +25,7 @@ from lightspeed_gateway.openai.serving import (
     sse,
     structured_output,
     token_logprobs,
+    tool_grammar,
     usage_dict,
     vllm_structured_output,
 )
@@ -99,16 +100,8 @@ def _structured(req: ChatCompletionRequest, tool_mode: str | None, tool_name: st
 
 
 def _own_structured(req: ChatCompletionRequest, tool_mode: str | None, tool_name: str | None) -> Any:
-    if tool_mode == "named":
-        tool = next(t for t in req.tools if t.function.name == tool_name)
-        return structured_output(json_schema=tool.function.parameters or {"type": "object"})
-    if tool_mode == "required":
-        items = [{"type": "object", "properties": {"name": {"const": t.function.name},
-                                                    "parameters": t.function.parameters or {"type": "object"}},
-                  "required": ["name", "parameters"], "additionalProperties": False} for t in req.tools]
-        max_items = {} if req.parallel_tool_calls is not False else {"maxItems": 1}
-        return structured_output(json_schema={"type": "array", "minItems": 1, **max_items,
-                                              "items": {"anyOf": items}})
+    if tool_mode in ("named", "required"):
+        return tool_grammar(req.tools, tool_mode, tool_name, req.parallel_tool_calls)
     fmt = req.response_format
     if fmt is None or fmt.type == "text":
         return None
@@ -127,7 +120,7 @@ async def create_chat_completion(state: GatewayState, req: ChatCompletionRequest
     state.check_model(req.model)
     tool_mode, tool_name = _tool_mode(req)
     try:
-        prompt = state.renderer.render(
+        prompt = await state.renderer.render_async(
             req.messages, tools=req.tools if tool_mode else None, add_generation_prompt=req.add_generation_prompt,
             continue_final_message=req.continue_final_message, template_kwargs=req.chat_template_kwargs)
     except APIError:
@@ -183,7 +176,7 @@ class _ChatRun:
         logprobs: list[list[dict]] = [[] for _ in range(self.req.n)]
         try:
             async for out in self.state.engine.generate(self.prompt_ids, self.params, self.request_id, self.timing,
-                                                        self.req.priority):
+                                                        self.req.priority, session=self.req.prompt_cache_key):
                 self.cached_tokens = max(self.cached_tokens, out.num_cached_tokens or 0)
                 for c in out.outputs:
                     texts[c.index].append(c.text)
@@ -246,7 +239,7 @@ class _ChatRun:
     async def first_output(self, raw: Request) -> AsyncIterator[Any]:
         """The engine's outputs, started: rejection and engine death surface here as status codes."""
         outputs = self.state.engine.generate(self.prompt_ids, self.params, self.request_id, self.timing,
-                                             self.req.priority)
+                                             self.req.priority, session=self.req.prompt_cache_key)
         try:
             return await first_then_rest(outputs, raw)
         except ENGINE_ERRORS as e:

@@ -90,8 +90,9 @@ class _CompletionRun:
     def streams(self):
         engine = self.state.engine
         rid = self.request_id
+        session = self.req.prompt_cache_key
         return merge_streams([engine.generate(ids, p, f"{rid}-{i}" if len(self.prompts) > 1 else rid, t,
-                                              self.req.priority)
+                                              self.req.priority, session)
                               for i, ((_, ids), p, t) in enumerate(zip(self.prompts, self.params, self.timings,
                                                                        strict=True))])
 

@@ -175,6 +175,8 @@ class SamplingFields(IgnoredFields):
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
     user: str | None = None
+    # OpenAI's name for the conversation a request belongs to: the engine keeps its cached prefix longer.
+    prompt_cache_key: Annotated[str, Field(max_length=512)] | None = None
     # vLLM extensions
     top_k: Annotated[int, Field(ge=-1)] | None = None
     min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None

@@ -169,6 +169,23 @@ def response_headers(state: GatewayState, req: SamplingFields) -> dict[str, str]
     return {"Warning": f'299 lightspeed "ignored fields without effect here: {", ".join(ignored)}"'}
 
 
+def tool_grammar(tools: list[Any], tool_mode: str | None, tool_name: str | None,
+                 parallel_tool_calls: bool | None) -> Any:
+    """The structured output that forces tool calls: one call's arguments ("named"), or an array
+    of {name, parameters} objects, at least one ("required"); None for other modes."""
+    if tool_mode == "named":
+        tool = next(t for t in tools if t.function.name == tool_name)
+        return structured_output(json_schema=tool.function.parameters or {"type": "object"})
+    if tool_mode == "required":
+        items = [{"type": "object", "properties": {"name": {"const": t.function.name},
+                                                    "parameters": t.function.parameters or {"type": "object"}},
+                  "required": ["name", "parameters"], "additionalProperties": False} for t in tools]
+        max_items = {} if parallel_tool_calls is not False else {"maxItems": 1}
+        return structured_output(json_schema={"type": "array", "minItems": 1, **max_items,
+                                              "items": {"anyOf": items}})
+    return None
+
+
 # -- logprobs --------------------------------------------------------------------------------------
 class TokenText:
     """Token id -> its text, cached (the vocabulary is finite, streaming asks for the same ids often)."""

@@ -17,6 +17,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from lightspeed_gateway import anthropic, responses
 from lightspeed_gateway.config import ServerConfig
 from lightspeed_gateway.openai import chat, completions
 from lightspeed_gateway.openai.errors import APIError, bad_request
@@ -98,7 +99,9 @@ def build_app(config: ServerConfig, make_engine: Callable[[], Any], model_path: 
         path = getattr(llm, "model_path", None) or model_path
         names = served_names(path, config.served_model_name)
         state = GatewayState(config=config, engine=engine,
-                             renderer=ChatRenderer(engine.tokenizer, load_chat_template(config.chat_template)),
+                             renderer=ChatRenderer(engine.tokenizer, load_chat_template(config.chat_template),
+                                                   cache_tokens=config.render_cache_tokens,
+                                                   workers=config.render_workers),
                              model_name=names[0], model_names=names,
                              accepted_model_names=accepted_names(names, path), model_root=str(path or names[0]),
                              metrics=GatewayMetrics(names[0], engine.stats))
@@ -114,12 +117,16 @@ def build_app(config: ServerConfig, make_engine: Callable[[], Any], model_path: 
                 with contextlib.suppress(BaseException):
                     await task
             engine.shutdown()
+            state.renderer.close()
 
     app = FastAPI(title="Lightspeed", version=_version("lightspeed-gateway"), lifespan=lifespan,
                   description="OpenAI-compatible API of the Lightspeed inference engine.")
-    app.add_middleware(GuardMiddleware, api_key=config.api_key, max_body_bytes=config.max_request_body_bytes)
+    app.add_middleware(GuardMiddleware, api_key=config.api_key, max_body_bytes=config.max_request_body_bytes,
+                       error_shapes={"/v1/messages": anthropic.error_response})
     _install_error_handlers(app)
     _add_routes(app)
+    app.include_router(anthropic.router)
+    app.include_router(responses.router)
     return app
 
 
@@ -215,8 +222,8 @@ def _add_routes(app: FastAPI) -> None:
         state.check_model(body.model)
         if isinstance(body, TokenizeChatRequest):
             try:
-                ids = state.renderer.render(body.messages, tools=body.tools,
-                                            add_generation_prompt=body.add_generation_prompt).token_ids
+                ids = (await state.renderer.render_async(body.messages, tools=body.tools,
+                                                         add_generation_prompt=body.add_generation_prompt)).token_ids
             except Exception as e:
                 raise bad_request(f"cannot apply the chat template: {e}", "messages") from None
         else:

@@ -56,6 +56,8 @@ class EngineClient:
         # Ids the tokenizer can decode and the LM head can produce (the engine checked at start-up
         # that the tokenizer's ids fit the model's vocabulary).
         self.vocab_size: int = min(int(info.vocab_size), len(self.tokenizer))
+        # Whether finished prompt pages stay in the engine's prefix cache (Anthropic usage reports them).
+        self.prefix_cache: bool = bool(getattr(getattr(llm, "config", None), "enable_prefix_cache", True))
         self.engine_pid: int | None = getattr(llm, "engine_pid", None)
         self.dead_reason: str | None = None
         self.num_waiting = 0  # admitted requests that have not produced their first token
@@ -110,9 +112,10 @@ class EngineClient:
         return SamplingParams(output_kind=RequestOutputKind.DELTA, **kwargs)
 
     async def generate(self, prompt_token_ids: list[int], params: Any, request_id: str,
-                       timing: RequestTiming, priority: int = 0) -> AsyncIterator[Any]:
+                       timing: RequestTiming, priority: int = 0, session: str | None = None) -> AsyncIterator[Any]:
         """Delta RequestOutputs; aborts the request in the engine if the consumer stops early.
-        `priority`: vLLM's meaning, lower is scheduled earlier."""
+        `priority`: vLLM's meaning, lower is scheduled earlier; `session` names the conversation (a
+        retention hint for its cached prefix)."""
         if self.dead:
             raise EngineDead(self.dead_reason)
         task = asyncio.current_task()
@@ -126,7 +129,8 @@ class EngineClient:
         generated, reasons = 0, []
         extra = {"priority": priority} if priority else {}
         try:
-            async for out in self.llm.generate(prompt_token_ids, params, request_id=request_id, **extra):
+            async for out in self.llm.generate(prompt_token_ids, params, request_id=request_id, session_id=session,
+                                               **extra):
                 current = asyncio.current_task()
                 if current is not task:  # consumed by another task now (a stream after its first token)
                     self.inflight.discard(task)

@@ -1,36 +1,53 @@
 """Pure-ASGI middleware: API-key check on /v1 routes and the request-body size limit.
 
 Both run before FastAPI parses the body, so a 401 or 413 costs nothing, and neither buffers
-streaming responses (Starlette's BaseHTTPMiddleware would).
+streaming responses (Starlette's BaseHTTPMiddleware would). The key comes as `Authorization:
+Bearer KEY` (OpenAI) or `x-api-key: KEY` (Anthropic). `error_shapes` maps a path prefix to the
+function that renders errors in that API's own shape (default: OpenAI's).
 """
 
 from __future__ import annotations
 
 import hmac
+from collections.abc import Callable
+
+from fastapi.responses import JSONResponse
 
 from lightspeed_gateway.openai.errors import APIError, too_large, unauthorized
 
 
 class GuardMiddleware:
-    def __init__(self, app, api_key: str | None, max_body_bytes: int) -> None:
+    def __init__(self, app, api_key: str | None, max_body_bytes: int,
+                 error_shapes: dict[str, Callable[[APIError], JSONResponse]] | None = None) -> None:
         self.app = app
         self.api_key = api_key.encode() if api_key else None
         self.max_body_bytes = max_body_bytes
+        self.error_shapes = error_shapes or {}
+
+    def _authorized(self, headers: dict[bytes, bytes]) -> bool:
+        scheme, _, token = headers.get(b"authorization", b"").partition(b" ")
+        bearer_ok = scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.api_key)
+        key_ok = hmac.compare_digest(headers.get(b"x-api-key", b"").strip(), self.api_key)
+        return bearer_ok or key_ok
+
+    async def _send_error(self, scope, send, error: APIError) -> None:
+        shape = next((f for prefix, f in self.error_shapes.items() if scope["path"].startswith(prefix)), None)
+        response = shape(error) if shape is not None else error.response()
+        await send({"type": "http.response.start", "status": response.status_code,
+                    "headers": response.raw_headers})
+        await send({"type": "http.response.body", "body": response.body})
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         headers = dict(scope["headers"])
-        if self.api_key is not None and scope["path"].startswith("/v1"):
-            auth = headers.get(b"authorization", b"")
-            scheme, _, token = auth.partition(b" ")
-            if scheme.lower() != b"bearer" or not hmac.compare_digest(token.strip(), self.api_key):
-                await _send_error(send, unauthorized())
-                return
+        if self.api_key is not None and scope["path"].startswith("/v1") and not self._authorized(headers):
+            await self._send_error(scope, send, unauthorized())
+            return
         length = headers.get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
-            await _send_error(send, too_large(self.max_body_bytes))
+            await self._send_error(scope, send, too_large(self.max_body_bytes))
             return
         if length is None and scope["method"] in ("POST", "PUT", "PATCH"):
             # Chunked upload: read it here, up to the limit, then replay it to the app.
@@ -44,7 +61,7 @@ class GuardMiddleware:
                 size += len(body[-1])
                 more = message.get("more_body", False)
                 if size > self.max_body_bytes:
-                    await _send_error(send, too_large(self.max_body_bytes))
+                    await self._send_error(scope, send, too_large(self.max_body_bytes))
                     return
             replay = [{"type": "http.request", "body": b"".join(body), "more_body": False}]
 
@@ -55,9 +72,3 @@ class GuardMiddleware:
             return
         await self.app(scope, receive, send)
 
-
-async def _send_error(send, error: APIError) -> None:
-    response = error.response()
-    await send({"type": "http.response.start", "status": response.status_code,
-                "headers": response.raw_headers})
-    await send({"type": "http.response.body", "body": response.body})

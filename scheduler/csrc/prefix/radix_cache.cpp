@@ -41,7 +41,8 @@ bool RadixCache::tokens_equal(int32_t node, const int32_t* tokens) const {
   return std::equal(tokens, tokens + page_size_, tokens_.begin() + static_cast<ptrdiff_t>(node) * page_size_);
 }
 
-MatchResult RadixCache::match(const int32_t* tokens, int32_t max_pages, std::vector<int32_t>& path) {
+MatchResult RadixCache::match(const int32_t* tokens, int32_t max_pages, std::vector<int32_t>& path,
+                              int32_t retention) {
   MatchResult result;
   path.clear();
   int32_t parent = kRoot;
@@ -63,7 +64,7 @@ MatchResult RadixCache::match(const int32_t* tokens, int32_t max_pages, std::vec
     path.push_back(id);
     parent = id;
   }
-  if (!path.empty()) touch(path.back());
+  if (!path.empty()) touch(path.back(), retention);
   return result;
 }
 
@@ -123,8 +124,11 @@ void RadixCache::begin_write_back(int32_t id, int32_t host_page) {
 
 void RadixCache::end_write_back(int32_t id) { nodes_[id].host_pending = false; }
 
-void RadixCache::touch(int32_t id) {
+void RadixCache::touch(int32_t id, int32_t retention) {
   for (; id != kRoot; id = nodes_[id].parent) {
+    Node& n = nodes_[id];
+    n.device_retention = std::max(n.device_retention, retention);
+    n.host_retention = std::max(n.host_retention, retention);
     if (device_lru_.contains(id)) device_lru_.touch(id);
     if (nodes_[id].host_page >= 0) host_lru_.touch(id);
   }
@@ -179,15 +183,24 @@ void RadixCache::remove_node(int32_t id) {
 
 // Passes repeat only when a pass evicted something: an eviction can expose a parent that the
 // same pass already walked past (ancestors are touched after their children, so this is rare).
+// A retained node spends a sweep and goes to the MRU end, where the pass stops: the next pass
+// first meets the plain nodes that evictions exposed. Sweeps are finite, so passes end.
 int32_t RadixCache::evict_device(int32_t num_pages) {
   int32_t evicted = 0;
   for (bool progress = true; progress && evicted < num_pages;) {
     progress = false;
-    for (int32_t id = device_lru_.lru(); id != device_lru_.end() && evicted < num_pages;) {
+    int32_t first_moved = -1;  // the pass ends where the nodes it moved begin
+    for (int32_t id = device_lru_.lru(); id != device_lru_.end() && id != first_moved && evicted < num_pages;) {
       const int32_t next = device_lru_.next(id);
       if (device_evictable(nodes_[id])) {
-        drop_device(id);
-        ++evicted;
+        if (nodes_[id].device_retention > 0) {
+          --nodes_[id].device_retention;
+          device_lru_.touch(id);
+          if (first_moved < 0) first_moved = id;
+        } else {
+          drop_device(id);
+          ++evicted;
+        }
         progress = true;
       }
       id = next;
@@ -200,11 +213,18 @@ int32_t RadixCache::evict_host(int32_t num_pages) {
   int32_t evicted = 0;
   for (bool progress = true; progress && evicted < num_pages;) {
     progress = false;
-    for (int32_t id = host_lru_.lru(); id != host_lru_.end() && evicted < num_pages;) {
+    int32_t first_moved = -1;  // the pass ends where the nodes it moved begin
+    for (int32_t id = host_lru_.lru(); id != host_lru_.end() && id != first_moved && evicted < num_pages;) {
       const int32_t next = host_lru_.next(id);
       if (host_evictable(nodes_[id])) {
-        drop_host(id);
-        ++evicted;
+        if (nodes_[id].host_retention > 0) {
+          --nodes_[id].host_retention;
+          host_lru_.touch(id);
+          if (first_moved < 0) first_moved = id;
+        } else {
+          drop_host(id);
+          ++evicted;
+        }
         progress = true;
       }
       id = next;

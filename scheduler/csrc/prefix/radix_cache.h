@@ -12,7 +12,11 @@
 //     evictable once its children are;
 //   - any node's parent has a copy (eviction only removes leaves).
 // Eviction is LRU over two intrusive lists; touching a node also touches its ancestors after it,
-// so a scan from the LRU end meets children before their parents. The device list holds only
+// so a scan from the LRU end meets children before their parents. Retention (a session's hint):
+// a touch may give the path a number of extra sweeps; an eviction scan that meets an evictable
+// node with sweeps left takes one and moves it to the most recently used end instead of dropping
+// it, so within one eviction every plain page goes before a retained one, and a retained page
+// outlives plain LRU by that many evictions that reach it, not for ever. The device list holds only
 // unreferenced nodes (the device pool tells the cache when a cached page gains or loses its other
 // owners), so an eviction never walks past the prompts of running requests.
 #pragma once
@@ -38,6 +42,8 @@ struct Node {
   int32_t num_children = 0;
   int32_t num_device_children = 0;  // children with a device copy
   int32_t num_host_children = 0;    // children with a host copy
+  int32_t device_retention = 0;     // eviction sweeps the device copy survives (see touch)
+  int32_t host_retention = 0;       // eviction sweeps the host copy survives
 };
 
 struct MatchResult {
@@ -58,8 +64,9 @@ class RadixCache : private kv::PageListener {
   const Node& node(int32_t id) const { return nodes_[id]; }
 
   // Longest cached prefix of `tokens` in whole pages, at most max_pages. Overwrites `path` with the
-  // matched node ids: first the device-resident ones, then the host-only ones. Touches the path.
-  MatchResult match(const int32_t* tokens, int32_t max_pages, std::vector<int32_t>& path);
+  // matched node ids: first the device-resident ones, then the host-only ones. Touches the path
+  // (with `retention`, see touch).
+  MatchResult match(const int32_t* tokens, int32_t max_pages, std::vector<int32_t>& path, int32_t retention = 0);
 
   // Records one full page of KV (`page_tokens`, held in `device_page`) as a child of `parent`.
   // Returns the node, or -1 when a colliding key blocks it. *cached_page receives the device page
@@ -83,8 +90,9 @@ class RadixCache : private kv::PageListener {
   int32_t evict_device(int32_t num_pages);
   int32_t evict_host(int32_t num_pages);
 
-  // Moves the node and its ancestors to the most recently used end of their lists.
-  void touch(int32_t node);
+  // Moves the node and its ancestors to the most recently used end of their lists; with
+  // retention > 0 they survive at least that many more eviction sweeps (kept: the largest given).
+  void touch(int32_t node, int32_t retention = 0);
 
   int32_t num_nodes() const { return num_nodes_; }
   int32_t num_device_resident() const { return num_device_resident_; }

@@ -121,6 +121,41 @@ TEST_F(CacheFixture, EvictsLeastRecentlyUsedLeavesFirst) {
   cache.check_invariants();
 }
 
+TEST_F(CacheFixture, RetainedPrefixOutlivesPlainLruForItsSweeps) {
+  const auto session = seq(8, 1), plain = seq(8, 50), later = seq(8, 100);
+  auto path_s = insert_prompt(session, 2);
+  std::vector<int32_t> path;
+  cache.match(session.data(), 2, path, /*retention=*/1);  // a session's request: one extra sweep
+  auto path_p = insert_prompt(plain, 2);                   // more recent, but plain
+  // Plain LRU would drop the session's prefix first; its retention sends it to the MRU end once.
+  EXPECT_EQ(cache.evict_device(2), 2);
+  EXPECT_TRUE(cache.node(path_s[0]).alive && cache.node(path_s[1]).alive);
+  EXPECT_FALSE(cache.node(path_p[0]).alive || cache.node(path_p[1]).alive);
+  cache.check_invariants();
+  // The leaf's sweep is spent: it is the oldest now and goes, with the newer prompt's leaf. The
+  // parent was never reached (its child held it), so it still has its sweep and outlives the
+  // newer prompt's parent; then it goes too.
+  auto path_l = insert_prompt(later, 2);
+  EXPECT_EQ(cache.evict_device(2), 2);
+  EXPECT_FALSE(cache.node(path_s[1]).alive || cache.node(path_l[1]).alive);
+  EXPECT_TRUE(cache.node(path_s[0]).alive && cache.node(path_l[0]).alive);
+  EXPECT_EQ(cache.evict_device(1), 1);
+  EXPECT_TRUE(cache.node(path_s[0]).alive);
+  EXPECT_FALSE(cache.node(path_l[0]).alive);
+  EXPECT_EQ(cache.evict_device(1), 1);
+  EXPECT_EQ(cache.num_nodes(), 0);
+  cache.check_invariants();
+}
+
+TEST_F(CacheFixture, RetainedPagesGoWhenNothingElseIsLeft) {
+  const auto session = seq(8, 1);
+  auto path_s = insert_prompt(session, 2);
+  cache.touch(path_s[1], 3);
+  EXPECT_EQ(cache.evict_device(2), 2);  // the sweeps run out within one eviction: it terminates
+  EXPECT_EQ(cache.num_nodes(), 0);
+  cache.check_invariants();
+}
+
 TEST_F(CacheFixture, WriteBackKeepsPrefixAfterDeviceEviction) {
   const auto tokens = seq(8, 1);
   auto path = insert_prompt(tokens, 2);

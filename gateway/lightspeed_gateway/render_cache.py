@@ -1,0 +1,92 @@
+"""The chat renderer's memory of conversations it has rendered: prefix boundaries keyed by message hashes.
+
+Design note: an agent resends its whole conversation every turn, so rendering and tokenising it
+from scratch costs O(conversation) per turn and O(N^2) over a session. The renderer remembers, per
+request, the rendered text and token ids of all its messages (a *boundary*). The next turn hashes
+its messages as a chain (key i names the first i messages together with the template, the tools
+and the template arguments), finds the longest remembered prefix, and only renders and tokenises
+the messages after it. Entries are bounded by the number of token ids held (LRU); an entry that a
+longer one of the same conversation extends is dropped, since the conversation has moved on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from array import array
+from collections import OrderedDict
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Boundary:
+    """A rendered conversation prefix, without generation prompt."""
+
+    text: str                       # the template's rendering of the messages so far
+    token_ids: array                # their token ids, tokenised piece by piece ('i' array: 4 bytes each)
+    generation_prompt: str | None   # what add_generation_prompt appended after `text`, when known
+
+
+EMPTY = Boundary("", array("i"), None)
+
+
+def canonical(value: object) -> bytes:
+    """A stable byte form of JSON-like data (key order and spacing do not matter)."""
+    return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str).encode()
+
+
+def prefix_keys(seed: bytes, messages: list[dict]) -> list[bytes]:
+    """keys[i] names messages[:i] under `seed` (template, tools, template arguments); len = N + 1."""
+    key = hashlib.blake2b(seed, digest_size=16).digest()
+    keys = [key]
+    for message in messages:
+        key = hashlib.blake2b(key + canonical(message), digest_size=16).digest()
+        keys.append(key)
+    return keys
+
+
+class RenderCache:
+    """LRU of boundaries, bounded by the total number of token ids they hold. Thread-safe: the
+    renderer runs in a worker pool."""
+
+    def __init__(self, max_tokens: int) -> None:
+        if max_tokens < 0:
+            raise ValueError("max_tokens must be >= 0")
+        self.max_tokens = max_tokens
+        self.num_tokens = 0
+        self._entries: OrderedDict[bytes, Boundary] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def longest(self, keys: list[bytes]) -> tuple[int, Boundary]:
+        """(i, boundary) for the longest remembered prefix keys[i] (i >= 1), else (0, EMPTY)."""
+        with self._lock:
+            for i in range(len(keys) - 1, 0, -1):
+                found = self._entries.get(keys[i])
+                if found is not None:
+                    self._entries.move_to_end(keys[i])
+                    return i, found
+        return 0, EMPTY
+
+    def put(self, key: bytes, boundary: Boundary, supersedes: bytes | None = None) -> None:
+        """Remember `boundary` under `key`; `supersedes` is the entry it extends (dropped)."""
+        size = len(boundary.token_ids)
+        if size > self.max_tokens:
+            return
+        with self._lock:
+            if supersedes is not None and supersedes != key:
+                self._drop(supersedes)
+            self._drop(key)
+            self._entries[key] = boundary
+            self.num_tokens += size
+            while self.num_tokens > self.max_tokens:
+                _, old = self._entries.popitem(last=False)
+                self.num_tokens -= len(old.token_ids)
+
+    def _drop(self, key: bytes) -> None:
+        old = self._entries.pop(key, None)
+        if old is not None:
+            self.num_tokens -= len(old.token_ids)
