@@ -51,6 +51,7 @@ KV_CACHE_DTYPES = ("auto", "bf16", "bfloat16", "fp16", "float16", "fp32", "float
 POLICIES = ("decode_first", "prefill_first")
 # --quantization choices (weights quantised at load); every method lives here, one tuple.
 QUANTIZATIONS = ("fp8",)
+_BYTE_SIZES = ("kv_cache_memory", "host_cache_memory", "disk_cache_size")  # fields that take "2GiB"
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,13 @@ class EngineConfig:
                                        "after device eviction; also holds retracted requests. 0 turns it off. "
                                        "Default: 2x the device KV cache on GPU (at most 1/4 of free RAM), "
                                        "256MiB on CPU.")
+    disk_cache_dir: str | None = _f(None, "Directory of the disk KV-cache tier, under the host tier: prefix pages are "
+                                    "written through to it from host memory in the background and served back on a "
+                                    "hit after host eviction, and a server restarted on the same directory and model "
+                                    "finds them again. One checksummed file pair per model and KV layout. Needs the "
+                                    "host tier. Default: off.")
+    disk_cache_size: int | None = _f(None, "Most bytes the disk KV-cache tier takes (accepts 100GiB, 512MiB). Default: "
+                                     "half the free space of --disk-cache-dir's file system at start-up.")
     enable_prefix_cache: bool = _f(True, "Reuse KV pages of shared prompt prefixes across requests.")
     session_retention: int = _f(2, "Extra eviction sweeps (0-16) the cached prefix of a request that names its "
                                 "session (session_id, prompt_cache_key) survives beyond LRU; 0 = plain LRU.")
@@ -103,7 +111,7 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         # Normalise CLI-edge strings into typed values (still immutable afterwards).
-        for name in ("kv_cache_memory", "host_cache_memory"):
+        for name in _BYTE_SIZES:
             value = getattr(self, name)
             if value is not None:
                 object.__setattr__(self, name, parse_bytes(value))
@@ -135,6 +143,11 @@ class EngineConfig:
             raise ValueError(f"kv_cache_memory must be positive, got {self.kv_cache_memory}")
         if self.host_cache_memory is not None and self.host_cache_memory < 0:
             raise ValueError(f"host_cache_memory must be >= 0, got {self.host_cache_memory}")
+        if self.disk_cache_size is not None and (self.disk_cache_size <= 0 or self.disk_cache_dir is None):
+            raise ValueError(f"disk_cache_size={self.disk_cache_size} needs a positive size and a disk_cache_dir")
+        if self.disk_cache_dir is not None and self.host_cache_memory == 0:
+            raise ValueError("disk_cache_dir needs the host tier (host_cache_memory > 0): disk pages are read "
+                             "through host memory")
         if self.tensor_parallel_size != 1:
             raise ValueError("tensor_parallel_size > 1 is not supported yet by the engine core (use 1)")
         if self.max_logprobs < 0:
@@ -166,7 +179,7 @@ class EngineConfig:
             if value is None:
                 continue
             kind = str(types[name])
-            if isinstance(value, str) and name not in ("kv_cache_memory", "host_cache_memory"):
+            if isinstance(value, str) and name not in _BYTE_SIZES:
                 if kind.startswith("int"):
                     value = int(value)
                 elif kind.startswith("float"):

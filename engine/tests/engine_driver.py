@@ -22,6 +22,7 @@ class Run:
     tokens: dict[str, list[int]] = field(default_factory=dict)
     finished: dict[str, str] = field(default_factory=dict)
     cached: dict[str, int] = field(default_factory=dict)
+    cached_by_tier: dict[str, list[int]] = field(default_factory=dict)  # [device, host, disk]
     steps: int = 0
     overlapped_steps: int = 0  # steps that left a launched step in flight (async scheduling)
 
@@ -44,6 +45,7 @@ def run_until_idle(engine: Engine, run: Run | None = None, *, on_step=None, max_
             run.tokens.setdefault(name, []).append(token)
         run.finished.update(out.finished or {})
         run.cached.update(out.num_cached_tokens or {})
+        run.cached_by_tier.update(out.cached_tokens_by_tier or {})
         if on_step is not None:
             on_step(engine, run)
     return run

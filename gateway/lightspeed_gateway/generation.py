@@ -15,7 +15,13 @@ from typing import Any
 from starlette.requests import Request
 
 from lightspeed_gateway.openai.chat import ChoiceParser
-from lightspeed_gateway.openai.serving import ENGINE_ERRORS, GatewayState, engine_api_error, first_then_rest
+from lightspeed_gateway.openai.serving import (
+    ENGINE_ERRORS,
+    CacheUsage,
+    GatewayState,
+    engine_api_error,
+    first_then_rest,
+)
 from lightspeed_gateway.parsers import REASONING_PARSERS, ParsedDelta
 from lightspeed_gateway.server.engine import RequestTiming
 
@@ -36,6 +42,7 @@ class PromptUsage:
     prompt_tokens: int
     cached_tokens: int      # prefix-cache hits (read)
     cache_written: int      # full pages of the prompt the engine newly cached (written)
+    cached_tokens_by_tier: dict[str, int] | None = None  # cached_tokens by KV tier: device, host, disk
 
     @property
     def uncached_tokens(self) -> int:
@@ -55,7 +62,7 @@ class Generation:
         if self.parser.reasoning is None and reasoning_parser is not None:
             self.parser.reasoning = REASONING_PARSERS[reasoning_parser](starts_in_reasoning)
         self.completion_tokens = 0
-        self.cached_tokens = 0
+        self.cache = CacheUsage()
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
         self._outputs: AsyncIterator[Any] | None = None
@@ -71,8 +78,8 @@ class Generation:
         if self.state.engine.prefix_cache:
             page = self.state.engine.page_size
             # The engine caches every full page it computes; the last prompt token is always computed.
-            written = max(0, (prompt // page) * page - self.cached_tokens)
-        return PromptUsage(prompt, self.cached_tokens, written)
+            written = max(0, (prompt // page) * page - self.cache.tokens)
+        return PromptUsage(prompt, self.cache.tokens, written, self.cache.by_tier)
 
     async def start(self, raw: Request | None) -> None:
         """Wait for the first output. `raw`: the HTTP request whose disconnect cancels the wait
@@ -88,7 +95,7 @@ class Generation:
         """Parsed steps until the engine finishes; raises EngineDead / RequestRejected mid-stream."""
         assert self._outputs is not None, "start() first"
         async for out in self._outputs:
-            self.cached_tokens = max(self.cached_tokens, out.num_cached_tokens or 0)
+            self.cache.add(out)
             for completion in out.outputs:
                 self.completion_tokens += len(completion.token_ids)
                 delta = self.parser.feed(completion.text) if completion.text else ParsedDelta()
@@ -102,7 +109,7 @@ class Generation:
                 elif delta:
                     yield Step(delta)
         self.state.metrics.observe_request(self.timing, len(self.prompt_ids), self.completion_tokens,
-                                           self.cached_tokens, [self.finish_reason or "abort"])
+                                           self.cache.tokens, [self.finish_reason or "abort"])
 
     async def collect(self) -> ParsedDelta:
         """Run to the end; the whole output (engine failures raise the HTTP error)."""

@@ -31,7 +31,7 @@ struct PlanBuffer {
 enum Field : int {
   kReqIds, kReqSlots, kInputIds, kPositions, kQueryStartLoc, kSeqLens, kCachedLens, kPageTable,
   kSlotMapping, kLogitsIndices, kSampleBatchRows, kDeferredMask, kDeferredSrc, kLoadBack, kWriteBack,
-  kNumFields
+  kDiskWrite, kDiskWriteKeys, kDiskWriteTokens, kDiskRead, kDiskReadKeys, kDiskReadTokens, kNumFields
 };
 
 // Python's Plan: one per buffer. Creating a numpy view costs about a microsecond, so views are
@@ -39,6 +39,7 @@ enum Field : int {
 // same array objects come back every step, refilled in place.
 struct PyPlan {
   Plan* plan = nullptr;
+  int32_t page_size = 0;
   nb::object buffer;  // PlanBuffer
   struct Cached {
     nb::object array;
@@ -70,6 +71,7 @@ struct PyScheduler {
   explicit PyScheduler(SchedulerConfig config) : core(std::move(config)) {
     for (int i = 0; i < 2; ++i) {
       plans[i].plan = core.plan_buffer(i).get();
+      plans[i].page_size = core.config().page_size;
       plans[i].buffer = nb::cast(PlanBuffer{core.plan_buffer(i)});
     }
   }
@@ -81,6 +83,26 @@ struct PyScheduler {
 
 using Int32Array = nb::ndarray<const int32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 using Int64Array = nb::ndarray<const int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+using UInt64Array = nb::ndarray<const uint64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+using TokenMatrix = nb::ndarray<const int32_t, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
+
+// Disk records found at start-up -> restore_disk_pages(); returns accepted[N] as a numpy bool array.
+nb::object restore_disk_pages(Scheduler& s, Int32Array slots, UInt64Array keys, UInt64Array parent_keys,
+                              Int32Array depths, TokenMatrix tokens) {
+  const size_t n = slots.shape(0);
+  const auto page_size = static_cast<size_t>(s.config().page_size);
+  if (keys.shape(0) != n || parent_keys.shape(0) != n || depths.shape(0) != n || tokens.shape(0) != n ||
+      (n > 0 && tokens.shape(1) != page_size))
+    throw nb::value_error(("restore_disk_pages(): expected slots, keys, parent_keys, depths [N] and tokens [N, " +
+                           std::to_string(page_size) + "]").c_str());
+  std::vector<lightspeed::prefix::DiskRecord> records(n);
+  for (size_t i = 0; i < n; ++i)
+    records[i] = {slots.data()[i], keys.data()[i], parent_keys.data()[i], depths.data()[i],
+                  tokens.data() + i * page_size};
+  auto* accepted = new std::vector<uint8_t>(s.restore_disk_pages(records));
+  nb::capsule owner(accepted, [](void* p) noexcept { delete static_cast<std::vector<uint8_t>*>(p); });
+  return nb::cast(nb::ndarray<nb::numpy, bool, nb::ndim<1>>(reinterpret_cast<bool*>(accepted->data()), {n}, owner));
+}
 
 // Token ids from an int32 array (zero-copy), an int64 array (checked copy: no silent wrapping),
 // or any Python sequence of ints. numpy, torch (CPU) and other DLPack arrays all qualify.
@@ -128,18 +150,20 @@ NB_MODULE(_core, m) {
           [](SchedulerConfig* self, int32_t page_size, int32_t num_device_pages, int32_t num_host_pages,
              int32_t max_num_seqs, int32_t max_num_batched_tokens, int32_t chunked_prefill_size,
              int32_t max_model_len, std::string policy, bool enable_prefix_cache, int32_t max_num_draft_tokens,
-             bool async_copies, int32_t max_write_through_pages) {
+             bool async_copies, int32_t max_write_through_pages, int32_t num_disk_pages,
+             int32_t max_disk_write_pages) {
             SchedulerConfig config{page_size,     num_device_pages, num_host_pages,      max_num_seqs,
                                    max_num_batched_tokens, chunked_prefill_size, max_model_len, std::move(policy),
                                    enable_prefix_cache, max_num_draft_tokens, async_copies,
-                                   max_write_through_pages};
+                                   max_write_through_pages, num_disk_pages, max_disk_write_pages};
             config.validate();
             new (self) SchedulerConfig(std::move(config));
           },
           nb::kw_only(), "page_size"_a = 16, "num_device_pages"_a = 1024, "num_host_pages"_a = 4096,
           "max_num_seqs"_a = 256, "max_num_batched_tokens"_a = 8192, "chunked_prefill_size"_a = 2048,
           "max_model_len"_a = 32768, "policy"_a = "decode_first", "enable_prefix_cache"_a = true,
-          "max_num_draft_tokens"_a = 15, "async_copies"_a = false, "max_write_through_pages"_a = 256)
+          "max_num_draft_tokens"_a = 15, "async_copies"_a = false, "max_write_through_pages"_a = 256,
+          "num_disk_pages"_a = 0, "max_disk_write_pages"_a = 64)
       .def_ro("page_size", &SchedulerConfig::page_size, "Tokens per KV page.")
       .def_ro("num_device_pages", &SchedulerConfig::num_device_pages,
               "Device KV pool size in pages, padding page 0 included.")
@@ -160,6 +184,10 @@ NB_MODULE(_core, m) {
               "Copies are acknowledged by copies_done(step_id) when they land, not by advance().")
       .def_ro("max_write_through_pages", &SchedulerConfig::max_write_through_pages,
               "Most prefix pages being written through to host at once (bounds bytes in flight).")
+      .def_ro("num_disk_pages", &SchedulerConfig::num_disk_pages,
+              "Disk tier size in page slots, slot 0 included (never used); 0: no disk tier. Needs a host tier.")
+      .def_ro("max_disk_write_pages", &SchedulerConfig::max_disk_write_pages,
+              "Most host pages being written to disk at once (bounds disk write bytes in flight).")
       .def("__repr__", [](const SchedulerConfig& c) {
         return "SchedulerConfig(page_size=" + std::to_string(c.page_size) +
                ", num_device_pages=" + std::to_string(c.num_device_pages) +
@@ -171,7 +199,9 @@ NB_MODULE(_core, m) {
                "', enable_prefix_cache=" + (c.enable_prefix_cache ? "True" : "False") +
                ", max_num_draft_tokens=" + std::to_string(c.max_num_draft_tokens) +
                ", async_copies=" + (c.async_copies ? "True" : "False") +
-               ", max_write_through_pages=" + std::to_string(c.max_write_through_pages) + ")";
+               ", max_write_through_pages=" + std::to_string(c.max_write_through_pages) +
+               ", num_disk_pages=" + std::to_string(c.num_disk_pages) +
+               ", max_disk_write_pages=" + std::to_string(c.max_disk_write_pages) + ")";
       });
 
   nb::class_<RequestSpec>(m, "RequestSpec", "What a request asks for. Checked by Scheduler.submit().")
@@ -213,7 +243,8 @@ NB_MODULE(_core, m) {
   nb::class_<PyPlan>(m, "Plan",
                      "One step. Arrays are zero-copy views valid until the next_plan() call after next "
                      "(two buffers alternate). Rows: decodes first, then prefills. Before the forward, "
-                     "run write_back copies (device->host), then load_back copies (host->device).")
+                     "run write_back copies (device->host), then load_back copies (host->device); beside "
+                     "them, on the disk tier's workers, disk_write (host->disk) and disk_read (disk->host).")
       .def_prop_ro("step_id", [](const PyPlan& p) { return p.plan->step_id; }, "Plan sequence number.")
       .def_prop_ro("num_prefills", [](const PyPlan& p) { return p.plan->num_prefills; },
                    "Prefill rows (after the decode rows).")
@@ -231,6 +262,9 @@ NB_MODULE(_core, m) {
       .def_prop_ro("has_copies", [](const PyPlan& p) { return p.plan->has_copies; },
                    "The plan has copies to acknowledge (with async_copies: call copies_done(step_id) "
                    "once they have landed).")
+      .def_prop_ro("has_disk_ops", [](const PyPlan& p) { return p.plan->has_disk_ops; },
+                   "The plan has disk reads or writes to acknowledge (with async_copies: call "
+                   "disk_done(step_id, ...) once they are done).")
       .def_prop_ro("forward_waits_for_copies", [](const PyPlan& p) { return p.plan->forward_waits_for_copies; },
                    "The forward may overwrite device pages this plan's write_back reads (retraction): "
                    "it must start after the copies. Otherwise copies may run beside it.")
@@ -304,7 +338,43 @@ NB_MODULE(_core, m) {
                    },
                    LS_ARRAY_SIG("write_back", "numpy.int32"),
                    "int32[M, 2]: (device page, host page) copies, after every earlier plan's forward and "
-                   "before load_back.");
+                   "before load_back.")
+      .def_prop_ro("disk_write",
+                   [](PyPlan& p) {
+                     return p.view(kDiskWrite, p.plan->disk_write.data(), p.plan->disk_write.size() / 2, 2);
+                   },
+                   LS_ARRAY_SIG("disk_write", "numpy.int32"),
+                   "int32[K, 2]: (host page, disk slot) writes; the host pages hold landed copies.")
+      .def_prop_ro("disk_write_keys",
+                   [](PyPlan& p) {
+                     return p.view(kDiskWriteKeys, p.plan->disk_write_keys.data(), p.plan->disk_write_keys.size() / 3, 3);
+                   },
+                   LS_ARRAY_SIG("disk_write_keys", "numpy.uint64"),
+                   "uint64[K, 3]: (page key, parent's key, depth) of each write, stored with the record.")
+      .def_prop_ro("disk_write_tokens",
+                   [](PyPlan& p) {
+                     return p.view(kDiskWriteTokens, p.plan->disk_write_tokens.data(), p.plan->disk_write.size() / 2,
+                                   static_cast<size_t>(p.page_size));
+                   },
+                   LS_ARRAY_SIG("disk_write_tokens", "numpy.int32"),
+                   "int32[K, page_size]: the tokens of each written page, stored with the record.")
+      .def_prop_ro("disk_read",
+                   [](PyPlan& p) {
+                     return p.view(kDiskRead, p.plan->disk_read.data(), p.plan->disk_read.size() / 2, 2);
+                   },
+                   LS_ARRAY_SIG("disk_read", "numpy.int32"),
+                   "int32[R, 2]: (disk slot, host page) reads into host pages of the request's own.")
+      .def_prop_ro("disk_read_keys",
+                   [](PyPlan& p) { return p.view(kDiskReadKeys, p.plan->disk_read_keys.data(), p.plan->disk_read_keys.size()); },
+                   LS_ARRAY_SIG("disk_read_keys", "numpy.uint64"),
+                   "uint64[R]: the page key each record read must carry (else the read fails).")
+      .def_prop_ro("disk_read_tokens",
+                   [](PyPlan& p) {
+                     return p.view(kDiskReadTokens, p.plan->disk_read_tokens.data(), p.plan->disk_read.size() / 2,
+                                   static_cast<size_t>(p.page_size));
+                   },
+                   LS_ARRAY_SIG("disk_read_tokens", "numpy.int32"),
+                   "int32[R, page_size]: the tokens each record read must carry (else the read fails).");
 
   nb::class_<PyScheduler>(m, "Scheduler", "Plans each step's batch and owns every KV page. Not thread-safe.")
       .def(nb::init<SchedulerConfig>(), "config"_a)
@@ -340,8 +410,39 @@ NB_MODULE(_core, m) {
       .def("copies_done", [](PyScheduler& s, int64_t step_id) { s.core.copies_done(step_id); }, "step_id"_a,
            "With async_copies: the copies of plan step_id have landed (any order). ValueError when that "
            "plan has none unacknowledged.")
+      .def(
+          "disk_done",
+          [](PyScheduler& s, int64_t step_id, nb::handle failed_writes, nb::handle failed_reads) {
+            std::vector<int32_t> writes_scratch, reads_scratch;
+            Int32Array writes_array, reads_array;
+            auto writes = as_int32(failed_writes, "failed_writes", writes_scratch, writes_array);
+            auto reads = as_int32(failed_reads, "failed_reads", reads_scratch, reads_array);
+            s.core.disk_done(step_id, writes, reads);
+          },
+          "step_id"_a, "failed_writes"_a = nb::tuple(), "failed_reads"_a = nb::tuple(),
+          nb::sig("def disk_done(self, step_id: int, failed_writes: " LS_IDS " = (), failed_reads: " LS_IDS
+                  " = ()) -> None"),
+          "With async_copies: the disk ops of plan step_id are done (any order with copies_done). "
+          "failed_writes / failed_reads: rows of its disk_write / disk_read that did not happen or whose "
+          "record did not verify. ValueError when that plan has none unacknowledged or a row is out of range.")
+      .def("stop_disk_writes", [](PyScheduler& s) { s.core.stop_disk_writes(); },
+           "The disk takes no more writes (full, or failing): none are planned from now on; reads go on.")
+      .def(
+          "restore_disk_pages",
+          [](PyScheduler& s, Int32Array slots, UInt64Array keys, UInt64Array parent_keys, Int32Array depths,
+             TokenMatrix tokens) { return restore_disk_pages(s.core, slots, keys, parent_keys, depths, tokens); },
+          "slots"_a, "keys"_a, "parent_keys"_a, "depths"_a, "tokens"_a,
+          nb::sig("def restore_disk_pages(self, slots: numpy.typing.NDArray[numpy.int32], keys: "
+                  "numpy.typing.NDArray[numpy.uint64], parent_keys: numpy.typing.NDArray[numpy.uint64], depths: "
+                  "numpy.typing.NDArray[numpy.int32], tokens: numpy.typing.NDArray[numpy.int32]) -> "
+                  "numpy.typing.NDArray[numpy.bool_]"),
+          "Before the first plan: disk records found at start-up (oldest first; tokens [N, page_size]) "
+          "become disk-only prefix-cache pages. A record whose parent is not restored, whose key does not "
+          "chain from its parent's and its tokens, or whose slot is taken or out of range is rejected. "
+          "Returns accepted[N] (bool). ValueError after the first plan or without a disk tier.")
       .def("has_pending_copies", [](const PyScheduler& s) { return s.core.has_pending_copies(); },
-           "Copies in flight or prefix pages queued for write-through: keep stepping until False.")
+           "Copies in flight, or prefix pages queued for write-through to host or disk: keep stepping "
+           "until False.")
       .def(
           "request_stats",
           [](const PyScheduler& s, int64_t req_id) {
@@ -349,11 +450,15 @@ NB_MODULE(_core, m) {
             nb::dict d;
             d["num_prompt_tokens"] = st.num_prompt_tokens;
             d["num_cached_tokens"] = st.num_cached_tokens;
+            d["num_cached_device_tokens"] = st.num_cached_device_tokens;
+            d["num_cached_host_tokens"] = st.num_cached_host_tokens;
+            d["num_cached_disk_tokens"] = st.num_cached_disk_tokens;
             d["num_output_tokens"] = st.num_output_tokens;
             d["state"] = st.state;
             return d;
           },
-          "req_id"_a, "Per-request counters; available until the advance() after the one reporting it finished.")
+          "req_id"_a, "Per-request counters (num_cached_tokens also per tier: device, host, disk); available "
+          "until the advance() after the one reporting it finished.")
       .def(
           "output_token_ids",
           [](const PyScheduler& s, int64_t req_id) {
@@ -385,9 +490,22 @@ NB_MODULE(_core, m) {
             d["prefix_query_tokens"] = st.prefix_query_tokens;
             d["num_retractions"] = st.num_retractions;
             d["num_steps"] = st.num_steps;
+            d["free_disk_pages"] = st.free_disk_pages;
+            d["num_disk_pages"] = st.num_disk_pages;
+            d["cached_disk_pages"] = st.cached_disk_pages;
+            d["num_disk_writing"] = st.num_disk_writing;
+            d["disk_write_queued"] = st.disk_write_queued;
+            d["device_hit_tokens"] = st.device_hit_tokens;
+            d["host_hit_tokens"] = st.host_hit_tokens;
+            d["disk_hit_tokens"] = st.disk_hit_tokens;
+            d["disk_pages_read"] = st.disk_pages_read;
+            d["disk_pages_written"] = st.disk_pages_written;
+            d["disk_read_failures"] = st.disk_read_failures;
+            d["disk_write_failures"] = st.disk_write_failures;
+            d["disk_writes_stopped"] = st.disk_writes_stopped;
             return d;
           },
-          "Counters: pages, queue lengths, prefix-cache hits, retractions.")
+          "Counters: pages, queue lengths, prefix-cache hits (in all and per tier), retractions, disk I/O.")
       .def("has_unfinished", [](const PyScheduler& s) { return s.core.has_unfinished(); },
            "True while a request is live or an abort is yet to be reported by advance().")
       .def_prop_ro("num_unfinished", [](const PyScheduler& s) { return s.core.num_unfinished(); }, "Live requests plus unreported aborts.")

@@ -19,6 +19,14 @@ void SchedulerConfig::validate() const {
               std::to_string(num_host_pages));
   require(max_write_through_pages >= 1,
           "max_write_through_pages must be >= 1, got " + std::to_string(max_write_through_pages));
+  require(num_disk_pages == 0 || num_disk_pages >= 2,
+          "num_disk_pages must be 0 (no disk tier) or >= 2 (slot 0 is unused), got " +
+              std::to_string(num_disk_pages));
+  require(num_disk_pages == 0 || num_host_pages > 0,
+          "a disk tier (num_disk_pages > 0) needs a host tier (num_host_pages > 0): disk pages are read "
+          "through host memory");
+  require(max_disk_write_pages >= 1,
+          "max_disk_write_pages must be >= 1, got " + std::to_string(max_disk_write_pages));
   require(max_num_seqs >= 1, "max_num_seqs must be >= 1, got " + std::to_string(max_num_seqs));
   require(max_num_batched_tokens >= 1,
           "max_num_batched_tokens must be >= 1, got " + std::to_string(max_num_batched_tokens));

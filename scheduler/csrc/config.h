@@ -29,6 +29,12 @@ struct SchedulerConfig {
   // Most prefix pages being written through to host at once (unacknowledged): bounds the bytes in
   // flight and so the PCIe share the background write-through takes.
   int32_t max_write_through_pages = 256;
+  // Disk tier under the host tier: slots of one page each, slot 0 included (never used); 0: no disk
+  // tier. Needs a host tier: a disk hit is read into host pages, then loaded to the device.
+  int32_t num_disk_pages = 0;
+  // Most host pages being written to disk at once (unacknowledged): bounds the disk write bytes in
+  // flight, so background writes never hold a disk read back for long.
+  int32_t max_disk_write_pages = 64;
 
   // Throws std::invalid_argument with a message naming the bad field.
   void validate() const;

@@ -24,6 +24,17 @@ Plan::Plan(const SchedulerConfig& config) {
   // writes through (at most max_write_through_pages): these bound both lists.
   load_back.reserve(2 * static_cast<size_t>(config.num_device_pages));
   write_back.reserve(2 * (static_cast<size_t>(config.num_device_pages) + config.max_write_through_pages));
+  // Disk writes are bounded by max_disk_write_pages; reads by one prompt's pages per admission
+  // (more only when several requests read in one step, which may then allocate once).
+  if (config.num_disk_pages > 0) {
+    const size_t writes = config.max_disk_write_pages, reads = capacity_pages_per_row;
+    disk_write.reserve(2 * writes);
+    disk_write_keys.reserve(3 * writes);
+    disk_write_tokens.reserve(writes * config.page_size);
+    disk_read.reserve(2 * reads);
+    disk_read_keys.reserve(reads);
+    disk_read_tokens.reserve(reads * config.page_size);
+  }
   rows.resize(rows_cap);
   row_pages.resize(rows_cap);
   table_row_owner.assign(rows_cap, -1);
@@ -37,9 +48,15 @@ void Plan::reset(int64_t step) {
   num_rows = num_tokens = num_samples = pages_per_row = 0;
   num_prefills = num_decodes = num_decode_tokens = max_query_len = 0;
   query_start_loc[0] = 0;
-  has_copies = forward_waits_for_copies = false;
+  has_copies = has_disk_ops = forward_waits_for_copies = false;
   load_back.clear();
   write_back.clear();
+  disk_write.clear();
+  disk_write_keys.clear();
+  disk_write_tokens.clear();
+  disk_read.clear();
+  disk_read_keys.clear();
+  disk_read_tokens.clear();
 }
 
 }  // namespace lightspeed

@@ -33,7 +33,8 @@ struct Plan {
   int32_t num_decodes = 0;       // rows [0, num_decodes) are decodes
   int32_t num_decode_tokens = 0; // tokens [0, num_decode_tokens) belong to decodes
   int32_t max_query_len = 0;
-  bool has_copies = false;                // a copy batch to acknowledge (copies_done) exists
+  bool has_copies = false;                // device<->host copies to acknowledge (copies_done)
+  bool has_disk_ops = false;              // disk reads / writes to acknowledge (disk_done)
   bool forward_waits_for_copies = false;  // the forward may overwrite pages the copies read
 
   // [capacity] buffers; the first B / T / S / ... entries are the plan.
@@ -52,6 +53,14 @@ struct Plan {
   std::vector<int32_t> deferred_src_index;   // [T] index into that plan's samples, or -1
   std::vector<int32_t> load_back;   // [N, 2] (host page, device page); capacity-reserved
   std::vector<int32_t> write_back;  // [M, 2] (device page, host page); capacity-reserved
+  // Disk I/O, acknowledged by disk_done(). A record holds its node's key, parent key, depth and
+  // tokens besides the page, so that it can be verified when read and the tree rebuilt at start-up.
+  std::vector<int32_t> disk_write;         // [K, 2] (host page, disk slot)
+  std::vector<uint64_t> disk_write_keys;   // [K, 3] (key, parent key, depth)
+  std::vector<int32_t> disk_write_tokens;  // [K, page_size]
+  std::vector<int32_t> disk_read;          // [R, 2] (disk slot, host page)
+  std::vector<uint64_t> disk_read_keys;    // [R] the key the record must carry
+  std::vector<int32_t> disk_read_tokens;   // [R, page_size] the tokens the record must carry
 
   // Scheduler-side bookkeeping, not exported.
   std::vector<PlanRow> rows;                       // [B]

@@ -26,6 +26,8 @@ struct Request {
   int32_t slot = -1;               // row for per-request GPU state, held from admission to finish
   bool admitted_once = false;
   int32_t num_cached_tokens = 0;   // prefix-cache hit at first admission
+  int32_t cached_pages_by_tier[3] = {0, 0, 0};  // of that hit: pages from device, host, disk
+  bool disk_hit_counted = false;   // that hit's disk pages are counted but their reads not yet checked
   std::vector<int32_t> cache_path; // prefix-cache nodes backing this request's leading device pages
 
   // Overlap bookkeeping: samples not yet returned by advance(), and where the latest one lands in

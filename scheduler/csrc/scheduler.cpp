@@ -20,7 +20,8 @@ Scheduler::Scheduler(SchedulerConfig config)
       max_pages_per_seq_(config_.max_pages_per_seq()),
       device_(config_.num_device_pages),
       host_(std::max(config_.num_host_pages, 1)),  // 0: a tier of only the padding page
-      cache_(device_, host_, config_.page_size) {
+      disk_(std::max(config_.num_disk_pages, 1)),
+      cache_(device_, host_, disk_, config_.page_size) {
   slot_record_.assign(config_.max_num_seqs, -1);
   for (int32_t slot = config_.max_num_seqs - 1; slot >= 0; --slot) free_slots_.push_back(slot);
   plans_[0] = std::make_shared<Plan>(config_);
@@ -29,7 +30,8 @@ Scheduler::Scheduler(SchedulerConfig config)
   retracted_.reserve(config_.max_num_seqs);
   loading_.reserve(config_.max_num_seqs);
   // Each node is queued at most once at a time; nodes are bounded by the pages of both tiers.
-  write_through_.resize(1 + static_cast<size_t>(device_.num_usable()) + host_.num_usable());
+  write_through_.resize(1 + static_cast<size_t>(device_.num_usable()) + host_.num_usable() + disk_.num_usable());
+  if (disk_.num_usable() > 0) disk_queue_.resize(write_through_.size());
   copy_batches_.reserve(8);
   spare_batches_.reserve(8);
   finished_.reserve(config_.max_num_seqs + 64);
@@ -86,6 +88,7 @@ int64_t Scheduler::submit(const RequestSpec& spec) {
   r.slot = -1;
   r.admitted_once = false;
   r.num_cached_tokens = 0;
+  std::fill(std::begin(r.cached_pages_by_tier), std::end(r.cached_pages_by_tier), 0);
   r.cache_path.clear();
   r.cache_path.reserve(max_pages_per_seq_);
   r.pending_samples = 0;
@@ -167,7 +170,13 @@ void Scheduler::recycle(int32_t record) {
 
 RequestStats Scheduler::request_stats(int64_t req_id) const {
   const Request& r = lookup(req_id, "request_stats");
-  return RequestStats{r.num_prompt_tokens, r.num_cached_tokens, r.num_output_tokens(), fsm::state_name(r.state)};
+  return RequestStats{r.num_prompt_tokens,
+                      r.num_cached_tokens,
+                      r.cached_pages_by_tier[0] * page_size_,
+                      r.cached_pages_by_tier[1] * page_size_,
+                      r.cached_pages_by_tier[2] * page_size_,
+                      r.num_output_tokens(),
+                      fsm::state_name(r.state)};
 }
 
 std::span<const int32_t> Scheduler::output_token_ids(int64_t req_id) const {
@@ -201,16 +210,31 @@ SchedulerStats Scheduler::stats() const {
   s.prefix_query_tokens = prefix_query_tokens_;
   s.num_retractions = num_retractions_;
   s.num_steps = next_step_;
+  s.free_disk_pages = disk_.num_free();
+  s.num_disk_pages = config_.num_disk_pages;
+  s.cached_disk_pages = cache_.num_disk_resident();
+  s.num_disk_writing = disk_write_in_flight_;
+  s.disk_write_queued = static_cast<int32_t>(disk_queue_size_);
+  s.device_hit_tokens = hit_tokens_by_tier_[0];
+  s.host_hit_tokens = hit_tokens_by_tier_[1];
+  s.disk_hit_tokens = hit_tokens_by_tier_[2];
+  s.disk_pages_read = disk_pages_read_;
+  s.disk_pages_written = disk_pages_written_;
+  s.disk_read_failures = disk_read_failures_;
+  s.disk_write_failures = disk_write_failures_;
+  s.disk_writes_stopped = disk_writes_stopped_;
   return s;
 }
 
 void Scheduler::check_invariants() const {
   auto fail = [](const std::string& what) { throw std::logic_error("scheduler invariant: " + what); };
   cache_.check_invariants();
-  std::vector<int32_t> device_refs(device_.num_pages(), 0), host_refs(host_.num_pages(), 0);
+  std::vector<int32_t> device_refs(device_.num_pages(), 0), host_refs(host_.num_pages(), 0),
+      disk_refs(disk_.num_pages(), 0), disk_by_requests(disk_.num_pages(), 0);
   std::vector<int32_t> device_cached(device_.num_pages(), 0), host_cached(host_.num_pages(), 0);
   std::vector<int32_t> device_by_requests(device_.num_pages(), 0), host_by_requests(host_.num_pages(), 0);
-  device_refs[0] = host_refs[0] = 1;  // the padding pages
+  device_refs[0] = host_refs[0] = disk_refs[0] = 1;  // the padding pages
+  cache_.for_each_disk_ref([&](int32_t p) { ++disk_refs[p]; });
   cache_.for_each_device_ref([&](int32_t p) { ++device_refs[p], ++device_cached[p]; });
   cache_.for_each_host_ref([&](int32_t p) { ++host_refs[p], ++host_cached[p]; });
   std::vector<int32_t> seen;
@@ -228,7 +252,11 @@ void Scheduler::check_invariants() const {
     std::visit(
         [&](const auto& s) {
           using S = std::decay_t<decltype(s)>;
-          if constexpr (std::is_same_v<S, fsm::LoadingPrefix>) {
+          if constexpr (std::is_same_v<S, fsm::ReadingDisk>) {
+            count(disk_refs, disk_by_requests, s.disk_slots);
+          }
+          if constexpr (std::is_same_v<S, fsm::LoadingPrefix> || std::is_same_v<S, fsm::ReadingDisk> ||
+                        std::is_same_v<S, fsm::DiskLanded>) {
             count(device_refs, device_by_requests, s.device_pages);
             count(host_refs, host_by_requests, s.host_pages);
           } else if constexpr (std::is_same_v<S, fsm::Prefilling> || std::is_same_v<S, fsm::Decoding>) {
@@ -242,24 +270,36 @@ void Scheduler::check_invariants() const {
     const bool in_running = std::count(running_.begin(), running_.end(), int32_t(i)) == 1;
     const bool in_retracted = std::count(retracted_.begin(), retracted_.end(), int32_t(i)) == 1;
     const bool in_loading = std::count(loading_.begin(), loading_.end(), int32_t(i)) == 1;
-    const size_t idx = r.state.index();
-    if (in_waiting != (idx == 0) || in_loading != (idx == 1) || in_running != (idx == 2 || idx == 3) ||
-        in_retracted != (idx == 4 || idx == 5))
+    const auto& st = r.state;
+    const bool waiting = std::holds_alternative<fsm::Waiting>(st);
+    const bool loading = std::holds_alternative<fsm::ReadingDisk>(st) || std::holds_alternative<fsm::DiskLanded>(st) ||
+                         std::holds_alternative<fsm::LoadingPrefix>(st);
+    const bool running = std::holds_alternative<fsm::Prefilling>(st) || std::holds_alternative<fsm::Decoding>(st);
+    const bool retracted = std::holds_alternative<fsm::Retracting>(st) || std::holds_alternative<fsm::Retracted>(st);
+    if (in_waiting != waiting || in_loading != loading || in_running != running || in_retracted != retracted)
       fail("request " + std::to_string(r.req_id) + " is in the wrong list for state " + fsm::state_name(r.state));
-    if (idx <= 5) ++live;
+    const bool done = std::holds_alternative<fsm::Finished>(st) || std::holds_alternative<fsm::Aborted>(st);
+    if (!done) ++live;
     if (r.slot >= 0 && slot_record_[r.slot] != int32_t(i)) fail("slot table disagrees with a request");
-    if (idx >= 6 && r.slot >= 0) fail("a finished request holds a slot");
+    if (done && r.slot >= 0) fail("a finished request holds a slot");
   }
   if (live != waiting_.size() + running_.size() + retracted_.size() + loading_.size())
     fail("request lists hold unknown records");
   // Pages held for copies in flight on behalf of aborted requests.
   for (const CopyBatch& batch : copy_batches_)
-    for (const kv::PageList& list : batch.held)
-      count(list.pool() == &device_ ? device_refs : host_refs,
-            list.pool() == &device_ ? device_by_requests : host_by_requests, list);
-  int32_t writing = 0;
-  for (const CopyBatch& batch : copy_batches_) writing += static_cast<int32_t>(batch.write_nodes.size());
+    for (const kv::PageList& list : batch.held) {
+      if (list.pool() == &disk_) count(disk_refs, disk_by_requests, list);
+      else if (list.pool() == &device_) count(device_refs, device_by_requests, list);
+      else count(host_refs, host_by_requests, list);
+    }
+  int32_t writing = 0, disk_writing = 0;
+  for (const CopyBatch& batch : copy_batches_) {
+    writing += static_cast<int32_t>(batch.write_nodes.size());
+    disk_writing += static_cast<int32_t>(batch.disk_write_nodes.size());
+    if (!batch.awaiting_copies && !batch.awaiting_disk) fail("a copy batch acknowledged in full is still held");
+  }
   if (writing != write_through_in_flight_) fail("write-through pages in flight miscounted");
+  if (disk_writing != disk_write_in_flight_) fail("disk writes in flight miscounted");
   auto compare = [&](const kv::PagePool& pool, const std::vector<int32_t>& refs, const char* tier) {
     int32_t free_pages = 0;
     for (int32_t p = 0; p < pool.num_pages(); ++p) {
@@ -272,6 +312,7 @@ void Scheduler::check_invariants() const {
   };
   compare(device_, device_refs, "device");
   compare(host_, host_refs, "host");
+  compare(disk_, disk_refs, "disk");
   // Sharing between requests happens only through the prefix cache.
   for (int32_t p = 1; p < device_.num_pages(); ++p)
     if (device_by_requests[p] > 1 && device_cached[p] == 0) fail("device page shared outside the prefix cache");

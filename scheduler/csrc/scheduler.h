@@ -11,6 +11,11 @@
 // acknowledged: by advance() of that plan, or with async_copies by copies_done(step_id), once the
 // engine sees them land. A request waiting on copies (LoadingPrefix, Retracting) gets no row until
 // then, so no forward ever reads KV that has not landed.
+//
+// Disk ops (disk_write host->disk, disk_read disk->host) of a plan run on the engine's disk workers
+// and are acknowledged by disk_done(step_id), in any order with copies_done(); a plan's batch is
+// complete once both have come. A disk read can fail its checks: the pages from there on are then
+// recomputed, never served.
 #pragma once
 
 #include <array>
@@ -37,7 +42,8 @@ struct FinishedRequest {
 
 struct RequestStats {
   int32_t num_prompt_tokens;
-  int32_t num_cached_tokens;
+  int32_t num_cached_tokens;  // device + host + disk
+  int32_t num_cached_device_tokens, num_cached_host_tokens, num_cached_disk_tokens;
   int32_t num_output_tokens;
   const char* state;
 };
@@ -50,6 +56,11 @@ struct SchedulerStats {
   // so a KV usage figure counts them as free.
   int32_t unreferenced_cached_device_pages;
   int64_t prefix_hit_tokens, prefix_query_tokens, num_retractions, num_steps;
+  // Disk tier (zeros without one). Hit tokens per tier sum to prefix_hit_tokens.
+  int32_t free_disk_pages, num_disk_pages, cached_disk_pages, num_disk_writing, disk_write_queued;
+  int64_t device_hit_tokens, host_hit_tokens, disk_hit_tokens, disk_pages_read, disk_pages_written;
+  int64_t disk_read_failures, disk_write_failures;
+  bool disk_writes_stopped;
 };
 
 class Scheduler {
@@ -71,9 +82,23 @@ class Scheduler {
   // With async_copies: the copies of plan `step_id` (plan.has_copies) have landed. Any order.
   // Throws std::invalid_argument when that plan has no unacknowledged copies.
   void copies_done(int64_t step_id);
-  // Copies in flight, or prefix pages queued for write-through: an idle engine keeps stepping
-  // (plans with only copies) until this turns false.
-  bool has_pending_copies() const { return !copy_batches_.empty() || write_through_size_ > 0; }
+  // With async_copies: the disk ops of plan `step_id` (plan.has_disk_ops) are done. failed_writes /
+  // failed_reads are rows of its disk_write / disk_read that did not happen or did not verify (a
+  // record missing, torn, or not the page asked for). Throws std::invalid_argument (nothing
+  // changes) when the plan has no unacknowledged disk ops or a row is out of range.
+  void disk_done(int64_t step_id, std::span<const int32_t> failed_writes = {},
+                 std::span<const int32_t> failed_reads = {});
+  // The disk takes no more writes (full, or failing): none are planned from now on; reads go on.
+  void stop_disk_writes();
+  // Before the first plan: records found on disk at start-up become disk-only prefix-cache pages
+  // (see RadixCache::restore_disk; oldest first). Returns accepted[i]; a rejected record's slot
+  // stays free. Throws std::invalid_argument after the first plan or without a disk tier.
+  std::vector<uint8_t> restore_disk_pages(std::span<const prefix::DiskRecord> records);
+  // Copies in flight, or prefix pages queued for write-through (to host or disk): an idle engine
+  // keeps stepping (plans with only copies) until this turns false.
+  bool has_pending_copies() const {
+    return !copy_batches_.empty() || write_through_size_ > 0 || disk_queue_size_ > 0;
+  }
 
   RequestStats request_stats(int64_t req_id) const;
   std::span<const int32_t> output_token_ids(int64_t req_id) const;
@@ -101,9 +126,19 @@ class Scheduler {
     int64_t step_id = -1;
     std::vector<int32_t> write_nodes;  // cache nodes whose host copy this plan writes through
     std::vector<int32_t> load_nodes;   // cache nodes whose device copy this plan loads
-    std::vector<int64_t> waiters;      // requests in LoadingPrefix / Retracting on these copies
+    std::vector<int32_t> disk_write_nodes;  // cache nodes this plan writes to disk (disk_write rows)
+    std::vector<int32_t> disk_read_nodes;   // cache nodes this plan reads from disk (disk_read rows)
+    std::vector<int32_t> disk_read_slots;   // the slot each read pins
+    std::vector<int32_t> failed_writes, failed_reads;  // rows disk_done() reported failed
+    std::vector<uint8_t> read_failed;       // [disk_read rows], filled when the batch completes
+    std::vector<int64_t> waiters;      // requests in ReadingDisk / LoadingPrefix / Retracting on these
     std::vector<kv::PageList> held;    // pages of requests aborted mid-copy
-    bool empty() const { return write_nodes.empty() && load_nodes.empty() && waiters.empty(); }
+    bool awaiting_copies = false;      // copies_done() still to come
+    bool awaiting_disk = false;        // disk_done() still to come
+    bool empty() const {
+      return write_nodes.empty() && load_nodes.empty() && waiters.empty() && disk_write_nodes.empty() &&
+             disk_read_nodes.empty();
+    }
   };
 
   struct WriteThroughEntry {
@@ -128,6 +163,10 @@ class Scheduler {
   void admit_waiting(Plan& plan, Budget& budget);
   void start(Plan& plan, Budget& budget, int32_t record, prefix::MatchResult match, kv::PageList device_pages,
              kv::PageList host_pins);
+  int32_t reserve_disk_reads(int32_t num_disk, kv::PageList& host_pins);
+  void read_from_disk(Plan& plan, int32_t record, prefix::MatchResult match, kv::PageList device_pages,
+                      kv::PageList host_pins, int32_t cached_tokens);
+  void load_landed(Plan& plan);
   bool grow_pages(Plan& plan, int32_t record, kv::PageList& pages, int32_t num_tokens, bool may_retract_decodes);
   bool retract_victim(Plan& plan, int32_t record, bool decodes_too);
   void retract(Plan& plan, int32_t record);
@@ -137,8 +176,13 @@ class Scheduler {
   void finalize(Plan& plan);
   void queue_write_through(int32_t node);
   void emit_write_through(Plan& plan);
+  void queue_disk_write(int32_t node);
+  void emit_disk_writes(Plan& plan);
   void seal_copies(Plan& plan);
+  void settle_disk_ops(CopyBatch& batch);
+  void land_disk_reads(Request& r, const CopyBatch& batch);
   CopyBatch* find_batch(int64_t step_id);
+  void maybe_complete(CopyBatch& batch);
   void hold_for_copy(Request& r);
 
   // --- scheduler_advance.cpp: consuming a plan
@@ -156,6 +200,7 @@ class Scheduler {
   int32_t max_pages_per_seq_;
   kv::PagePool device_;
   kv::PagePool host_;
+  kv::PagePool disk_;  // disk slots: the engine's disk tier stores page p at slot p
   prefix::RadixCache cache_;
 
   std::vector<Request> records_;           // grows only at submit; records are recycled
@@ -169,7 +214,7 @@ class Scheduler {
   std::vector<int32_t> waiting_;    // Waiting
   std::vector<int32_t> running_;    // Prefilling, Decoding
   std::vector<int32_t> retracted_;  // Retracting, Retracted
-  std::vector<int32_t> loading_;    // LoadingPrefix
+  std::vector<int32_t> loading_;    // ReadingDisk, DiskLanded, LoadingPrefix
 
   std::array<std::shared_ptr<Plan>, 2> plans_;  // double buffer: plan N stays valid while N+1 exists
   int64_t next_step_ = 0;
@@ -188,6 +233,13 @@ class Scheduler {
   size_t write_through_head_ = 0;
   size_t write_through_size_ = 0;
   int32_t write_through_in_flight_ = 0;
+  // Disk writes: nodes whose landed host copy should reach disk, in the order their host copies
+  // landed (parents first), as the write-through ring; and how many writes are in flight.
+  std::vector<WriteThroughEntry> disk_queue_;
+  size_t disk_queue_head_ = 0;
+  size_t disk_queue_size_ = 0;
+  int32_t disk_write_in_flight_ = 0;
+  bool disk_writes_stopped_ = false;
 
   std::vector<FinishedRequest> finished_;      // advance()'s result
   std::vector<int64_t> pending_abort_reports_; // aborted, reported by the next advance()
@@ -203,6 +255,8 @@ class Scheduler {
   int64_t prefix_hit_tokens_ = 0;
   int64_t prefix_query_tokens_ = 0;
   int64_t num_retractions_ = 0;
+  int64_t hit_tokens_by_tier_[3] = {0, 0, 0};  // device, host, disk
+  int64_t disk_pages_read_ = 0, disk_pages_written_ = 0, disk_read_failures_ = 0, disk_write_failures_ = 0;
 };
 
 }  // namespace lightspeed

@@ -28,6 +28,7 @@ const std::vector<FinishedRequest>& Scheduler::advance(Plan& plan, std::span<con
   }
   pending_abort_reports_.clear();
   if (!config_.async_copies && plan.has_copies) copies_done(plan.step_id);
+  if (!config_.async_copies && plan.has_disk_ops) disk_done(plan.step_id);
   for (int32_t row = 0; row < plan.num_rows; ++row) {
     const int32_t accepted = row < plan.num_decodes && !accepted_counts.empty() ? accepted_counts[row] : 1;
     apply_row(plan, row, sampled, accepted);

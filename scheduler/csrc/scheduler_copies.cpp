@@ -20,7 +20,8 @@ namespace lightspeed {
 
 void Scheduler::queue_write_through(int32_t node) {
   const prefix::Node& n = cache_.node(node);
-  if (host_.num_usable() == 0 || n.host_page >= 0 || n.host_queued) return;
+  if (n.host_page >= 0) return queue_disk_write(node);  // on host already: on to disk, if not there
+  if (host_.num_usable() == 0 || n.host_queued) return;
   if (write_through_size_ == write_through_.size()) return;  // full: this page stays device-only
   write_through_[(write_through_head_ + write_through_size_) % write_through_.size()] = {node, n.key};
   ++write_through_size_;
@@ -55,11 +56,16 @@ void Scheduler::emit_write_through(Plan& plan) {
   }
 }
 
-// Called at the end of next_plan(): the plan's copies become a batch in flight.
+// Called at the end of next_plan(): the plan's copies and disk ops become a batch in flight.
 void Scheduler::seal_copies(Plan& plan) {
-  if (building_.empty() && plan.write_back.empty() && plan.load_back.empty()) return;
+  const bool copies = !plan.write_back.empty() || !plan.load_back.empty();
+  const bool disk = !plan.disk_write.empty() || !plan.disk_read.empty();
+  if (building_.empty() && !copies && !disk) return;
   building_.step_id = plan.step_id;
-  plan.has_copies = true;
+  building_.awaiting_copies = copies || !disk;
+  building_.awaiting_disk = disk;
+  plan.has_copies = building_.awaiting_copies;
+  plan.has_disk_ops = disk;
   copy_batches_.push_back(std::move(building_));
   if (spare_batches_.empty()) {
     building_ = CopyBatch{};
@@ -76,18 +82,30 @@ Scheduler::CopyBatch* Scheduler::find_batch(int64_t step_id) {
 }
 
 void Scheduler::copies_done(int64_t step_id) {
-  for (size_t i = 0; i < copy_batches_.size(); ++i) {
-    if (copy_batches_[i].step_id == step_id) return complete_batch(i);
+  for (CopyBatch& batch : copy_batches_) {
+    if (batch.step_id == step_id && batch.awaiting_copies) {
+      batch.awaiting_copies = false;
+      return maybe_complete(batch);
+    }
   }
   throw std::invalid_argument("copies_done(): plan " + std::to_string(step_id) +
                               " has no unacknowledged copies (acknowledged twice, or it had none)");
 }
 
+void Scheduler::maybe_complete(CopyBatch& batch) {
+  if (batch.awaiting_copies || batch.awaiting_disk) return;
+  complete_batch(static_cast<size_t>(&batch - copy_batches_.data()));
+}
+
 void Scheduler::complete_batch(size_t index) {
   CopyBatch& batch = copy_batches_[index];
-  for (int32_t node : batch.write_nodes) cache_.end_write_back(node);
+  for (int32_t node : batch.write_nodes) {
+    cache_.end_write_back(node);
+    queue_disk_write(node);  // its host copy landed: on to disk
+  }
   write_through_in_flight_ -= static_cast<int32_t>(batch.write_nodes.size());
   for (int32_t node : batch.load_nodes) cache_.end_load(node);
+  settle_disk_ops(batch);
   for (int64_t req_id : batch.waiters) {
     auto it = record_of_.find(req_id);
     if (it == record_of_.end()) continue;  // aborted and already recycled
@@ -95,7 +113,9 @@ void Scheduler::complete_batch(size_t index) {
     Request& r = records_[record];
     if (r.copy_step != batch.step_id) continue;  // aborted (its pages are in batch.held)
     r.copy_step = -1;
-    if (auto* loading = std::get_if<fsm::LoadingPrefix>(&r.state)) {
+    if (std::holds_alternative<fsm::ReadingDisk>(r.state)) {
+      land_disk_reads(r, batch);  // stays in loading_: the next plan with room loads what it read
+    } else if (auto* loading = std::get_if<fsm::LoadingPrefix>(&r.state)) {
       r.state = fsm::copy_done(std::move(*loading));
       erase_from(loading_, record);
       insert_sorted(running_, record);
@@ -109,6 +129,11 @@ void Scheduler::complete_batch(size_t index) {
   blocked_req_id_ = -1;
   batch.write_nodes.clear();
   batch.load_nodes.clear();
+  batch.disk_write_nodes.clear();
+  batch.disk_read_nodes.clear();
+  batch.disk_read_slots.clear();
+  batch.failed_writes.clear();
+  batch.failed_reads.clear();
   batch.waiters.clear();
   batch.held.clear();  // the copies landed: pages of aborted requests go back now
   spare_batches_.push_back(std::move(batch));
@@ -125,6 +150,10 @@ void Scheduler::hold_for_copy(Request& r) {
   if (auto* loading = std::get_if<fsm::LoadingPrefix>(&r.state)) {
     batch->held.push_back(std::move(loading->device_pages));
     batch->held.push_back(std::move(loading->host_pages));
+  } else if (auto* reading = std::get_if<fsm::ReadingDisk>(&r.state)) {
+    batch->held.push_back(std::move(reading->device_pages));
+    batch->held.push_back(std::move(reading->host_pages));
+    batch->held.push_back(std::move(reading->disk_slots));
   } else if (auto* retracting = std::get_if<fsm::Retracting>(&r.state)) {
     batch->held.push_back(std::move(retracting->host_pages));
   }

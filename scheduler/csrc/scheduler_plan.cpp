@@ -40,6 +40,7 @@ Plan& Scheduler::next_plan() {
   plan.reset(next_step_++);
   device_.begin_quarantine();
   emit_write_through(plan);
+  emit_disk_writes(plan);
 
   Budget budget{config_.max_num_batched_tokens, config_.max_num_seqs};
   if (policy_ == Policy::kPrefillFirst) {
@@ -98,6 +99,7 @@ void Scheduler::schedule_prefills(Plan& plan, Budget& budget) {
     if (records_[record].scheduled_step == plan.step_id) continue;
     if (!schedule_chunk(plan, budget, record)) break;
   }
+  load_landed(plan);
   readmit_retracted(plan);
   admit_waiting(plan, budget);
 }
@@ -264,7 +266,7 @@ void Scheduler::admit_waiting(Plan& plan, Budget& budget) {
     match_path_.clear();
     if (config_.enable_prefix_cache) match = cache_.match(r.tokens.data(), (known - 1) / page_size_, match_path_, r.retention);
     kv::PageList device_pages(device_, max_pages_per_seq_);
-    kv::PageList host_pins(host_, match.num_host);
+    kv::PageList host_pins(host_, match.num_host + match.num_disk);
     for (int32_t k = 0; k < match.num_device; ++k) device_pages.push_shared(cache_.node(match_path_[k]).device_page);
     for (int32_t k = match.num_device; k < match.num_device + match.num_host; ++k)
       host_pins.push_shared(cache_.node(match_path_[k]).host_page);
@@ -279,13 +281,16 @@ void Scheduler::admit_waiting(Plan& plan, Budget& budget) {
     // Copy targets cannot come from pages this plan freed; those are free again next step.
     if (!ensure_device_free(match.num_host, true)) break;
     blocked_req_id_ = -1;
+    // Disk hits are read into host pages of the request's own: as many as host memory gives.
+    if (match.num_disk > 0) match.num_disk = reserve_disk_reads(match.num_disk, host_pins);
     waiting_.erase(waiting_.begin() + static_cast<ptrdiff_t>(i));
     start(plan, budget, record, match, std::move(device_pages), std::move(host_pins));
   }
 }
 
-// Admits a request whose pages are secured: it loads its host hits first (LoadingPrefix), or
-// starts computing the rest of its prompt in this very plan (Prefilling).
+// Admits a request whose pages are secured: it reads its disk hits first (ReadingDisk), loads its
+// host hits first (LoadingPrefix), or starts computing the rest of its prompt in this very plan
+// (Prefilling).
 void Scheduler::start(Plan& plan, Budget& budget, int32_t record, prefix::MatchResult match,
                       kv::PageList device_pages, kv::PageList host_pins) {
   Request& r = records_[record];
@@ -294,16 +299,23 @@ void Scheduler::start(Plan& plan, Budget& budget, int32_t record, prefix::MatchR
     free_slots_.pop_back();
     slot_record_[r.slot] = record;
   }
-  const int32_t cached_tokens = (match.num_device + match.num_host) * page_size_;
+  const int32_t cached_tokens = (match.num_device + match.num_host + match.num_disk) * page_size_;
   if (!r.admitted_once) {
     r.admitted_once = true;
     r.num_cached_tokens = cached_tokens;
+    const int32_t by_tier[3] = {match.num_device, match.num_host, match.num_disk};
+    for (int tier = 0; tier < 3; ++tier) {
+      r.cached_pages_by_tier[tier] = by_tier[tier];
+      hit_tokens_by_tier_[tier] += static_cast<int64_t>(by_tier[tier]) * page_size_;
+    }
+    r.disk_hit_counted = match.num_disk > 0;
     prefix_hit_tokens_ += cached_tokens;
     prefix_query_tokens_ += r.num_prompt_tokens;
   }
-  r.cache_path.assign(match_path_.begin(), match_path_.end());
+  // The disk part is not the cache's on device: the request inserts those pages once they are loaded.
+  r.cache_path.assign(match_path_.begin(), match_path_.begin() + match.num_device + match.num_host);
   ++r.page_epoch;
-  if (match.num_host > 0) {
+  if (match.num_host > 0 || match.num_disk > 0) {
     for (int32_t k = match.num_device; k < match.num_device + match.num_host; ++k) {
       const int32_t node = match_path_[k];
       const int32_t page = device_.allocate();
@@ -313,6 +325,8 @@ void Scheduler::start(Plan& plan, Budget& budget, int32_t record, prefix::MatchR
       plan.load_back.push_back(cache_.node(node).host_page);
       plan.load_back.push_back(page);
     }
+    if (match.num_disk > 0)
+      return read_from_disk(plan, record, match, std::move(device_pages), std::move(host_pins), cached_tokens);
     r.state = fsm::admit_loading(std::get<fsm::Waiting>(std::move(r.state)), std::move(device_pages),
                                  std::move(host_pins), cached_tokens);
     loading_.push_back(record);

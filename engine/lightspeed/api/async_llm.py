@@ -294,13 +294,13 @@ class AsyncLLM:
         if msg.stats is not None:
             self._stats = msg.stats
         seqs, live = self._seqs, []
-        cached = msg.num_cached_tokens or {}
+        cached, by_tier = msg.num_cached_tokens or {}, msg.cached_tokens_by_tier or {}
         for engine_id, token in zip(msg.request_ids, msg.token_ids, strict=True):
             entry = seqs.get(engine_id)
             if entry is None or entry[1].finish_reason is not None:
                 continue  # aborted, released by its consumer, or stopped by a stop string
             if engine_id in cached:
-                entry[0].num_cached_tokens = max(entry[0].num_cached_tokens, cached[engine_id])
+                entry[0].note_cached(cached[engine_id], by_tier.get(engine_id))
             live.append((engine_id, token, *entry))
         decoded = [x for x in live if x[3].detok is not None]
         texts = iter(await self._detok.decode([x[3].detok for x in decoded], [x[1] for x in decoded]))

@@ -44,4 +44,6 @@ class RequestOutput:
     outputs: list[CompletionOutput] = field(default_factory=list)
     finished: bool = False
     num_cached_tokens: int = 0                 # prompt tokens served from the prefix cache
+    # The same tokens by the tier they came from: {"device": .., "host": .., "disk": ..} (None: not reported).
+    cached_tokens_by_tier: dict[str, int] | None = None
     metrics: dict | None = None                # arrival/first-token/finish times (seconds, time.monotonic)

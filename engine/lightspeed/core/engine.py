@@ -22,6 +22,10 @@ from ..runner.model_runner import LaunchedStep
 from . import messages as m
 
 _NO_OUTPUTS = m.StepOutputs([], [])
+# Start-up reads the disk tier's index within this bound; at shutdown, pages still queued for disk
+# are written for at most this long (the client stops waiting for the core after 5 s).
+_DISK_INDEX_BUDGET_S = 10.0
+_DISK_FLUSH_S = 3.0
 
 log = logging.getLogger("lightspeed.core")
 
@@ -46,7 +50,12 @@ class Engine:
             max_num_batched_tokens=config.max_num_batched_tokens,
             chunked_prefill_size=config.chunked_prefill_size, max_model_len=self.max_model_len,
             policy=config.policy, enable_prefix_cache=config.enable_prefix_cache, async_copies=True,
-            max_write_through_pages=built.max_write_through_pages))
+            max_write_through_pages=built.max_write_through_pages, num_disk_pages=built.num_disk_pages,
+            max_disk_write_pages=built.max_disk_write_pages))
+        self.disk = self.runner.kv_cache.disk  # kv.disk.DiskKVTier, or None
+        self._disk_writes_stopped = False
+        if self.disk is not None:
+            self._restore_disk()
         self._in_flight: LaunchedStep | None = None  # launched, not yet collected
         self._ids: dict[str, int] = {}        # client request id -> scheduler id
         self._names: dict[int, str] = {}      # scheduler id -> client request id
@@ -130,11 +139,22 @@ class Engine:
     def _output_tokens_of(self, req_id: int) -> list[int]:
         return self.scheduler.output_token_ids(req_id)
 
+    def _restore_disk(self) -> None:
+        """The prefixes a previous engine left on disk become disk-tier cache pages."""
+        started = time.monotonic()
+        index = self.disk.load_index(_DISK_INDEX_BUDGET_S)
+        accepted = self.scheduler.restore_disk_pages(index.slots, index.keys, index.parent_keys, index.depths,
+                                                     index.tokens)
+        self.disk.stats.restored_pages = int(accepted.sum())
+        self.disk.stats.rejected_records = index.num_rejected + int((~accepted).sum())
+        log.info("disk KV tier %s: %d pages restored in %.2f s (%d records rejected, %d unread: start-up bound)",
+                 self.disk.data_path, self.disk.stats.restored_pages, time.monotonic() - started,
+                 self.disk.stats.rejected_records, index.num_unread)
+
     # -- the step --------------------------------------------------------------------------------
     def step(self) -> m.StepOutputs:
         """Launch the next plan, then collect the one before it (or this one, when not overlapping)."""
-        for step_id in self.runner.kv_cache.copier.poll():
-            self.scheduler.copies_done(step_id)
+        self._land_copies()
         overlap = self.config.async_scheduling and not self.runner.needs_host_tokens()
         if self._in_flight is not None and not overlap:
             done, self._in_flight = self._in_flight, None   # a grammar needs step N's token first
@@ -157,7 +177,7 @@ class Engine:
         # Rows of requests that finished or were aborted after this plan was built are void.
         rows = [i for i, r in enumerate(result.req_ids.tolist()) if r in names]
         req_ids = result.req_ids[rows] if len(rows) != len(result.req_ids) else result.req_ids
-        cached = self._first_token_cached(req_ids.tolist())
+        cached, by_tier = self._first_token_cached(req_ids.tolist())
         finished = self.scheduler.advance(plan, result.tokens)
         self._num_steps += 1
         self._num_generated += len(rows)
@@ -170,7 +190,7 @@ class Engine:
             done_names = {names[r]: reason for r, reason in finished if r in names}
             for r, _ in finished:
                 self._forget(r)
-        return m.StepOutputs(out_names, tokens, logprobs, cached, done_names)
+        return m.StepOutputs(out_names, tokens, logprobs, cached, done_names, cached_tokens_by_tier=by_tier)
 
     @staticmethod
     def _logprobs(result, names: dict[int, str]) -> dict[str, m.TokenLogprobs]:
@@ -184,19 +204,51 @@ class Engine:
                                              result.top_ids[i, :n].tolist(), result.top_logprobs[i, :n].tolist())
         return logprobs
 
-    def drain_copies(self) -> None:
-        """Wait for every KV copy in flight (shutdown): their pages are then released."""
+    def _land_copies(self) -> None:
+        """Acknowledge the KV copies and disk ops that have landed: polled, never waited for."""
+        for step_id in self.runner.kv_cache.copier.poll():
+            self.scheduler.copies_done(step_id)
+        if self.disk is None:
+            return
+        for step_id, failed_writes, failed_reads in self.disk.poll():
+            self.scheduler.disk_done(step_id, failed_writes, failed_reads)
+        if self.disk.writes_stopped and not self._disk_writes_stopped:
+            self._disk_writes_stopped = True
+            self.scheduler.stop_disk_writes()
+
+    def drain_copies(self, flush_s: float = _DISK_FLUSH_S) -> None:
+        """Shutdown: with a disk tier, live requests are aborted and pages still queued for disk are
+        written (for at most flush_s), so a restart finds them; then every KV copy in flight lands."""
+        if self.disk is not None:
+            self.abort_requests(list(self._ids))
+            deadline = time.monotonic() + flush_s
+            while (self.has_work() or self.scheduler.has_pending_copies()) and time.monotonic() < deadline:
+                self.step()
+                if self.disk.num_in_flight:
+                    time.sleep(0.001)
         for step_id in self.runner.kv_cache.copier.wait_all():
             self.scheduler.copies_done(step_id)
+        if self.disk is not None:
+            for step_id, failed_writes, failed_reads in self.disk.wait_all():
+                self.scheduler.disk_done(step_id, failed_writes, failed_reads)
+            self.disk.close()
 
-    def _first_token_cached(self, req_ids: list[int]) -> dict[str, int] | None:
+    def _first_token_cached(self, req_ids: list[int]) -> tuple[dict[str, int] | None, dict[str, list[int]] | None]:
+        """Prompt tokens served from the prefix cache, in all and [device, host, disk], of requests
+        sampling their first token now."""
         if not self._awaiting_first:
-            return None
+            return None, None
         firsts = self._awaiting_first.intersection(req_ids)
         if not firsts:
-            return None
+            return None, None
         self._awaiting_first -= firsts
-        return {self._names[r]: int(self.scheduler.request_stats(r)["num_cached_tokens"]) for r in firsts}
+        cached, by_tier = {}, {}
+        for r in firsts:
+            st = self.scheduler.request_stats(r)
+            cached[self._names[r]] = int(st["num_cached_tokens"])
+            by_tier[self._names[r]] = [int(st["num_cached_device_tokens"]), int(st["num_cached_host_tokens"]),
+                                       int(st["num_cached_disk_tokens"])]
+        return cached, by_tier
 
     # -- reporting ---------------------------------------------------------------------------------
     def stats(self) -> m.EngineStats:
@@ -212,7 +264,18 @@ class Engine:
             free_host_pages=int(s["free_host_pages"]), prefix_hit_tokens=int(s["prefix_hit_tokens"]),
             prefix_query_tokens=int(s["prefix_query_tokens"]), num_steps=self._num_steps,
             num_generated_tokens=self._num_generated, timestamp=time.time(),
-            cached_device_pages=int(s["cached_device_pages"]), num_prefill_tokens=self._num_prefill_tokens)
+            cached_device_pages=int(s["cached_device_pages"]), num_prefill_tokens=self._num_prefill_tokens,
+            **self._tier_stats(s))
+
+    def _tier_stats(self, s: dict) -> dict[str, int]:
+        copier, page_bytes = self.runner.kv_cache.copier, self.runner.kv_cache.layout.bytes_per_page
+        disk = self.disk.stats if self.disk is not None else None
+        return dict(device_hit_tokens=int(s["device_hit_tokens"]), host_hit_tokens=int(s["host_hit_tokens"]),
+                    disk_hit_tokens=int(s["disk_hit_tokens"]), host_bytes_written=copier.pages_written * page_bytes,
+                    host_bytes_read=copier.pages_loaded * page_bytes,
+                    disk_bytes_written=disk.bytes_written if disk else 0, disk_bytes_read=disk.bytes_read if disk else 0,
+                    disk_read_failures=disk.read_failures if disk else 0,
+                    disk_write_errors=disk.write_errors if disk else 0, cached_disk_pages=int(s["cached_disk_pages"]))
 
     def ready_message(self) -> m.Ready:
         b = self.built

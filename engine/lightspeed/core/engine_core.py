@@ -19,6 +19,7 @@ import sys
 import time
 import traceback
 
+import msgspec
 import numpy as np
 import zmq
 
@@ -84,8 +85,7 @@ class EngineCore:
         if now - self._last_stats < STATS_INTERVAL_S:
             return outputs
         self._last_stats = now
-        return m.StepOutputs(outputs.request_ids, outputs.token_ids, outputs.logprobs, outputs.num_cached_tokens,
-                             outputs.finished, self.engine.stats())
+        return msgspec.structs.replace(outputs, stats=self.engine.stats())
 
     def _send(self, msg) -> None:
         self.output.send(m.encoder.encode(msg), copy=False)

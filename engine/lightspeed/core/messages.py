@@ -69,6 +69,17 @@ class EngineStats(msgspec.Struct, frozen=True):
     timestamp: float                # time.time() of the snapshot
     cached_device_pages: int = 0    # device pages holding prefix-cache KV (shared by requests or reusable)
     num_prefill_tokens: int = 0     # cumulative prompt tokens computed (prefix-cache hits excluded)
+    # Per KV tier. Hits: prompt tokens of prefix_hit_tokens served from each tier. Bytes: cumulative.
+    device_hit_tokens: int = 0
+    host_hit_tokens: int = 0
+    disk_hit_tokens: int = 0
+    host_bytes_written: int = 0     # device -> host copies (write-through, retraction)
+    host_bytes_read: int = 0        # host -> device copies (host hits, readmission, pages read from disk)
+    disk_bytes_written: int = 0     # host -> disk
+    disk_bytes_read: int = 0        # disk -> host, verified
+    disk_read_failures: int = 0     # disk records that failed their checks: recomputed, never served
+    disk_write_errors: int = 0      # writes that did not happen (the first one stops disk writes)
+    cached_disk_pages: int = 0      # prefix-cache pages on disk
 
 
 class TokenLogprobs(msgspec.Struct, array_like=True, frozen=True):
@@ -89,6 +100,8 @@ class StepOutputs(msgspec.Struct, tag="outputs", frozen=True):
     num_cached_tokens: dict[str, int] | None = None     # set on a request's first token
     finished: dict[str, str] | None = None              # request id -> "stop" | "length" | "abort"
     stats: EngineStats | None = None                    # at most every stats interval
+    # With num_cached_tokens: the same tokens split by the tier they came from, [device, host, disk].
+    cached_tokens_by_tier: dict[str, list[int]] | None = None
 
 
 class RequestErrors(msgspec.Struct, tag="errors", frozen=True):

@@ -91,6 +91,7 @@ class RequestGroup:
         self.request_id, self.prompt, self.prompt_ids, self.params = request_id, prompt, prompt_ids, params
         self.seqs = seqs
         self.num_cached_tokens = 0
+        self.cached_tokens_by_tier: dict[str, int] | None = None
         self.error: BaseException | None = None
         self.event = asyncio.Event()
         self._changed: set[int] = set()
@@ -99,6 +100,14 @@ class RequestGroup:
     @property
     def finished(self) -> bool:
         return all(s.finish_reason is not None for s in self.seqs)
+
+    def note_cached(self, num_cached: int, by_tier: list[int] | None) -> None:
+        """A completion's prefix-cache hit; the group reports its largest (the n completions share a prompt)."""
+        if num_cached < self.num_cached_tokens or (num_cached == self.num_cached_tokens and self.cached_tokens_by_tier):
+            return
+        self.num_cached_tokens = num_cached
+        if by_tier is not None:
+            self.cached_tokens_by_tier = dict(zip(("device", "host", "disk"), by_tier, strict=True))
 
     def touch(self, index: int) -> None:
         self._changed.add(index)
@@ -118,4 +127,5 @@ class RequestGroup:
         else:
             outputs = [s.output(RequestOutputKind.CUMULATIVE) for s in self.seqs]
         self._changed.clear()
-        return RequestOutput(self.request_id, self.prompt, self.prompt_ids, outputs, finished, self.num_cached_tokens)
+        return RequestOutput(self.request_id, self.prompt, self.prompt_ids, outputs, finished, self.num_cached_tokens,
+                             cached_tokens_by_tier=self.cached_tokens_by_tier)

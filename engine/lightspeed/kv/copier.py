@@ -82,6 +82,8 @@ class PageCopier(ABC):
     def __init__(self, device_pool: PagedPool, host_pool: PagedPool | None):
         self.device_pool, self.host_pool = device_pool, host_pool
         self._in_flight: deque[tuple[int, object]] = deque()  # (step_id, completion handle), in order
+        self.pages_written = 0  # device -> host pages submitted so far (metrics)
+        self.pages_loaded = 0   # host -> device
 
     @property
     def num_in_flight(self) -> int:
@@ -94,6 +96,8 @@ class PageCopier(ABC):
         if (write_back.shape[0] or load_back.shape[0]) and self.host_pool is None:
             raise RuntimeError("the plan copies pages but there is no host KV tier")
         self._in_flight.append((step_id, self._start(write_back, load_back, forward_waits)))
+        self.pages_written += write_back.shape[0]
+        self.pages_loaded += load_back.shape[0]
 
     def poll(self) -> list[int]:
         """Steps whose copies have landed, oldest first (copies complete in submission order)."""

@@ -118,6 +118,7 @@ class KVCache:
         self.device_pool = KVPool(layout, num_device_pages, device)
         self.host_pool = self.device_pool.host_mirror(num_host_pages) if num_host_pages else None
         self.copier = make_copier(self.device_pool, self.host_pool, self.device_pool.device)
+        self.disk = None  # the disk tier under the host pool (kv.disk.DiskKVTier), when configured
 
     @property
     def kv_caches(self):

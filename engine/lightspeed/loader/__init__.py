@@ -1,6 +1,6 @@
 """Model loading: Hugging Face directories (safetensors), GGUF files (dequantised) and dummy weights."""
 
-from .files import LOAD_FORMATS, ModelFiles, resolve_model_files
+from .files import LOAD_FORMATS, ModelFiles, resolve_model_files, weights_identity
 from .loader import init_dummy_weights, load_hf_config, load_model, load_mtp
 
 __all__ = [
@@ -11,4 +11,5 @@ __all__ = [
     "load_model",
     "load_mtp",
     "resolve_model_files",
+    "weights_identity",
 ]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import struct
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -120,3 +121,24 @@ def check_safetensors(path: Path) -> int:
     if ends and max(ends) > data_size:
         raise ValueError(f"{path}: truncated safetensors file ({data_size} data bytes, header needs {max(ends)})")
     return len(ends)
+
+
+_IDENTITY_SPAN = 1 << 20  # bytes hashed at each end of a weight file
+
+
+def weights_identity(files: ModelFiles, seed: int) -> dict:
+    """What the weights are, cheaply: each weight file's name, size and a CRC-32 of its first and last
+    MiB (content, so a copied file is the same model and an edited one is not); for dummy weights,
+    the config they are drawn from and the seed. Part of the disk KV cache's fingerprint."""
+    if files.load_format == "dummy":
+        config = files.config_path.read_text() if files.config_path is not None else files.preset
+        return {"dummy": True, "config": config, "seed": seed}
+    identity = []
+    for path in files.weight_files:
+        size = path.stat().st_size
+        with path.open("rb") as f:
+            head = zlib.crc32(f.read(_IDENTITY_SPAN))
+            f.seek(max(0, size - _IDENTITY_SPAN))
+            tail = zlib.crc32(f.read(_IDENTITY_SPAN))
+        identity.append([path.name, size, head, tail])
+    return {"format": files.load_format, "files": identity}

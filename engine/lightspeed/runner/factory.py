@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -21,6 +23,9 @@ _CPU_HOST_CACHE_DEFAULT = 256 << 20
 # Bytes of prefix pages in flight to host at once: about 10 ms of PCIe Gen5, so the background
 # write-through never builds a queue that delays a load-back behind it by more than that.
 _WRITE_THROUGH_BYTES_IN_FLIGHT = 512 << 20
+# Bytes being written to disk at once: a fraction of a second of an NVMe drive, so a disk hit's reads
+# (on their own threads) never wait long for the device behind queued writes.
+_DISK_WRITE_BYTES_IN_FLIGHT = 256 << 20
 
 
 @dataclass
@@ -34,6 +39,8 @@ class BuiltRunner:
     device: torch.device
     dtype: torch.dtype
     kv_dtype: torch.dtype
+    num_disk_pages: int = 0           # disk-tier slots, slot 0 included; 0: no disk tier
+    max_disk_write_pages: int = 1     # disk writes in flight at once (the scheduler's bound)
 
 
 def resolve_device(device: str) -> torch.device:
@@ -92,6 +99,8 @@ def build_model_runner(config: EngineConfig, *, output_tokens_of: Callable[[int]
         host_budget = default_host_cache_bytes(device, num_device_pages * layout.bytes_per_page)
     num_host_pages = max(2, layout.pages_for(host_budget)) if host_budget > 0 else 0
     kv_cache = build_kv_cache(layout, num_device_pages, num_host_pages, device)
+    if config.disk_cache_dir is not None:
+        kv_cache.disk = build_disk_tier(config, kv_cache.host_pool, model_config, kv_dtype, device)
     log.info("model %s on %s (%s); KV cache %d device pages, %d host pages of %d tokens (%s); max_model_len %d",
              model_config.name, device, dtype_name, num_device_pages, num_host_pages, config.page_size, layout,
              max_model_len)
@@ -109,8 +118,33 @@ def build_model_runner(config: EngineConfig, *, output_tokens_of: Callable[[int]
                                             max_model_len=max_model_len, vocab_size=model_config.vocab_size,
                                             device=device)
     write_through_pages = max(1, _WRITE_THROUGH_BYTES_IN_FLIGHT // layout.bytes_per_page)
+    disk = kv_cache.disk
     return BuiltRunner(runner, model_config, max_model_len, num_device_pages, num_host_pages, write_through_pages,
-                       device, model_config.torch_dtype, kv_dtype)
+                       device, model_config.torch_dtype, kv_dtype, num_disk_pages=disk.num_slots if disk else 0,
+                       max_disk_write_pages=max(1, _DISK_WRITE_BYTES_IN_FLIGHT // disk.record_bytes) if disk else 1)
+
+
+def build_disk_tier(config: EngineConfig, host_pool, model_config, kv_dtype: torch.dtype, device: torch.device):
+    """The disk KV tier under `host_pool`, its files named by a fingerprint of everything that changes
+    the KV bytes: the weights, the model's config (RoPE included), dtypes, quantisation, page size,
+    tensor-parallel layout, device kind and the page layout."""
+    from ..kv.disk import DiskKVTier, kv_fingerprint
+    from ..loader import resolve_model_files, weights_identity
+    from ..model_files import default_model
+
+    load_format = "hf" if config.load_format == "safetensors" else config.load_format
+    files = resolve_model_files(config.model or default_model(), load_format)
+    model = {k: v for k, v in dataclasses.asdict(model_config).items() if k != "name"}
+    parts = {"weights": weights_identity(files, config.seed), "model": model, "dtype": model_config.torch_dtype,
+             "kv_dtype": kv_dtype, "quantization": config.quantization, "page_size": config.page_size,
+             "tensor_parallel": [config.tensor_parallel_size, 0], "device": device.type,
+             "page_tensors": [[[t.shape[0], *t.shape[2:]], t.dtype] for t in host_pool.page_tensors]}
+    size = config.disk_cache_size
+    if size is None:
+        os.makedirs(config.disk_cache_dir, exist_ok=True)
+        fs = os.statvfs(config.disk_cache_dir)
+        size = fs.f_bavail * fs.f_frsize // 2
+    return DiskKVTier(host_pool, config.disk_cache_dir, size, kv_fingerprint(parts), config.page_size)
 
 
 def default_host_cache_bytes(device: torch.device, device_pool_bytes: int) -> int:

@@ -1,7 +1,8 @@
 """ModelRunner: a scheduler plan in, sampled tokens out, in two halves so steps can overlap.
 
 launch(plan): bind newly scheduled requests to their state rows -> hand the plan's KV page copies
-to the copier (they run beside the forward on their own stream) -> build input tensors -> forward
+to the copier (they run beside the forward on their own stream) and its disk ops to the disk tier
+(on its own threads) -> build input tensors -> forward
 -> logits at the sampled positions -> logprobs (of the raw logits, when asked) -> penalties / bias
 / min_tokens / grammar masks -> batched sampler -> a non-blocking copy of the tokens to the host
 and an event. collect(launched): wait for that event only, then hand back host arrays.
@@ -108,6 +109,8 @@ class ModelRunner:
         if plan.has_copies:
             self.kv_cache.copier.submit(int(plan.step_id), plan.write_back, plan.load_back,
                                         bool(plan.forward_waits_for_copies))
+        if plan.has_disk_ops:
+            self.kv_cache.disk.submit(plan)
         if plan.input_ids.shape[0] == 0:
             return LaunchedStep(int(plan.step_id), np.empty(0, np.int64), torch.empty(0, dtype=torch.int32))
         t = self.inputs.build(plan, self._prev_sampled)

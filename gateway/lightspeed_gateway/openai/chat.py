@@ -14,6 +14,7 @@ from lightspeed_gateway.openai.protocol import ChatCompletionRequest, NamedToolC
 from lightspeed_gateway.openai.serving import (
     ENGINE_ERRORS,
     SSE_DONE,
+    CacheUsage,
     GatewayState,
     TokenText,
     cancel_on_disconnect,
@@ -155,7 +156,7 @@ class _ChatRun:
         self.top_n = params.logprobs
         self.token_text = TokenText(state.engine.tokenizer) if self.top_n is not None else None
         self.completion_tokens = 0
-        self.cached_tokens = 0
+        self.cache = CacheUsage()
         self.finish_reasons: list[str | None] = [None] * req.n
 
     def _logprob_items(self, completion: Any) -> list[dict]:
@@ -169,7 +170,7 @@ class _ChatRun:
 
     def _observe(self) -> None:
         self.state.metrics.observe_request(self.timing, len(self.prompt_ids), self.completion_tokens,
-                                           self.cached_tokens, [r for r in self.finish_reasons if r])
+                                           self.cache.tokens, [r for r in self.finish_reasons if r])
 
     async def full(self) -> dict:
         texts: list[list[str]] = [[] for _ in range(self.req.n)]
@@ -177,7 +178,7 @@ class _ChatRun:
         try:
             async for out in self.state.engine.generate(self.prompt_ids, self.params, self.request_id, self.timing,
                                                         self.req.priority, session=self.req.prompt_cache_key):
-                self.cached_tokens = max(self.cached_tokens, out.num_cached_tokens or 0)
+                self.cache.add(out)
                 for c in out.outputs:
                     texts[c.index].append(c.text)
                     self.completion_tokens += len(c.token_ids)
@@ -205,7 +206,7 @@ class _ChatRun:
         self._observe()
         return {"id": self.request_id, "object": "chat.completion", "created": self.created,
                 "model": self.state.model_name, "choices": choices,
-                "usage": usage_dict(len(self.prompt_ids), self.completion_tokens, self.cached_tokens)}
+                "usage": usage_dict(len(self.prompt_ids), self.completion_tokens, self.cache)}
 
     def _chunk(self, choices: list[dict], usage: Any = ...) -> str:
         payload = {"id": self.request_id, "object": "chat.completion.chunk", "created": self.created,
@@ -214,7 +215,7 @@ class _ChatRun:
         if usage is not ...:
             payload["usage"] = usage
         elif options is not None and options.include_usage:
-            payload["usage"] = (usage_dict(len(self.prompt_ids), self.completion_tokens, self.cached_tokens)
+            payload["usage"] = (usage_dict(len(self.prompt_ids), self.completion_tokens, self.cache)
                                 if options.continuous_usage_stats else None)
         return sse(payload)
 
@@ -250,7 +251,7 @@ class _ChatRun:
             yield self._chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                                 "finish_reason": None} for i in range(self.req.n)])
             async for out in outputs:
-                self.cached_tokens = max(self.cached_tokens, out.num_cached_tokens or 0)
+                self.cache.add(out)
                 choices = []
                 for c in out.outputs:
                     self.completion_tokens += len(c.token_ids)
@@ -268,7 +269,7 @@ class _ChatRun:
                     yield self._chunk(choices)
             options = self.req.stream_options
             if options is not None and options.include_usage:
-                yield self._chunk([], usage_dict(len(self.prompt_ids), self.completion_tokens, self.cached_tokens))
+                yield self._chunk([], usage_dict(len(self.prompt_ids), self.completion_tokens, self.cache))
             self._observe()
             yield SSE_DONE
         except ENGINE_ERRORS as e:

@@ -14,6 +14,7 @@ from lightspeed_gateway.openai.protocol import CompletionRequest, new_id
 from lightspeed_gateway.openai.serving import (
     ENGINE_ERRORS,
     SSE_DONE,
+    CacheUsage,
     GatewayState,
     TokenText,
     cancel_on_disconnect,
@@ -83,7 +84,7 @@ class _CompletionRun:
         self.timings = [RequestTiming() for _ in prompts]
         self.token_text = TokenText(state.engine.tokenizer) if req.logprobs is not None else None
         self.completion_tokens = [0] * len(prompts)
-        self.cached_tokens = [0] * len(prompts)
+        self.caches = [CacheUsage() for _ in prompts]
         self.finish_reasons: list[str | None] = [None] * (len(prompts) * req.n)
         self.text_offsets = [0] * (len(prompts) * req.n)
 
@@ -112,12 +113,12 @@ class _CompletionRun:
 
     def _usage(self) -> dict:
         return usage_dict(sum(len(ids) for _, ids in self.prompts), sum(self.completion_tokens),
-                          sum(self.cached_tokens))
+                          CacheUsage.total(self.caches))
 
     def _observe(self) -> None:
         n = self.req.n
         for i, ((_, ids), timing) in enumerate(zip(self.prompts, self.timings, strict=True)):
-            self.state.metrics.observe_request(timing, len(ids), self.completion_tokens[i], self.cached_tokens[i],
+            self.state.metrics.observe_request(timing, len(ids), self.completion_tokens[i], self.caches[i].tokens,
                                                [r for r in self.finish_reasons[i * n:(i + 1) * n] if r])
 
     async def full(self) -> dict:
@@ -126,7 +127,7 @@ class _CompletionRun:
         logprobs: list[dict | None] = [None] * len(self.finish_reasons)
         try:
             async for which, out in self.streams():
-                self.cached_tokens[which] = max(self.cached_tokens[which], out.num_cached_tokens or 0)
+                self.caches[which].add(out)
                 for c in out.outputs:
                     choice = which * n + c.index
                     if not texts[choice] and self.req.echo:
@@ -167,7 +168,7 @@ class _CompletionRun:
         echoed = [False] * len(self.finish_reasons)
         try:
             async for which, out in outputs:
-                self.cached_tokens[which] = max(self.cached_tokens[which], out.num_cached_tokens or 0)
+                self.caches[which].add(out)
                 choices = []
                 for c in out.outputs:
                     choice = which * n + c.index

@@ -248,6 +248,8 @@ class CompletionRequest(SamplingFields):
 # responses
 class PromptTokensDetails(BaseModel):
     cached_tokens: int = 0
+    # Lightspeed's extension: cached_tokens split by the KV tier it came from, {"device", "host", "disk"}.
+    cached_tokens_by_tier: dict[str, int] | None = None
 
 
 class Usage(BaseModel):

@@ -323,10 +323,37 @@ async def first_then_rest(stream: AsyncIterator[Any], request: Request) -> Async
     return chained()
 
 
-def usage_dict(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict:
+class CacheUsage:
+    """Prompt tokens served from the prefix cache, over one prompt's outputs (or summed over several):
+    `cached_tokens`, and the same split by KV tier, Lightspeed's `cached_tokens_by_tier` extension of
+    usage.prompt_tokens_details ({"device", "host", "disk"}; absent when the engine reports none)."""
+
+    def __init__(self) -> None:
+        self.tokens = 0
+        self.by_tier: dict[str, int] | None = None
+
+    def add(self, out: Any) -> None:
+        """Take a RequestOutput's report (it comes with the first token; later outputs repeat it)."""
+        tokens = out.num_cached_tokens or 0
+        if tokens >= self.tokens:
+            self.tokens = tokens
+            self.by_tier = getattr(out, "cached_tokens_by_tier", None) or self.by_tier
+
+    @classmethod
+    def total(cls, parts: list[CacheUsage]) -> CacheUsage:
+        summed = cls()
+        summed.tokens = sum(p.tokens for p in parts)
+        if parts and all(p.by_tier is not None for p in parts):
+            summed.by_tier = {tier: sum(p.by_tier[tier] for p in parts) for tier in parts[0].by_tier}
+        return summed
+
+
+def usage_dict(prompt_tokens: int, completion_tokens: int, cache: CacheUsage) -> dict:
+    details: dict[str, Any] = {"cached_tokens": cache.tokens}
+    if cache.by_tier is not None:
+        details["cached_tokens_by_tier"] = dict(cache.by_tier)
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
+            "total_tokens": prompt_tokens + completion_tokens, "prompt_tokens_details": details}
 
 
 Handler = Callable[..., Awaitable[Any]]

@@ -220,9 +220,10 @@ class _Run:
         usage = self.generation.usage()
         reasoning = [p["text"] for item in self.output.items if item["type"] == "reasoning" for p in item["content"]]
         reasoning_tokens = sum(map(len, await self.state.renderer.encode_async(reasoning))) if reasoning else 0
-        self.usage = {"input_tokens": usage.prompt_tokens,
-                      "input_tokens_details": {"cached_tokens": usage.cached_tokens,
-                                               "cache_write_tokens": usage.cache_written},
+        details = {"cached_tokens": usage.cached_tokens, "cache_write_tokens": usage.cache_written}
+        if usage.cached_tokens_by_tier is not None:  # Lightspeed's extension, as in chat completions
+            details["cached_tokens_by_tier"] = dict(usage.cached_tokens_by_tier)
+        self.usage = {"input_tokens": usage.prompt_tokens, "input_tokens_details": details,
                       "output_tokens": self.generation.completion_tokens,
                       "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
                       "total_tokens": usage.prompt_tokens + self.generation.completion_tokens}

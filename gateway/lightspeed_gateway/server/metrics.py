@@ -52,6 +52,32 @@ class EngineStatsCollector:
         yield counter("lightspeed:prefix_cache_query_tokens", "Prompt tokens looked up in the prefix cache.",
                       get("prefix_query_tokens"))
         yield counter("lightspeed:engine_steps", "Engine steps run.", get("num_steps"))
+        yield from self._tiers(get, labels)
+
+    @staticmethod
+    def _tiers(get, labels):
+        """Per KV tier (device, host pinned memory, disk): prefix hits and bytes moved."""
+        hits = CounterMetricFamily("lightspeed:prefix_cache_hit_tokens_by_tier",
+                                   "Prompt tokens served from the prefix cache, by the KV tier they came from.",
+                                   labels=[*labels[0], "tier"])
+        for tier in ("device", "host", "disk"):
+            hits.add_metric([*labels[1], tier], float(get(f"{tier}_hit_tokens")))
+        yield hits
+        moved = CounterMetricFamily("lightspeed:kv_tier_bytes",
+                                    "KV bytes written to / read from the host and disk tiers.",
+                                    labels=[*labels[0], "tier", "direction"])
+        for tier in ("host", "disk"):
+            for direction in ("written", "read"):
+                moved.add_metric([*labels[1], tier, direction], float(get(f"{tier}_bytes_{direction}")))
+        yield moved
+        for name, doc in (("disk_read_failures", "Disk KV records that failed their checks (recomputed)."),
+                          ("disk_write_errors", "Disk KV writes that failed (the first one stops disk writes).")):
+            family = CounterMetricFamily(f"lightspeed:kv_{name}", doc, labels=labels[0])
+            family.add_metric(labels[1], float(get(name)))
+            yield family
+        pages = GaugeMetricFamily("lightspeed:kv_cache_disk_pages", "Prefix-cache pages on disk.", labels=labels[0])
+        pages.add_metric(labels[1], float(get("cached_disk_pages")))
+        yield pages
 
 
 class GatewayMetrics:

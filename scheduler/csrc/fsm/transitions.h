@@ -23,6 +23,13 @@ inline LoadingPrefix admit_loading(Waiting&&, kv::PageList device_pages, kv::Pag
                                    int32_t num_cached) {
   return LoadingPrefix{std::move(device_pages), std::move(host_pages), num_cached};
 }
+// Part of the prefix is on disk only: read it to host first (and load the host part meanwhile).
+inline ReadingDisk admit_reading_disk(Waiting&&, kv::PageList device_pages, kv::PageList host_pages,
+                                      kv::PageList disk_slots, int32_t num_cached, int32_t num_disk_pages,
+                                      int32_t first_read_row) {
+  return ReadingDisk{std::move(device_pages), std::move(host_pages), std::move(disk_slots), num_cached,
+                     num_disk_pages, first_read_row};
+}
 // A swapped-out request loads its KV back; its host pages stay pinned until the copy is acked.
 inline LoadingPrefix readmit(Retracted&& state, kv::PageList device_pages) {
   return LoadingPrefix{std::move(device_pages), std::move(state.host_pages), state.num_saved};
@@ -31,6 +38,24 @@ inline LoadingPrefix readmit(Retracted&& state, kv::PageList device_pages) {
 // ---- copies acknowledged ---------------------------------------------------------------------
 inline Prefilling copy_done(LoadingPrefix&& state) {
   kv::PageList host_pins = std::move(state.host_pages);  // released on return: the copy landed
+  return Prefilling{std::move(state.device_pages), state.num_computed};
+}
+// The disk reads landed; the first `num_verified` disk pages passed their checks. The pages after
+// the first failed one are dropped (recomputed): a prefix cannot skip a page.
+inline DiskLanded disk_read_done(ReadingDisk&& state, int32_t num_verified, int32_t page_size) {
+  const int32_t dropped = state.num_disk_pages - num_verified;
+  state.host_pages.truncate(state.host_pages.size() - static_cast<size_t>(dropped));
+  kv::PageList disk_pins = std::move(state.disk_slots);  // released on return: the reads landed
+  return DiskLanded{std::move(state.device_pages), std::move(state.host_pages),
+                    state.num_computed - dropped * page_size, num_verified};
+}
+// The pages read from disk are being copied to the device (the caller grew device_pages).
+inline LoadingPrefix load_landed(DiskLanded&& state) {
+  return LoadingPrefix{std::move(state.device_pages), std::move(state.host_pages), state.num_computed};
+}
+// Nothing left to copy: no page read from disk passed its checks.
+inline Prefilling nothing_to_load(DiskLanded&& state) {
+  kv::PageList host_pins = std::move(state.host_pages);  // released on return
   return Prefilling{std::move(state.device_pages), state.num_computed};
 }
 inline Retracted copy_done(Retracting&& state) {

@@ -2,6 +2,8 @@
 
 #include <cassert>
 #include <stdexcept>
+#include <string>
+#include <vector>
 
 namespace lightspeed::kv {
 
@@ -33,6 +35,16 @@ int32_t PagePool::allocate_for_forward() {
   assert(refcounts_[page] == 0);
   refcounts_[page] = 1;
   return page;
+}
+
+void PagePool::claim(std::span<const int32_t> pages) {
+  for (int32_t page : pages) {
+    if (page <= 0 || page >= num_pages() || refcounts_[page] != 0)
+      throw std::invalid_argument("claim(): page " + std::to_string(page) + " is not a free page");
+    refcounts_[page] = 1;
+  }
+  std::erase_if(free_, [&](int32_t page) { return refcounts_[page] != 0; });
+  std::erase_if(quarantine_, [&](int32_t page) { return refcounts_[page] != 0; });
 }
 
 void PagePool::retain(int32_t page) {

@@ -40,6 +40,9 @@ class PagePool {
   int32_t allocate();
   // Like allocate(), but prefers quarantined pages: for pages only written by the forward pass.
   int32_t allocate_for_forward();
+  // Takes one reference on each of `pages` (free and distinct) for the caller, at once: restoring
+  // a tier's contents at start-up. O(num_pages).
+  void claim(std::span<const int32_t> pages);
   void retain(int32_t page);
   // Drops one reference; returns true when the page became free.
   bool release(int32_t page);

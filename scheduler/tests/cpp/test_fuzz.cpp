@@ -1,8 +1,11 @@
 // Property test: random submits, aborts, plans and advances (both protocols, speculative rows,
-// cache-op acknowledgements) over random configs. After every event the scheduler recounts every
-// page reference (free + owned = total on each tier, each reference has exactly one owner,
-// finished requests own nothing). At the end of each episode, once everything is finished, every
-// device and host page is free or held by the prefix cache alone.
+// cache-op acknowledgements, disk ops that fail, disk writes stopped, disk records restored from
+// the previous episode) over random configs. After every event the scheduler recounts every page
+// reference (free + owned = total on each tier, each reference has exactly one owner, finished
+// requests own nothing). Every plan is checked against the copies and disk ops still in flight: no
+// forward reads a page being loaded, no host page or disk slot is written while another op reads
+// or writes it. At the end of each episode, once everything is finished, every device and host
+// page and disk slot is free or held by the prefix cache alone.
 //
 // LIGHTSPEED_FUZZ_EVENTS sets the event count (default 10^5; the slow run uses 10^6).
 #include <gtest/gtest.h>
@@ -31,6 +34,22 @@ struct Coverage {
   int64_t retractions = 0, load_backs = 0, write_backs = 0, deferred_rows = 0, speculative_rows = 0;
   int64_t aborts = 0, prefix_hits = 0, finished = 0;
   int64_t late_acks = 0, aborts_mid_copy = 0;  // async_copies: acks after advance(), aborts while loading
+  int64_t disk_writes = 0, disk_reads = 0, disk_hits = 0, failed_reads = 0, failed_writes = 0, restored = 0;
+  int64_t aborts_mid_read = 0, writes_stopped = 0;
+};
+
+// A disk write that landed: what an engine would find in the slot after a restart.
+struct DiskEntry {
+  uint64_t key, parent_key;
+  int32_t depth;
+  std::vector<int32_t> tokens;
+};
+using DiskImage = std::map<int32_t, DiskEntry>;  // slot -> record
+
+// Host pages and disk slots an op in flight reads or writes.
+struct Busy {
+  std::set<int32_t> host_read, host_written, slot_read, slot_written;
+  int32_t num_reads = 0;  // disk_read rows
 };
 
 struct Episode {
@@ -40,6 +59,10 @@ struct Episode {
   std::set<int64_t> aborted;  // aborted, not yet reported
   std::deque<Plan*> in_flight;
   std::vector<int64_t> unacked_copies;  // async_copies: steps whose copies have not "landed" yet
+  std::vector<int64_t> unacked_disk;    // async_copies: steps whose disk ops are not done yet
+  std::map<int64_t, Busy> copies_busy, disk_busy;  // per step, until its copies / disk ops are acked
+  std::map<int64_t, std::vector<std::pair<int32_t, DiskEntry>>> pending_writes;  // per step
+  DiskImage& disk_image;
   // Device pages that copies not yet acknowledged write (load_back destinations) or read
   // (write_back sources), per step: no forward may read the former or overwrite either.
   std::map<int64_t, std::set<int32_t>> loading_pages, copied_out_pages;
@@ -48,7 +71,27 @@ struct Episode {
 
   Coverage& coverage;
 
-  Episode(std::mt19937_64& r, const SchedulerConfig& config, Coverage& c) : rng(r), s(config), coverage(c) {}
+  Episode(std::mt19937_64& r, const SchedulerConfig& config, Coverage& c, DiskImage& image)
+      : rng(r), s(config), disk_image(image), coverage(c) {
+    if (config.num_disk_pages > 0) restore();
+  }
+
+  // The previous episode's disk, as an engine restarted on it would offer it (the scheduler
+  // rejects records that do not fit this config or chain to their parents).
+  void restore() {
+    std::vector<prefix::DiskRecord> records;
+    for (auto& [slot, entry] : disk_image)
+      if (static_cast<int32_t>(entry.tokens.size()) == s.config().page_size)
+        records.push_back({slot, entry.key, entry.parent_key, entry.depth, entry.tokens.data()});
+    const auto accepted = s.restore_disk_pages(records);
+    for (uint8_t a : accepted) coverage.restored += a;
+    disk_image.clear();
+    for (size_t i = 0; i < records.size(); ++i)
+      if (accepted[i])
+        disk_image[records[i].slot] = {records[i].key, records[i].parent_key, records[i].depth,
+                                       std::vector<int32_t>(records[i].tokens, records[i].tokens + s.config().page_size)};
+    s.check_invariants();
+  }
 
   int32_t uniform(int32_t lo, int32_t hi) { return std::uniform_int_distribution<int32_t>(lo, hi)(rng); }
 
@@ -83,6 +126,7 @@ struct Episode {
     const int64_t id = candidates[uniform(0, static_cast<int32_t>(candidates.size()) - 1)];
     const std::string state = s.request_stats(id).state;
     if (s.config().async_copies && (state == "loading_prefix" || state == "retracting")) ++coverage.aborts_mid_copy;
+    if (state == "reading_disk") ++coverage.aborts_mid_read;
     s.abort(id);  // reported by the next advance()
     aborted.insert(id);
     ++coverage.aborts;
@@ -91,6 +135,78 @@ struct Episode {
   void forget_copies(int64_t step) {
     loading_pages.erase(step);
     copied_out_pages.erase(step);
+    copies_busy.erase(step);
+  }
+
+  // Host pages and disk slots: what a new plan's copies and disk ops touch must be free of every
+  // op in flight, and its disk ops (run beside its copies) must not touch what its copies do.
+  void check_io_hazards(const Plan& plan) {
+    Busy copies, disk;
+    for (size_t i = 0; i < plan.write_back.size(); i += 2) copies.host_written.insert(plan.write_back[i + 1]);
+    for (size_t i = 0; i < plan.load_back.size(); i += 2) copies.host_read.insert(plan.load_back[i]);
+    for (size_t i = 0; i < plan.disk_write.size(); i += 2) {
+      disk.host_read.insert(plan.disk_write[i]);
+      ASSERT_TRUE(disk.slot_written.insert(plan.disk_write[i + 1]).second) << "one plan writes a slot twice";
+    }
+    disk.num_reads = static_cast<int32_t>(plan.disk_read.size() / 2);
+    for (size_t i = 0; i < plan.disk_read.size(); i += 2) {
+      disk.slot_read.insert(plan.disk_read[i]);
+      ASSERT_TRUE(disk.host_written.insert(plan.disk_read[i + 1]).second) << "two reads fill one host page";
+    }
+    auto disjoint = [](const std::set<int32_t>& a, const std::set<int32_t>& b) {
+      for (int32_t x : a)
+        if (b.count(x)) return false;
+      return true;
+    };
+    for (int32_t slot : disk.slot_read) ASSERT_EQ(disk.slot_written.count(slot), 0u) << "a slot read while written";
+    ASSERT_TRUE(disjoint(disk.host_written, copies.host_written) && disjoint(disk.host_written, copies.host_read))
+        << "a disk read fills a host page this plan's copies use";
+    ASSERT_TRUE(disjoint(disk.host_read, copies.host_written)) << "a disk write reads a page being copied in";
+    for (const auto* busy_map : {&copies_busy, &disk_busy})
+      for (const auto& [step, busy] : *busy_map) {
+        for (const Busy* mine : {&copies, &disk}) {
+          ASSERT_TRUE(disjoint(mine->host_written, busy.host_read) && disjoint(mine->host_written, busy.host_written))
+              << "host page overwritten while step " << step << " uses it";
+          ASSERT_TRUE(disjoint(mine->host_read, busy.host_written)) << "host page read before step " << step << " filled it";
+          ASSERT_TRUE(disjoint(mine->slot_written, busy.slot_read) && disjoint(mine->slot_written, busy.slot_written))
+              << "disk slot overwritten while step " << step << " uses it";
+          ASSERT_TRUE(disjoint(mine->slot_read, busy.slot_written)) << "disk slot read before step " << step << " wrote it";
+        }
+      }
+    if (plan.has_copies) copies_busy[plan.step_id] = copies;
+    if (plan.has_disk_ops) {
+      disk_busy[plan.step_id] = disk;
+      const int32_t ps = s.config().page_size;
+      auto& writes = pending_writes[plan.step_id];
+      for (size_t i = 0; i < plan.disk_write.size() / 2; ++i)
+        writes.push_back({plan.disk_write[2 * i + 1],
+                          {plan.disk_write_keys[3 * i], plan.disk_write_keys[3 * i + 1],
+                           static_cast<int32_t>(plan.disk_write_keys[3 * i + 2]),
+                           std::vector<int32_t>(plan.disk_write_tokens.begin() + i * ps,
+                                                plan.disk_write_tokens.begin() + (i + 1) * ps)}});
+    }
+  }
+
+  // Disk ops finish with some reads and writes failed (a torn record, a full disk).
+  void finish_disk(int64_t step, bool may_fail) {
+    const Busy busy = disk_busy[step];
+    std::vector<int32_t> failed_writes, failed_reads;
+    auto& writes = pending_writes[step];
+    for (size_t row = 0; row < writes.size(); ++row) {
+      if (may_fail && uniform(0, 7) == 0) {
+        failed_writes.push_back(static_cast<int32_t>(row));
+        disk_image.erase(writes[row].first);  // whatever the slot held is torn now
+      } else {
+        disk_image[writes[row].first] = writes[row].second;
+      }
+    }
+    for (int32_t row = 0; may_fail && row < busy.num_reads; ++row)
+      if (uniform(0, 7) == 0) failed_reads.push_back(row);
+    coverage.failed_writes += static_cast<int64_t>(failed_writes.size());
+    coverage.failed_reads += static_cast<int64_t>(failed_reads.size());
+    s.disk_done(step, failed_writes, failed_reads);
+    disk_busy.erase(step);
+    pending_writes.erase(step);
   }
 
   // The copies of a new plan start after every earlier forward and may run beside later ones.
@@ -126,7 +242,10 @@ struct Episode {
   void advance_oldest() {
     Plan& plan = *in_flight.front();
     in_flight.pop_front();
-    if (!s.config().async_copies) forget_copies(plan.step_id);
+    if (!s.config().async_copies) {
+      forget_copies(plan.step_id);
+      if (plan.has_disk_ops) finish_disk_sync(plan.step_id);
+    }
     std::vector<int32_t> sampled(plan.num_samples);
     for (auto& token : sampled) token = uniform(0, 10);
     std::vector<int32_t> accepted;
@@ -176,14 +295,27 @@ struct Episode {
     }
   }
 
-  // Copies land in any order, some long after their plan was advanced.
+  // Synchronous protocol: advance() acknowledged the disk ops as done, none failed.
+  void finish_disk_sync(int64_t step) {
+    for (auto& [slot, entry] : pending_writes[step]) disk_image[slot] = entry;
+    disk_busy.erase(step);
+    pending_writes.erase(step);
+  }
+
+  // Copies and disk ops land in any order, some long after their plan was advanced.
   void ack_copies() {
-    if (unacked_copies.empty()) return;
-    const auto i = static_cast<size_t>(uniform(0, static_cast<int32_t>(unacked_copies.size()) - 1));
-    s.copies_done(unacked_copies[i]);
-    forget_copies(unacked_copies[i]);
+    const bool disk = !unacked_disk.empty() && (unacked_copies.empty() || uniform(0, 1) == 1);
+    auto& list = disk ? unacked_disk : unacked_copies;
+    if (list.empty()) return;
+    const auto i = static_cast<size_t>(uniform(0, static_cast<int32_t>(list.size()) - 1));
+    if (disk) {
+      finish_disk(list[i], true);
+    } else {
+      s.copies_done(list[i]);
+      forget_copies(list[i]);
+    }
     ++coverage.late_acks;
-    unacked_copies.erase(unacked_copies.begin() + static_cast<ptrdiff_t>(i));
+    list.erase(list.begin() + static_cast<ptrdiff_t>(i));
     EXPECT_THROW(s.copies_done(-5), std::invalid_argument);
   }
 
@@ -196,13 +328,20 @@ struct Episode {
       abort_one();
     } else if (dice < 34 && s.config().async_copies) {
       ack_copies();
+    } else if (dice == 34 && s.config().num_disk_pages > 0 && uniform(0, 30) == 0) {
+      s.stop_disk_writes();  // the disk is full
+      ++coverage.writes_stopped;
     } else if (in_flight.empty() || (overlap && in_flight.size() < 2)) {
       const int32_t previous_samples = in_flight.empty() ? 0 : in_flight.back()->num_samples;
       Plan& plan = s.next_plan();
       check_plan(plan, previous_samples);
       check_copy_hazards(plan);
+      check_io_hazards(plan);
       in_flight.push_back(&plan);
       if (plan.has_copies && s.config().async_copies) unacked_copies.push_back(plan.step_id);
+      if (plan.has_disk_ops && s.config().async_copies) unacked_disk.push_back(plan.step_id);
+      coverage.disk_writes += static_cast<int64_t>(plan.disk_write.size() / 2);
+      coverage.disk_reads += static_cast<int64_t>(plan.disk_read.size() / 2);
       coverage.load_backs += static_cast<int64_t>(plan.load_back.size() / 2);
       coverage.write_backs += static_cast<int64_t>(plan.write_back.size() / 2);
       for (int32_t t = 0; t < plan.num_tokens; ++t) coverage.deferred_rows += plan.deferred_input_mask[t];
@@ -222,9 +361,11 @@ struct Episode {
     // Queued write-throughs are emitted and acknowledged by (possibly empty) plans.
     for (int i = 0; s.has_pending_copies() || s.has_unfinished(); ++i) {
       ASSERT_LT(i, 10000) << "copies never drain";
-      while (!unacked_copies.empty()) ack_copies();
+      while (!unacked_copies.empty() || !unacked_disk.empty()) ack_copies();
       Plan& plan = s.next_plan();
+      check_io_hazards(plan);
       if (plan.has_copies && s.config().async_copies) unacked_copies.push_back(plan.step_id);
+      if (plan.has_disk_ops && s.config().async_copies) unacked_disk.push_back(plan.step_id);
       in_flight.push_back(&plan);
       advance_oldest();
     }
@@ -232,7 +373,11 @@ struct Episode {
     ASSERT_TRUE(live.empty());
     coverage.retractions += s.stats().num_retractions;
     coverage.prefix_hits += s.stats().prefix_hit_tokens;
+    coverage.disk_hits += s.stats().disk_hit_tokens;
     const auto stats = s.stats();
+    EXPECT_EQ(stats.free_disk_pages + stats.cached_disk_pages, std::max(stats.num_disk_pages - 1, 0));
+    EXPECT_EQ(stats.num_disk_writing, 0);
+    EXPECT_EQ(stats.device_hit_tokens + stats.host_hit_tokens + stats.disk_hit_tokens, stats.prefix_hit_tokens);
     EXPECT_EQ(stats.free_device_pages + stats.cached_device_pages, stats.num_device_pages - 1);
     EXPECT_EQ(stats.unreferenced_cached_device_pages, stats.cached_device_pages);  // no request is left
     EXPECT_EQ(stats.free_host_pages + stats.cached_host_pages, std::max(stats.num_host_pages - 1, 0));
@@ -257,6 +402,10 @@ SchedulerConfig random_config(std::mt19937_64& rng) {
   config.async_copies = pick(0, 1) == 1;
   config.max_write_through_pages = pick(1, 16);
   if (pick(0, 9) == 0) config.num_host_pages = 0;  // host tier off
+  if (config.num_host_pages > 0 && pick(0, 1) == 0) {
+    config.num_disk_pages = pick(2, 64);
+    config.max_disk_write_pages = pick(1, 8);
+  }
   return config;
 }
 
@@ -268,8 +417,11 @@ TEST(Fuzz, RandomEventsKeepEveryInvariant) {
   int64_t events = 0;
   int32_t episodes = 0;
   Coverage coverage;
+  // What the disk holds when an episode ends, offered to the next one of the same page size.
+  std::map<int32_t, DiskImage> disk_images;
   while (events < budget) {
-    Episode episode(rng, random_config(rng), coverage);
+    const SchedulerConfig config = random_config(rng);
+    Episode episode(rng, config, coverage, disk_images[config.page_size]);
     const int64_t length = std::min<int64_t>(2000, budget - events);
     while (episode.events < length) {
       episode.event();
@@ -289,6 +441,12 @@ TEST(Fuzz, RandomEventsKeepEveryInvariant) {
               static_cast<long long>(coverage.prefix_hits));
   std::printf("fuzz: %lld late copy acknowledgements, %lld aborts while a copy was in flight\n",
               static_cast<long long>(coverage.late_acks), static_cast<long long>(coverage.aborts_mid_copy));
+  std::printf("fuzz: %lld disk writes (%lld failed), %lld disk reads (%lld failed), %lld disk-hit tokens, "
+              "%lld pages restored, %lld aborts while reading, %lld stops\n",
+              static_cast<long long>(coverage.disk_writes), static_cast<long long>(coverage.failed_writes),
+              static_cast<long long>(coverage.disk_reads), static_cast<long long>(coverage.failed_reads),
+              static_cast<long long>(coverage.disk_hits), static_cast<long long>(coverage.restored),
+              static_cast<long long>(coverage.aborts_mid_read), static_cast<long long>(coverage.writes_stopped));
   EXPECT_GT(coverage.retractions, 0);
   EXPECT_GT(coverage.load_backs, 0);
   EXPECT_GT(coverage.write_backs, 0);
@@ -298,4 +456,12 @@ TEST(Fuzz, RandomEventsKeepEveryInvariant) {
   EXPECT_GT(coverage.prefix_hits, 0);
   EXPECT_GT(coverage.late_acks, 0);
   EXPECT_GT(coverage.aborts_mid_copy, 0);
+  EXPECT_GT(coverage.disk_writes, 0);
+  EXPECT_GT(coverage.disk_reads, 0);
+  EXPECT_GT(coverage.disk_hits, 0);
+  EXPECT_GT(coverage.failed_reads, 0);
+  EXPECT_GT(coverage.failed_writes, 0);
+  EXPECT_GT(coverage.restored, 0);
+  EXPECT_GT(coverage.aborts_mid_read, 0);
+  EXPECT_GT(coverage.writes_stopped, 0);
 }
