@@ -85,11 +85,12 @@ struct Episode {
         records.push_back({slot, entry.key, entry.parent_key, entry.depth, entry.tokens.data()});
     const auto accepted = s.restore_disk_pages(records);
     for (uint8_t a : accepted) coverage.restored += a;
-    disk_image.clear();
+    DiskImage kept;  // the records point into disk_image: build the new one first
     for (size_t i = 0; i < records.size(); ++i)
       if (accepted[i])
-        disk_image[records[i].slot] = {records[i].key, records[i].parent_key, records[i].depth,
-                                       std::vector<int32_t>(records[i].tokens, records[i].tokens + s.config().page_size)};
+        kept[records[i].slot] = {records[i].key, records[i].parent_key, records[i].depth,
+                                 std::vector<int32_t>(records[i].tokens, records[i].tokens + s.config().page_size)};
+    disk_image.swap(kept);
     s.check_invariants();
   }
 
