@@ -26,6 +26,7 @@ _WRITE_THROUGH_BYTES_IN_FLIGHT = 512 << 20
 # Bytes being written to disk at once: a fraction of a second of an NVMe drive, so a disk hit's reads
 # (on their own threads) never wait long for the device behind queued writes.
 _DISK_WRITE_BYTES_IN_FLIGHT = 256 << 20
+_MAX_DISK_WRITES = 4096  # small pages: the plan's disk-write buffers are sized by this bound
 
 
 @dataclass
@@ -121,7 +122,8 @@ def build_model_runner(config: EngineConfig, *, output_tokens_of: Callable[[int]
     disk = kv_cache.disk
     return BuiltRunner(runner, model_config, max_model_len, num_device_pages, num_host_pages, write_through_pages,
                        device, model_config.torch_dtype, kv_dtype, num_disk_pages=disk.num_slots if disk else 0,
-                       max_disk_write_pages=max(1, _DISK_WRITE_BYTES_IN_FLIGHT // disk.record_bytes) if disk else 1)
+                       max_disk_write_pages=max(1, min(_MAX_DISK_WRITES, _DISK_WRITE_BYTES_IN_FLIGHT // disk.record_bytes))
+                       if disk else 1)
 
 
 def build_disk_tier(config: EngineConfig, host_pool, model_config, kv_dtype: torch.dtype, device: torch.device):
