@@ -26,6 +26,10 @@ _NO_OUTPUTS = m.StepOutputs([], [])
 # are written for at most this long (the client stops waiting for the core after 5 s).
 _DISK_INDEX_BUDGET_S = 10.0
 _DISK_FLUSH_S = 3.0
+# A plan with no rows while copies are in flight: every request waits on a copy or a disk read.
+# Waiting this long for one to land (instead of planning again at once) leaves the GIL to the disk
+# tier's threads, which a spinning step loop starves on a small machine.
+_COPY_WAIT_S = 0.001
 
 log = logging.getLogger("lightspeed.core")
 
@@ -168,7 +172,15 @@ class Engine:
         earlier = self._complete(self._in_flight) if self._in_flight is not None else None
         self._in_flight = None
         latest = self._complete(launched)
+        if not plan.num_reqs and earlier is None and self.has_pending_copies():
+            self._wait_for_copies(_COPY_WAIT_S)
         return earlier if earlier is not None else latest
+
+    def _wait_for_copies(self, timeout_s: float) -> None:
+        if self.disk is not None and self.disk.num_in_flight:
+            self.disk.wait_any(timeout_s)
+        else:
+            time.sleep(timeout_s / 4)  # device copies land within microseconds: poll sooner
 
     def _complete(self, done: tuple) -> m.StepOutputs:
         plan, launched = done

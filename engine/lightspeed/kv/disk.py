@@ -36,7 +36,7 @@ import threading
 import time
 import weakref
 import zlib
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -213,8 +213,11 @@ class DiskKVTier:
         # The plan's arrays are views into a buffer the plan after next overwrites: copy them.
         writes = (np.array(plan.disk_write), np.array(plan.disk_write_keys), np.array(plan.disk_write_tokens))
         reads = (np.array(plan.disk_read), np.array(plan.disk_read_keys), np.array(plan.disk_read_tokens))
-        write_futures = [self._writers.submit(self._write_rows, writes, rows)
-                         for rows in _chunks(writes[0].shape[0])]
+        if self._stop.is_set():  # writes stopped since the scheduler planned these: none happen
+            write_futures = [_done_future(list(range(writes[0].shape[0])))]
+        else:
+            write_futures = [self._writers.submit(self._write_rows, writes, rows)
+                             for rows in _chunks(writes[0].shape[0])]
         read_futures = [self._readers.submit(self._read_rows, reads, rows) for rows in _chunks(reads[0].shape[0])]
         self._in_flight[int(plan.step_id)] = (writes[0].shape[0], reads[0].shape[0], write_futures, read_futures)
 
@@ -222,6 +225,11 @@ class DiskKVTier:
         """(step_id, failed write rows, failed read rows) of each step whose disk ops are all done."""
         done = [s for s, (_, _, w, r) in self._in_flight.items() if all(f.done() for f in (*w, *r))]
         return [self._collect(s) for s in done]
+
+    def wait_any(self, timeout_s: float) -> None:
+        """Block until one op in flight is done, or timeout_s passed."""
+        futures = [f for (_, _, w, r) in self._in_flight.values() for f in (*w, *r)]
+        wait(futures, timeout=timeout_s, return_when=FIRST_COMPLETED)
 
     def wait_all(self) -> list[tuple[int, list[int], list[int]]]:
         """Block until every op in flight is done (shutdown and tests)."""
@@ -249,11 +257,10 @@ class DiskKVTier:
 
     def _write_rows(self, writes, rows: range) -> list[int]:
         pages, keys, tokens = writes
+        # Rows submitted before a failure are all tried (each fails on its own if the disk is full), so
+        # which pages reach disk does not depend on how the writer threads interleave.
         failed = []
         for row in rows:
-            if self._stop.is_set():
-                failed.append(row)
-                continue
             try:
                 self._write(int(pages[row, 0]), int(pages[row, 1]), keys[row], tokens[row])
             except OSError as e:
@@ -345,6 +352,12 @@ def _page_byte_view(t: torch.Tensor) -> np.ndarray:
     if flat.shape[2] == 0:
         return np.zeros((outer, pages, 0), np.uint8)
     return flat.view(torch.uint8).numpy().reshape(outer, pages, -1)
+
+
+def _done_future(result) -> Future:
+    f = Future()
+    f.set_result(result)
+    return f
 
 
 def _chunks(n: int) -> list[range]:
