@@ -2,7 +2,7 @@
 
 Public API (see engine/README.md): LLM, AsyncLLM, SamplingParams, StructuredOutputParams,
 RequestOutput, CompletionOutput, Logprob, RequestOutputKind, EngineConfig, engine_arg_specs,
-EngineDeadError, default_model, load_tokenizer, apply_chat_template, __version__.
+EngineDeadError, RequestFailedError, default_model, load_tokenizer, apply_chat_template, __version__.
 
 Names are imported lazily, so `import lightspeed.runner` (e.g. on a GPU box driving the runner
 in-process) does not pull in the ZMQ client stack.
@@ -27,6 +27,7 @@ _EXPORTS = {
     "EngineConfig": "lightspeed.config",
     "engine_arg_specs": "lightspeed.config",
     "EngineDeadError": "lightspeed.core.errors",
+    "RequestFailedError": "lightspeed.core.errors",
     "default_model": "lightspeed.model_files",
     "load_tokenizer": "lightspeed.frontend.tokenizer",
     "apply_chat_template": "lightspeed.frontend.tokenizer",
@@ -34,7 +35,8 @@ _EXPORTS = {
 
 __all__ = [
     "LLM", "AsyncLLM", "SamplingParams", "StructuredOutputParams", "RequestOutputKind", "RequestOutput",
-    "CompletionOutput", "Logprob", "EngineConfig", "engine_arg_specs", "EngineDeadError", "default_model",
+    "CompletionOutput", "Logprob", "EngineConfig", "engine_arg_specs", "EngineDeadError", "RequestFailedError",
+    "default_model",
     "load_tokenizer", "apply_chat_template", "__version__",
 ]
 assert set(__all__) == {*_EXPORTS, "__version__"}
@@ -45,7 +47,7 @@ if TYPE_CHECKING:
     from .api.outputs import CompletionOutput, Logprob, RequestOutput
     from .api.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputParams
     from .config import EngineConfig, engine_arg_specs
-    from .core.errors import EngineDeadError
+    from .core.errors import EngineDeadError, RequestFailedError
     from .frontend.tokenizer import apply_chat_template, load_tokenizer
     from .model_files import default_model
 

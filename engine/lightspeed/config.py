@@ -76,8 +76,9 @@ class EngineConfig:
                                        "activations and the KV cache, which gets the rest).")
     kv_cache_memory: int | None = _f(None, "KV-cache budget in bytes (accepts 2GiB, 512MiB); sizes the cache on CPU "
                                      "(default 1GiB there); on GPU it overrides --gpu-memory-utilization.")
-    kv_cache_dtype: str = _f("auto", "KV-cache dtype: auto (= model dtype), bf16, fp16, fp32, fp8 (e4m3 with "
-                             "per-layer scales; MLA models: e4m3 latent with a scale per token).", KV_CACHE_DTYPES)
+    kv_cache_dtype: str = _f("auto", "KV-cache dtype: auto (= model dtype), bf16, fp16, fp32, fp8 (e4m3 with one "
+                             "scale of 1.0 for K and V, not calibrated: values beyond +-448 saturate; MLA models: "
+                             "e4m3 latent with a scale per token).", KV_CACHE_DTYPES)
     quantization: str | None = _f(None, "Quantise the weights at load: fp8 (e4m3 with one scale per 128x128 "
                                   "block, DeepSeek-V3's format; activations per token and 128 columns). FP8 "
                                   "checkpoints (quantization_config) load as FP8 without it.", QUANTIZATIONS)
@@ -101,6 +102,15 @@ class EngineConfig:
     seed: int = _f(0, "Seed of the engine: weights of dummy models and the seeds of requests that set none.")
     tensor_parallel_size: int = _f(1, "Tensor-parallel ranks (only 1 is supported in this version).")
     max_logprobs: int = _f(20, "Largest number of top logprobs a request may ask for.")
+    max_logit_bias: int = _f(1024, "Most logit_bias entries per request (their device table is sized for every "
+                             "sequence at start-up; a request with more is rejected).")
+    max_stop_token_ids: int = _f(64, "Most stop_token_ids per request (checked on every token; a request with "
+                                 "more is rejected).")
+    max_queued_requests: int = _f(4096, "Requests the engine holds beyond --max-num-seqs (waiting to run, or for "
+                                  "their grammar to compile); the Python API waits for room, other clients are "
+                                  "rejected.")
+    grammar_cache_size: int = _f(256, "Compiled grammars (structured output) kept for reuse, least recently used "
+                                 "evicted first. Grammars compile on a worker thread, off the step loop.")
     num_threads: int | None = _f(None, "torch threads of the engine core on CPU (default: torch's choice).")
     async_scheduling: bool = _f(True, "Overlap steps: the CPU plans and launches step N+1 while the GPU runs "
                                 "step N (off: each step is collected before the next is planned, for debugging).")
@@ -128,7 +138,7 @@ class EngineConfig:
         if self.chunked_prefill_size is None:
             object.__setattr__(self, "chunked_prefill_size", self.max_num_batched_tokens)
         positive = ("max_num_seqs", "max_num_batched_tokens", "chunked_prefill_size", "page_size",
-                    "tensor_parallel_size", "cuda_graph_max_batch_size")
+                    "tensor_parallel_size", "cuda_graph_max_batch_size", "max_queued_requests", "grammar_cache_size")
         for name in positive:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -150,8 +160,9 @@ class EngineConfig:
                              "through host memory")
         if self.tensor_parallel_size != 1:
             raise ValueError("tensor_parallel_size > 1 is not supported yet by the engine core (use 1)")
-        if self.max_logprobs < 0:
-            raise ValueError(f"max_logprobs must be >= 0, got {self.max_logprobs}")
+        for name in ("max_logprobs", "max_logit_bias", "max_stop_token_ids"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError(f"num_threads must be >= 1, got {self.num_threads}")
         for name in ("enforce_eager", "async_scheduling", "enable_prefix_cache"):

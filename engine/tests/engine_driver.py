@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -23,6 +24,8 @@ class Run:
     finished: dict[str, str] = field(default_factory=dict)
     cached: dict[str, int] = field(default_factory=dict)
     cached_by_tier: dict[str, list[int]] = field(default_factory=dict)  # [device, host, disk]
+    errors: dict[str, str] = field(default_factory=dict)    # failed while running (finished "error")
+    rejected: dict[str, str] = field(default_factory=dict)  # rejected after admission (e.g. their grammar)
     steps: int = 0
     overlapped_steps: int = 0  # steps that left a launched step in flight (async scheduling)
 
@@ -36,8 +39,13 @@ def run_until_idle(engine: Engine, run: Run | None = None, *, on_step=None, max_
     """Step until no request is left and every KV copy has landed (the core's idle flush).
     `on_step(engine, run)` runs after every step (aborts mid-flight, counters)."""
     run = run or Run()
-    while engine.has_work() or engine.has_pending_copies():
+    while engine.has_work() or engine.has_pending_copies() or engine.has_pending_grammars():
         assert run.steps < max_steps, "the engine never went idle"
+        engine.admit_compiled()
+        if not (engine.has_work() or engine.has_pending_copies()):
+            time.sleep(0.001)  # only grammars compiling (the core's loop polls its socket meanwhile)
+            _take_errors(engine, run)
+            continue
         out = engine.step()
         run.steps += 1
         run.overlapped_steps += engine._in_flight is not None
@@ -46,6 +54,16 @@ def run_until_idle(engine: Engine, run: Run | None = None, *, on_step=None, max_
         run.finished.update(out.finished or {})
         run.cached.update(out.num_cached_tokens or {})
         run.cached_by_tier.update(out.cached_tokens_by_tier or {})
+        _take_errors(engine, run)
         if on_step is not None:
             on_step(engine, run)
+    _take_errors(engine, run)
     return run
+
+
+def _take_errors(engine: Engine, run: Run) -> None:
+    errors = engine.take_errors()
+    if errors is not None:
+        run.rejected.update(errors.errors)
+        run.errors.update(errors.failed)
+        run.finished.update({name: "error" for name in errors.failed})

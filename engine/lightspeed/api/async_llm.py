@@ -8,6 +8,12 @@ What generate yields is chosen by `SamplingParams.output_kind`: CUMULATIVE (defa
 RequestOutput carries everything so far), DELTA (only what is new since the last yield),
 FINAL_ONLY (one output at the end). Leaving the `async for` early (break, cancellation, client
 disconnect) aborts the request in the core and frees its KV pages at once.
+
+Faults: a request the core rejects raises ValueError, one that fails while running raises
+RequestFailedError; both end that request only. If the core dies every request raises
+EngineDeadError, and `restart()` starts a fresh core (the gateway's supervisor calls it). Sends
+never block the event loop: when the core's input queue is full they wait for room, and no more
+requests are in flight than the core will queue (`max_num_seqs + max_queued_requests`).
 """
 
 from __future__ import annotations
@@ -19,10 +25,12 @@ from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import zmq
+
 from ..config import EngineConfig
 from ..core import messages as m
 from ..core.client import EngineCoreClient
-from ..core.errors import EngineDeadError
+from ..core.errors import EngineDeadError, RequestFailedError
 from ..envs import ENVS
 from ..frontend.detokenizer import StepDetokenizer
 from ..frontend.output_processor import RequestGroup, SequenceState
@@ -80,6 +88,11 @@ class AsyncLLM:
         self._dead: EngineDeadError | None = None
         self._stats: m.EngineStats | None = None
         self._closed = False
+        # Engine requests sent and not yet released: the core never holds more than it will queue.
+        self._num_in_flight = 0
+        self._max_in_flight = config.max_num_seqs + config.max_queued_requests
+        self._room = asyncio.Event()
+        self._sends: set[asyncio.Task] = set()  # aborts waiting for room in the core's input queue
         try:  # constructed inside a running loop (gateway, LLM): start listening now, so stats flow
             asyncio.get_running_loop()
         except RuntimeError:
@@ -121,8 +134,12 @@ class AsyncLLM:
         `session_id` names the conversation: the scheduler keeps its cached prefix longer under
         eviction pressure (EngineConfig.session_retention)."""
         params = sampling_params or SamplingParams()
-        group = self._add_request(prompt, params, request_id, priority, session_id)
+        group, messages = self._prepare(prompt, params, request_id, priority, session_id)
+        await self._wait_for_room(len(messages))
+        self._register(group)
         try:
+            for msg in messages:
+                await self._send(msg)
             while True:
                 await group.event.wait()
                 group.event.clear()
@@ -157,23 +174,50 @@ class AsyncLLM:
         return snap
 
     def shutdown(self) -> None:
-        """Stop the engine core process and release sockets (idempotent)."""
+        """Stop the engine core process and release sockets (idempotent; from any thread)."""
+        if self._closed:
+            return
+        loop = self._loop
+        if loop is not None and loop.is_running() and not _on_loop(loop):
+            # The loop watches the core's socket: let it close it, or it raises on a dead descriptor.
+            asyncio.run_coroutine_threadsafe(self._shutdown_on_loop(), loop).result(timeout=60)
+            return
+        self._shutdown_here()
+
+    async def _shutdown_on_loop(self) -> None:
+        self._shutdown_here()
+
+    def _shutdown_here(self) -> None:
         if self._closed:
             return
         self._closed = True
-        task = self._output_task
-        if task is not None and not task.done():
-            try:
-                on_its_loop = asyncio.get_running_loop() is task.get_loop()
-            except RuntimeError:
-                on_its_loop = False
-            if on_its_loop:  # cancel its socket poll now, before the sockets close under it
-                task.cancel()
-            else:
-                task.get_loop().call_soon_threadsafe(task.cancel)
+        if self._output_task is not None and not self._output_task.done():
+            self._output_task.cancel()  # cancel its socket poll now, before the sockets close under it
         self._fail_all(EngineDeadError("the engine was shut down"))
         self._core.close()
         self._detok_pool.shutdown(wait=False, cancel_futures=True)
+
+    async def restart(self) -> None:
+        """Replace a dead engine core with a fresh one (same config and tokenizer). Requests of the old
+        core have failed with EngineDeadError; new ones fail the same way until this returns."""
+        if self._closed:
+            raise EngineDeadError("the engine was shut down")
+        self._dead = self._dead or EngineDeadError("the engine core is restarting")
+        self._fail_all(self._dead)
+        task = self._output_task
+        if task is not None and not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        self._core.close()
+        core = EngineCoreClient(self.config)
+        try:
+            info = await asyncio.get_running_loop().run_in_executor(None, core.wait_ready)
+        except BaseException:
+            core.close()
+            raise
+        self._core, self.engine_info, self._stats = core, info, None
+        self._output_task, self._dead = None, None
+        self._ensure_output_task()
 
     def __del__(self) -> None:  # the core client's finalizer does the real work
         pass
@@ -195,8 +239,9 @@ class AsyncLLM:
         if self._dead is not None:
             raise self._dead
 
-    def _add_request(self, prompt: PromptType, params: SamplingParams, request_id: str | None,
-                     priority: int, session_id: str | None = None) -> RequestGroup:
+    def _prepare(self, prompt: PromptType, params: SamplingParams, request_id: str | None, priority: int,
+                 session_id: str | None = None) -> tuple[RequestGroup, list[m.AddRequest]]:
+        """Tokenise and check a request (ValueError); nothing is registered or sent yet."""
         self._check_alive()
         self._ensure_output_task()
         prompt_text, prompt_ids = self._tokenize(prompt)
@@ -216,13 +261,33 @@ class AsyncLLM:
             seed = None if params.seed is None else params.seed + i
             messages.append(m.AddRequest(engine_id, prompt_ids, self._spec(params, max_tokens, seed), priority,
                                          session_id))
-        group = RequestGroup(request_id, prompt_text, prompt_ids, params, seqs)
-        self._groups[request_id] = group
-        for seq in seqs:
+        return RequestGroup(request_id, prompt_text, prompt_ids, params, seqs), messages
+
+    def _register(self, group: RequestGroup) -> None:
+        self._check_alive()
+        if group.request_id in self._groups:
+            raise ValueError(f"request id {group.request_id!r} is already running")
+        self._groups[group.request_id] = group
+        for seq in group.seqs:
             self._seqs[seq.engine_id] = (group, seq)
-        for msg in messages:
-            self._core.send(msg)
-        return group
+        self._num_in_flight += len(group.seqs)
+
+    async def _wait_for_room(self, n: int) -> None:
+        """Back-pressure: wait while the core already holds as many requests as it will queue."""
+        while self._num_in_flight and self._num_in_flight + n > self._max_in_flight:
+            self._room.clear()
+            await self._room.wait()
+            self._check_alive()
+
+    async def _send(self, msg: m.AddRequest | m.AbortRequests) -> None:
+        """Send without blocking the loop: while the core's input queue is full, wait for room."""
+        while True:
+            self._check_alive()
+            try:
+                self._core.send(msg)
+                return
+            except zmq.Again:
+                await asyncio.sleep(_SEND_RETRY_S)
 
     def _spec(self, p: SamplingParams, max_tokens: int, seed: int | None) -> m.SamplingSpec:
         kind, spec = p.structured_output.kind_and_spec() if p.structured_output is not None else (None, None)
@@ -241,15 +306,23 @@ class AsyncLLM:
         live = [s.engine_id for s in group.seqs if s.finish_reason is None]
         for s in group.seqs:
             self._seqs.pop(s.engine_id, None)
+        self._num_in_flight -= len(group.seqs)
+        self._room.set()
         if live:  # the consumer left early: free the core's resources now
             self._abort_in_core(live)
 
     def _abort_in_core(self, engine_ids: list[str]) -> None:
-        if engine_ids and self._dead is None and not self._closed:
-            try:
-                self._core.send(m.AbortRequests(engine_ids))
-            except EngineDeadError:
-                pass
+        if not engine_ids or self._dead is not None or self._closed:
+            return
+        msg = m.AbortRequests(engine_ids)
+        try:
+            self._core.send(msg)
+        except EngineDeadError:
+            pass
+        except zmq.Again:  # the core's input is full: an abort must not be lost, so send it when there is room
+            task = asyncio.get_running_loop().create_task(self._send(msg))
+            self._sends.add(task)
+            task.add_done_callback(self._sends.discard)
 
     def _ensure_output_task(self) -> None:
         loop = asyncio.get_running_loop()
@@ -260,30 +333,54 @@ class AsyncLLM:
             self._output_task = loop.create_task(self._output_loop())
 
     async def _output_loop(self) -> None:
+        """Deliver the core's messages until it dies or we close. An error that belongs to one request
+        fails that request; one that belongs to no request is logged; neither ends delivery."""
         poll_s = ENVS.engine_poll_interval_s
+        core = self._core
         try:
             while not self._closed:
-                msg = await self._core.poll_output(poll_s)
-                if msg is None:
-                    if not self._core.is_alive():
-                        raise EngineDeadError(
-                            f"engine core (pid {self._core.pid}) died with exit code {self._core.proc.returncode}")
+                try:
+                    msg = await core.poll_output(poll_s)
+                except (zmq.ZMQError, OSError) as e:
+                    raise EngineDeadError(f"lost the connection to the engine core ({e})") from None
+                except Exception as e:  # msgspec.DecodeError and kin: one unreadable message
+                    log.error("ignored an unreadable message from the engine core: %s", e)
                     continue
-                if isinstance(msg, m.StepOutputs):
-                    await self._on_step(msg)
-                elif isinstance(msg, m.RequestErrors):
-                    for engine_id, error in msg.errors.items():
-                        entry = self._seqs.get(engine_id)
-                        if entry is not None:
-                            entry[0].fail(ValueError(error))
-                elif isinstance(msg, m.EngineFailure):
-                    raise EngineDeadError(f"engine core failed:\n{msg.message}")
+                if msg is None:
+                    if not core.is_alive():
+                        raise EngineDeadError(
+                            f"engine core (pid {core.pid}) died with exit code {core.proc.returncode}")
+                    continue
+                await self._dispatch(msg)
         except EngineDeadError as e:
             self._dead = e
             log.error("%s", e)
             self._fail_all(e)
         except asyncio.CancelledError:
             pass
+
+    async def _dispatch(self, msg) -> None:
+        if isinstance(msg, m.StepOutputs):
+            await self._on_step(msg)
+        elif isinstance(msg, m.RequestErrors):
+            for engine_id, error in msg.errors.items():
+                self._fail_seq(engine_id, ValueError(error))
+            for engine_id, error in msg.failed.items():
+                self._fail_seq(engine_id, RequestFailedError(error), "error")
+        elif isinstance(msg, m.EngineFailure):
+            log.error("engine core failed:\n%s", msg.message)  # the traceback is for the log only
+            raise EngineDeadError("the engine core failed (see the log)")
+
+    def _fail_seq(self, engine_id: str, error: BaseException, reason: str | None = None) -> None:
+        entry = self._seqs.get(engine_id)
+        if entry is None:
+            return
+        group, seq = entry
+        if reason is not None:
+            seq.finish(reason)
+        group.fail(error)
+        others = [s.engine_id for s in group.seqs if s.finish_reason is None and s is not seq]
+        self._abort_in_core(others)  # the request as a whole failed: its other choices stop too
 
     def _fail_all(self, error: BaseException) -> None:
         for group in list(self._groups.values()):
@@ -303,14 +400,29 @@ class AsyncLLM:
                 entry[0].note_cached(cached[engine_id], by_tier.get(engine_id))
             live.append((engine_id, token, *entry))
         decoded = [x for x in live if x[3].detok is not None]
-        texts = iter(await self._detok.decode([x[3].detok for x in decoded], [x[1] for x in decoded]))
         lps, stopped = msg.logprobs or {}, []
+        try:
+            texts = iter(await self._detok.decode([x[3].detok for x in decoded], [x[1] for x in decoded]))
+        except Exception as e:  # the step's detokenisation failed: its requests fail, delivery goes on
+            log.error("detokenising a step failed", exc_info=e)
+            for engine_id, *_ in decoded:
+                self._fail_seq(engine_id, RequestFailedError(f"detokenising the output failed ({type(e).__name__})"),
+                               "error")
+                stopped.append(engine_id)
+            live, texts = [x for x in live if x[3].detok is None], iter(())
         for engine_id, token, group, seq in live:
             text = next(texts) if seq.detok is not None else None
             if seq.finish_reason is not None:
                 continue  # aborted while the step was being decoded
-            if seq.append(token, lps.get(engine_id), text):
-                stopped.append(engine_id)   # a stop string: the core still thinks it runs
+            try:
+                if seq.append(token, lps.get(engine_id), text):
+                    stopped.append(engine_id)   # a stop string: the core still thinks it runs
+            except Exception as e:  # this request fails, delivery goes on
+                log.error("request %s failed while its output was processed", engine_id, exc_info=e)
+                self._fail_seq(engine_id, RequestFailedError(f"processing the output failed ({type(e).__name__})"),
+                               "error")
+                stopped.append(engine_id)
+                continue
             group.touch(seq.index)
         for engine_id, reason in (msg.finished or {}).items():
             entry = seqs.get(engine_id)
@@ -320,3 +432,12 @@ class AsyncLLM:
         if stopped:
             self._abort_in_core([e for e in stopped if e not in (msg.finished or {})])
 
+
+_SEND_RETRY_S = 0.005  # how often a send retries while the core's input queue is full
+
+
+def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:
+        return False

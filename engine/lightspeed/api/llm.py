@@ -22,6 +22,7 @@ from .outputs import RequestOutput
 from .sampling_params import RequestOutputKind, SamplingParams
 
 _END = object()
+_STREAM_BUFFER = 4  # outputs generate_stream holds for a slow consumer before the pump waits
 
 
 class LLM:
@@ -91,12 +92,18 @@ class LLM:
 
     def generate_stream(self, prompt: PromptType, sampling_params: SamplingParams | None = None,
                         request_id: str | None = None) -> Iterator[RequestOutput]:
-        """Yield RequestOutputs for one prompt as they come (kind from sampling_params.output_kind)."""
+        """Yield RequestOutputs for one prompt as they come (kind from sampling_params.output_kind).
+        A consumer slower than the engine gets merged outputs, never a growing backlog: the pump takes
+        the next output only once the consumer has room for it (at most _STREAM_BUFFER queued)."""
         results: queue.Queue = queue.Queue()
+        room = threading.Semaphore(_STREAM_BUFFER)
 
         async def pump() -> None:
+            loop = asyncio.get_running_loop()
             try:
                 async for out in self._engine.generate(prompt, sampling_params, request_id):
+                    if not room.acquire(blocking=False):
+                        await loop.run_in_executor(None, room.acquire)
                     results.put(out)
             except BaseException as e:  # handed to the caller's thread
                 results.put(e)
@@ -107,6 +114,7 @@ class LLM:
         try:
             while True:
                 item = results.get()
+                room.release()
                 if item is _END:
                     return
                 if isinstance(item, BaseException):
@@ -115,6 +123,7 @@ class LLM:
         finally:
             if not future.done():
                 future.cancel()  # the consumer stopped early: aborts the request
+            room.release()  # a pump waiting for room wakes up and sees the cancellation
 
     def chat(self, messages: list[dict] | Sequence[list[dict]], sampling_params: SamplingParams | None = None, *,
              chat_template: str | None = None, add_generation_prompt: bool = True,

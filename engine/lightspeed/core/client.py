@@ -28,8 +28,20 @@ from ..envs import ENVS
 from . import messages as m
 from .errors import EngineDeadError
 
+# Client messages queued towards the core before senders wait: the core takes up to a few hundred
+# per loop iteration, so this only binds when the core cannot keep up.
+INPUT_HIGH_WATER_MARK = 4096
+
 
 def _terminate(proc: subprocess.Popen, ctx: zmq.Context, sockets: list, folder: str, input_sock) -> None:
+    _stop(proc, input_sock)
+    for sock in sockets:
+        sock.close(linger=0)
+    ctx.term()
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def _stop(proc: subprocess.Popen, input_sock) -> None:
     if proc.poll() is None:
         try:
             input_sock.send(m.encoder.encode(m.Shutdown()), zmq.NOBLOCK)
@@ -44,10 +56,6 @@ def _terminate(proc: subprocess.Popen, ctx: zmq.Context, sockets: list, folder: 
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-    for sock in sockets:
-        sock.close(linger=0)
-    ctx.term()
-    shutil.rmtree(folder, ignore_errors=True)
 
 
 class EngineCoreClient:
@@ -58,12 +66,15 @@ class EngineCoreClient:
         self._ctx = zmq.Context()
         self._input = self._ctx.socket(zmq.PUSH)
         self._input.setsockopt(zmq.LINGER, 1000)
+        self._input.setsockopt(zmq.SNDHWM, INPUT_HIGH_WATER_MARK)
         self._input.bind(input_addr)
         self._output = self._ctx.socket(zmq.PULL)
         self._output.bind(output_addr)
         cmd = [sys.executable, "-m", "lightspeed.core.engine_core", "--input", input_addr, "--output", output_addr,
                "--config", json.dumps(dataclasses.asdict(config)), "--parent-pid", str(os.getpid())]
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL)
+        # Its own session: a Ctrl-C in the terminal reaches only us, and we stop the core in order
+        # (it still dies with us: PDEATHSIG).
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, start_new_session=True)
         self._async_output: zmq.asyncio.Socket | None = None
         self._finalizer = weakref.finalize(self, _terminate, self.proc, self._ctx, [self._input, self._output],
                                            self._folder, self._input)
@@ -100,9 +111,14 @@ class EngineCoreClient:
         raise EngineDeadError(f"engine core not ready after {ENVS.engine_ready_timeout_s:.0f} s")
 
     def send(self, msg: m.AddRequest | m.AbortRequests | m.Shutdown) -> None:
+        """Send without ever blocking: zmq.Again when the core's input queue is full (the caller waits
+        and retries: back-pressure), EngineDeadError when the core is gone."""
+        self._check_alive()
+        self._input.send(m.encoder.encode(msg), zmq.NOBLOCK, copy=False)
+
+    def _check_alive(self) -> None:
         if not self.is_alive():
             raise EngineDeadError(f"engine core (pid {self.proc.pid}) is dead (exit code {self.proc.returncode})")
-        self._input.send(m.encoder.encode(msg), copy=False)
 
     async def poll_output(self, timeout_s: float):
         """The next core message, or None after `timeout_s` without one (check is_alive() then)."""
@@ -113,5 +129,11 @@ class EngineCoreClient:
         return m.client_decoder.decode(await self._async_output.recv(copy=False))
 
     def close(self) -> None:
-        """Stop the core (Shutdown, then SIGTERM/SIGKILL if it lingers) and free sockets and files."""
+        """Stop the core (Shutdown, then SIGTERM/SIGKILL if it lingers) and free sockets and files.
+        Call it on the event loop thread that polls outputs (if any), so the loop lets go of the socket
+        first: closing a socket the loop still watches makes the loop raise ENOTSOCK later."""
+        if self._async_output is not None and self._finalizer.alive:
+            _stop(self.proc, self._input)       # the core's last messages still reach an open socket
+            self._async_output.close(linger=0)  # cancels a pending poll and unregisters its file descriptor
+            self._async_output = None
         self._finalizer()

@@ -6,20 +6,28 @@ columnar `StepOutputs` message for step N, sent while step N+1 runs. With `async
 or while a grammar-constrained request needs its tokens on the host, a step is collected right
 after its launch (the synchronous loop, for debugging). The only per-request Python work per
 step is naming the rows of the message.
+
+Faults (see faults.py): admission checks everything a request carries, so a bad one is rejected
+alone; a request whose own state fails while running is aborted and reported with finish reason
+"error" (`take_errors`); a launch that fails as a whole fails that plan's requests (`StepGuard`).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
+from concurrent.futures import Future
 
 import numpy as np
 import torch
 
 from ..config import EngineConfig
-from ..runner.factory import build_model_runner
+from ..runner.factory import MAX_EOS_TOKEN_IDS, build_model_runner
 from ..runner.model_runner import LaunchedStep
+from ..runner.structured import KINDS
 from . import messages as m
+from .faults import StepGuard, is_fatal, request_error_message
 
 _NO_OUTPUTS = m.StepOutputs([], [])
 # Start-up reads the disk tier's index within this bound; at shutdown, pages still queued for disk
@@ -61,6 +69,10 @@ class Engine:
         if self.disk is not None:
             self._restore_disk()
         self._in_flight: LaunchedStep | None = None  # launched, not yet collected
+        self._guard = StepGuard(self.runner, self._fail_requests)
+        self._compiling: dict[str, tuple[m.AddRequest, Future]] = {}  # waiting for their grammar
+        self._rejected: dict[str, str] = {}   # rejected after add_request returned (their grammar failed)
+        self._failed: dict[str, str] = {}     # failed while running: finish reason "error"
         self._ids: dict[str, int] = {}        # client request id -> scheduler id
         self._names: dict[int, str] = {}      # scheduler id -> client request id
         self._awaiting_first: set[int] = set()
@@ -70,11 +82,44 @@ class Engine:
 
     # -- requests --------------------------------------------------------------------------------
     def add_request(self, msg: m.AddRequest) -> str | None:
-        """Submit a request; returns an error message instead when it is invalid."""
-        from lightspeed_scheduler import RequestSpec
+        """Admit a request; returns an error message instead when it is invalid or cannot be admitted.
+        A constrained request waits here (not in the scheduler) until its grammar has compiled."""
+        try:
+            error = self._check(msg)
+            if error is not None or msg.sampling.structured_kind is None:
+                return error or self._submit(msg, None)
+            spec = msg.sampling
+            self._compiling[msg.request_id] = (msg, self.runner.structured.compile(spec.structured_kind,
+                                                                                   spec.structured_spec or ""))
+            return None
+        except Exception as error:  # anything else about this request fails it alone
+            if is_fatal(error):
+                raise
+            log.error("request %r could not be admitted", msg.request_id, exc_info=error)
+            return request_error_message(error)
 
+    def admit_compiled(self) -> None:
+        """Submit the requests whose grammar is ready; one whose grammar failed is rejected."""
+        for name, (msg, future) in list(self._compiling.items()):
+            if not future.done():
+                continue
+            del self._compiling[name]
+            try:
+                error = self._submit(msg, future.result())
+            except Exception as e:
+                if is_fatal(e):
+                    raise
+                error = request_error_message(e)
+            if error is not None:
+                self._rejected[name] = error
+
+    def has_pending_grammars(self) -> bool:
+        return bool(self._compiling)
+
+    def _check(self, msg: m.AddRequest) -> str | None:
         name, spec, prompt = msg.request_id, msg.sampling, msg.prompt_token_ids
-        if name in self._ids:
+        config = self.config
+        if name in self._ids or name in self._compiling:
             return f"request id {name!r} is already running"
         if not prompt:
             return "the prompt is empty"
@@ -85,17 +130,42 @@ class Engine:
         if len(prompt) >= self.max_model_len:
             return (f"the prompt has {len(prompt)} tokens but max_model_len is {self.max_model_len} "
                     f"(prompt plus at least one output token must fit)")
-        if spec.logprobs is not None and spec.logprobs > self.config.max_logprobs:
-            return f"logprobs={spec.logprobs} exceeds max_logprobs={self.config.max_logprobs}"
-        for t in [*spec.stop_token_ids, *(spec.logit_bias or {})]:
-            if not 0 <= t < self.vocab_size:
-                return f"token id {t} in stop_token_ids/logit_bias is out of vocabulary (size {self.vocab_size})"
+        if spec.logprobs is not None and not 0 <= spec.logprobs <= config.max_logprobs:
+            return f"logprobs={spec.logprobs} is outside [0, max_logprobs={config.max_logprobs}]"
+        for field, values, limit in (("logit_bias", spec.logit_bias or {}, config.max_logit_bias),
+                                     ("stop_token_ids", spec.stop_token_ids, config.max_stop_token_ids),
+                                     ("eos_token_ids", spec.eos_token_ids, MAX_EOS_TOKEN_IDS)):
+            if len(values) > limit:
+                return f"{field} has {len(values)} entries; this engine allows at most {limit}"
+            if any(not 0 <= t < self.vocab_size for t in values):
+                return f"a token id in {field} is out of vocabulary (size {self.vocab_size})"
         # Clients other than SamplingParams can reach the core: values bound for fixed-width device
-        # tensors (top_k int32, seed int64) are checked here so a bad one fails its request, not the core.
+        # tensors and the sampler are checked here, so a bad one fails its request, not a batch.
+        numbers = [spec.temperature, spec.top_p, spec.min_p, spec.presence_penalty, spec.frequency_penalty,
+                   spec.repetition_penalty, *(spec.logit_bias or {}).values()]
+        if not all(math.isfinite(x) for x in numbers):
+            return "sampling parameters must be finite numbers"
+        if spec.temperature < 0 or not 0 < spec.top_p <= 1 or not 0 <= spec.min_p <= 1 or spec.repetition_penalty <= 0:
+            return "temperature must be >= 0, top_p in (0, 1], min_p in [0, 1] and repetition_penalty > 0"
         if not -(2**31) <= spec.top_k < 2**31:
             return f"top_k={spec.top_k} is out of range"
         if spec.seed is not None and not 0 <= spec.seed < 2**63:
             return f"seed={spec.seed} is out of range [0, 2**63)"
+        if not -(2**31) < msg.priority < 2**31:
+            return f"priority={msg.priority} is out of range (a 32-bit integer)"
+        if spec.max_tokens < 1:
+            return f"max_tokens must be >= 1, got {spec.max_tokens}"
+        if spec.structured_kind is not None and spec.structured_kind not in KINDS:
+            return f"unknown structured output kind {spec.structured_kind!r}"
+        if len(self._names) + len(self._compiling) >= config.max_num_seqs + config.max_queued_requests:
+            return (f"the engine's queue is full (max_num_seqs + max_queued_requests = "
+                    f"{config.max_num_seqs + config.max_queued_requests} unfinished requests); retry later")
+        return None
+
+    def _submit(self, msg: m.AddRequest, grammar) -> str | None:
+        from lightspeed_scheduler import RequestSpec
+
+        name, spec, prompt = msg.request_id, msg.sampling, msg.prompt_token_ids
         max_new = min(spec.max_tokens, self.max_model_len - len(prompt))
         try:
             req_id = self.scheduler.submit(RequestSpec(
@@ -106,16 +176,41 @@ class Engine:
         except ValueError as e:
             return str(e)
         try:
-            self.runner.add_request(req_id, spec, prompt)
-        except ValueError as e:
+            self.runner.add_request(req_id, spec, prompt, grammar)
+        except BaseException:
             self.scheduler.abort(req_id)
-            return str(e)
+            raise
         self._ids[name], self._names[req_id] = req_id, name
         self._awaiting_first.add(req_id)
         return None
 
+    def _fail_requests(self, req_ids: list[int], message: str) -> None:
+        """Requests that failed while running: aborted now, reported with finish reason "error"."""
+        for req_id in req_ids:
+            name = self._names.get(req_id)
+            if name is None:
+                continue  # finished or failed already
+            try:
+                self.scheduler.abort(req_id)
+            except ValueError:
+                pass
+            self._forget(req_id)
+            self._failed[name] = message
+
+    def take_errors(self, rejected: dict[str, str] | None = None) -> m.RequestErrors | None:
+        """Requests rejected (`rejected`, plus grammars that failed) or failed since the last call."""
+        self._guard.settle()
+        rejected = {**(rejected or {}), **self._rejected}
+        if not rejected and not self._failed:
+            return None
+        errors = m.RequestErrors(rejected, self._failed)
+        self._rejected, self._failed = {}, {}
+        return errors
+
     def abort_requests(self, names: list[str]) -> None:
         for name in names:
+            if self._compiling.pop(name, None) is not None:
+                continue  # its grammar was still compiling: it never reached the scheduler
             req_id = self._ids.get(name)
             if req_id is None:
                 continue
@@ -164,7 +259,7 @@ class Engine:
             done, self._in_flight = self._in_flight, None   # a grammar needs step N's token first
             return self._complete(done)
         plan = self.scheduler.next_plan()
-        launched = (plan, self.runner.launch(plan))
+        launched = (plan, self._guard.launch(plan))   # a failure costs the plan's requests, not the core
         if overlap and plan.num_reqs:
             done, self._in_flight = self._in_flight, launched
             return self._complete(done) if done is not None else _NO_OUTPUTS

@@ -31,7 +31,8 @@ log = logging.getLogger("lightspeed.core")
 
 STATS_INTERVAL_S = 0.05
 IDLE_POLL_MS = 1000
-COPY_POLL_MS = 1  # idle but KV copies in flight: look at their events this often
+COPY_POLL_MS = 1  # idle but KV copies or grammar compilations in flight: look at them this often
+MAX_DRAIN = 256   # client messages taken per loop iteration
 
 
 class EngineCore:
@@ -46,30 +47,38 @@ class EngineCore:
         engine = self.engine
         while self.running:
             copying = engine.has_pending_copies()
-            wait_ms = 0 if engine.has_work() else COPY_POLL_MS if copying else IDLE_POLL_MS
-            errors = self._drain_inputs(wait_ms)
-            if errors:
-                self._send(m.RequestErrors(errors))
-            if not (engine.has_work() or copying):
-                continue
-            outputs = self._with_stats(engine.step())    # launch N+1 -> collect N -> advance N
-            if outputs.request_ids or outputs.finished or outputs.stats is not None:
-                self._send(outputs)
+            waiting = copying or engine.has_pending_grammars()  # look again soon, without spinning
+            wait_ms = 0 if engine.has_work() else COPY_POLL_MS if waiting else IDLE_POLL_MS
+            rejected = self._drain_inputs(wait_ms)
+            engine.admit_compiled()
+            if engine.has_work() or copying:
+                outputs = self._with_stats(engine.step())    # launch N+1 -> collect N -> advance N
+                if outputs.request_ids or outputs.finished or outputs.stats is not None:
+                    self._send(outputs)
+            errors = engine.take_errors(rejected)
+            if errors is not None:
+                self._send(errors)
         engine.drain_copies()
 
     def _drain_inputs(self, wait_ms: int) -> dict[str, str]:
+        """Take what the client sent, at most MAX_DRAIN messages (the rest waits in the socket, whose
+        high-water mark then makes the client wait: back-pressure instead of an unbounded queue)."""
         errors: dict[str, str] = {}
         if wait_ms and not self.input.poll(wait_ms):
             if wait_ms == IDLE_POLL_MS:
                 self._check_parent()
                 self._send(m.StepOutputs([], [], stats=self.engine.stats()))
             return errors
-        while True:
+        for _ in range(MAX_DRAIN):
             try:
                 frame = self.input.recv(zmq.NOBLOCK)
             except zmq.Again:
                 return errors
-            msg = m.core_decoder.decode(frame)
+            try:
+                msg = m.core_decoder.decode(frame)
+            except msgspec.DecodeError as e:  # a malformed message: nobody's request, nothing to fail
+                log.error("ignored a malformed client message: %s", e)
+                continue
             if isinstance(msg, m.AddRequest):
                 error = self.engine.add_request(msg)
                 if error is not None:
@@ -79,6 +88,7 @@ class EngineCore:
             elif isinstance(msg, m.Shutdown):
                 self.running = False
                 return errors
+        return errors
 
     def _with_stats(self, outputs: m.StepOutputs) -> m.StepOutputs:
         now = time.monotonic()

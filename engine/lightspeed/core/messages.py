@@ -2,8 +2,8 @@
 
 msgspec structs, msgpack-encoded, one ZMQ frame each. Client -> core: `AddRequest`, `AbortRequests`,
 `Shutdown` (a tagged union, `ClientMessage`). Core -> client: `Ready` once, then `StepOutputs` per
-engine step, `RequestErrors` for requests the core rejected, `EngineFailure` when the core dies of
-an exception (`CoreMessage`).
+engine step, `RequestErrors` for requests the core rejected or that failed while running (the
+others carry on), `EngineFailure` when the core dies of an exception (`CoreMessage`).
 """
 
 from __future__ import annotations
@@ -105,7 +105,9 @@ class StepOutputs(msgspec.Struct, tag="outputs", frozen=True):
 
 
 class RequestErrors(msgspec.Struct, tag="errors", frozen=True):
-    errors: dict[str, str]          # request id -> message (the request was rejected; others carry on)
+    errors: dict[str, str]          # request id -> message: rejected at admission (its input is invalid)
+    failed: dict[str, str] = {}     # request id -> message: failed while running (finish reason "error";
+                                    # the engine's fault, not the input's); tokens sent before it stand
 
 
 class Ready(msgspec.Struct, tag="ready", frozen=True):
@@ -124,7 +126,7 @@ class Ready(msgspec.Struct, tag="ready", frozen=True):
 
 
 class EngineFailure(msgspec.Struct, tag="failure", frozen=True):
-    message: str                    # the exception that killed the core, with its traceback
+    message: str                    # the exception that killed the core, with its traceback (for the log)
     user_error: bool = False        # a bad configuration or model at start-up: message is the one-line reason
 
 

@@ -57,7 +57,8 @@ class KVPool:
     """One tier of paged KV memory (device or host) for every layer.
 
     kv_caches[l] = (k, v), each `[num_pages, page_size, Hkv, D]`. fp8 pools store value / scale
-    (`k_scale`, `v_scale`: float32 scalars shared by all layers, 1.0 unless calibrated).
+    (`k_scale`, `v_scale`: float32 scalars shared by all layers, fixed at 1.0: no calibration; values
+    beyond the e4m3 range, +-448, saturate).
     `page_tensors` is what page copies move (page axis at dim 1).
     """
 

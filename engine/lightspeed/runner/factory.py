@@ -14,12 +14,15 @@ from ..config import EngineConfig
 from ..kv import build_kv_cache, device_kv_budget, kv_layout_for, resolve_kv_dtype
 from .cuda_graph import build_cuda_graph_runner
 from .model_runner import ModelRunner
+from .sampling_state import table_bytes
 
 log = logging.getLogger("lightspeed.runner")
 
 _DTYPE_NAMES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16", "fp16": "float16",
                 "half": "float16", "float32": "float32", "fp32": "float32", "float": "float32"}
 _CPU_HOST_CACHE_DEFAULT = 256 << 20
+# EOS ids a request may carry (the model's and its tokenizer's: a handful in practice).
+MAX_EOS_TOKEN_IDS = 16
 # Bytes of prefix pages in flight to host at once: about 10 ms of PCIe Gen5, so the background
 # write-through never builds a queue that delays a load-back behind it by more than that.
 _WRITE_THROUGH_BYTES_IN_FLIGHT = 512 << 20
@@ -77,9 +80,12 @@ def build_model_runner(config: EngineConfig, *, output_tokens_of: Callable[[int]
                          f"{model_config.max_position_embeddings}")
     kv_dtype = resolve_kv_dtype(config.kv_cache_dtype, model_config.torch_dtype)
     layout = kv_layout_for(model_config, config.page_size, kv_dtype)  # MLA models: one latent row per token
-    # Activations + logits of the largest step stay outside the KV budget on GPU.
+    # Activations + logits of the largest step, and the per-request sampling tables (pre-sized for
+    # every sequence), stay outside the KV budget on GPU.
+    max_stop_ids = config.max_stop_token_ids + MAX_EOS_TOKEN_IDS
     reserve = (config.max_num_batched_tokens * model_config.hidden_size * 24
-               + config.max_num_seqs * model_config.vocab_size * 4 * 4 + (512 << 20))
+               + config.max_num_seqs * model_config.vocab_size * 4 * 4 + (512 << 20)
+               + table_bytes(config.max_num_seqs, model_config.vocab_size, config.max_logit_bias, max_stop_ids))
     budget = device_kv_budget(device, config.gpu_memory_utilization, config.kv_cache_memory, reserve)
     pages_per_seq = -(-max_model_len // config.page_size)
     # More pages than every slot at full length could ever use would only waste memory.
@@ -113,7 +119,8 @@ def build_model_runner(config: EngineConfig, *, output_tokens_of: Callable[[int]
 
     runner = ModelRunner(model, kv_cache, max_num_seqs=config.max_num_seqs, vocab_size=model_config.vocab_size,
                          device=device, engine_seed=config.seed, load_tokenizer=load_tokenizer,
-                         output_tokens_of=output_tokens_of)
+                         output_tokens_of=output_tokens_of, max_logit_bias=config.max_logit_bias,
+                         max_stop_ids=max_stop_ids, grammar_cache_size=config.grammar_cache_size)
     # After the KV cache exists: the graphs bake in its addresses.
     runner.graphs = build_cuda_graph_runner(model, kv_cache, batch_sizes=config.cuda_graph_batch_sizes(),
                                             max_model_len=max_model_len, vocab_size=model_config.vocab_size,

@@ -1,8 +1,8 @@
 """ModelRunner: a scheduler plan in, sampled tokens out, in two halves so steps can overlap.
 
-launch(plan): bind newly scheduled requests to their state rows -> hand the plan's KV page copies
-to the copier (they run beside the forward on their own stream) and its disk ops to the disk tier
-(on its own threads) -> build input tensors -> forward
+launch(plan): hand the plan's KV page copies to the copier (they run beside the forward on their own
+stream) and its disk ops to the disk tier (on its own threads) -> bind newly scheduled requests to
+their state rows -> build input tensors -> forward
 -> logits at the sampled positions -> logprobs (of the raw logits, when asked) -> penalties / bias
 / min_tokens / grammar masks -> batched sampler -> a non-blocking copy of the tokens to the host
 and an event. collect(launched): wait for that event only, then hand back host arrays.
@@ -10,6 +10,10 @@ and an event. collect(launched): wait for that event only, then hand back host a
 The engine launches plan N+1 before it collects plan N, so the CPU builds and launches a step
 while the GPU runs the one before: a decode whose input is plan N's sample reads it on the device
 (deferred inputs). The only host wait is the event of the step being collected.
+
+Per-request work (binding a request's sampling rows, its grammar matcher) fails that request only:
+the runner records it (`take_failures`), leaves its row harmless for the step, and the engine
+aborts the request. Copies go first, so a plan whose launch fails still hands its copies over.
 
 The forward is eager, or replayed from CUDA graphs for decode-only steps when a `CudaGraphRunner`
 is plugged in (`graphs`, set by the factory on GPU; see cuda_graph.py). Sampling is always eager.
@@ -63,11 +67,14 @@ class ModelRunner:
 
     def __init__(self, model: torch.nn.Module, kv_cache: KVCache, *, max_num_seqs: int, vocab_size: int,
                  device: torch.device, engine_seed: int = 0, load_tokenizer: Callable[[], Any] | None = None,
-                 output_tokens_of: Callable[[int], list[int]] | None = None):
+                 output_tokens_of: Callable[[int], list[int]] | None = None, max_logit_bias: int = 1024,
+                 max_stop_ids: int = 80, grammar_cache_size: int = 256):
         self.model, self.kv_cache, self.device = model, kv_cache, device
         self.vocab_size = vocab_size
-        self.sampling = SamplingState(max_num_seqs, vocab_size, device, engine_seed)
-        self.structured = StructuredOutputs(load_tokenizer or _no_tokenizer, vocab_size)
+        self.sampling = SamplingState(max_num_seqs, vocab_size, device, engine_seed, max_logit_bias=max_logit_bias,
+                                      max_stop_ids=max_stop_ids)
+        self.structured = StructuredOutputs(load_tokenizer or _no_tokenizer, vocab_size, grammar_cache_size)
+        self._failures: list[tuple[int, BaseException]] = []  # (request id, error) of per-request failures
         self.inputs = InputBuilder(device)
         self._slot_owner = np.full(max_num_seqs, -1, dtype=np.int64)  # req id bound to each state row
         self._requests: dict[int, tuple[SamplingSpec, list[int]]] = {}
@@ -76,25 +83,35 @@ class ModelRunner:
         self.graphs: CudaGraphRunner | None = None  # decode steps it can run are replayed, the rest eager
 
     # -- request lifecycle ---------------------------------------------------------------------
-    def add_request(self, req_id: int, spec: SamplingSpec, prompt_ids: list[int]) -> None:
-        """Register a request's sampling state (bound to a row when first scheduled). ValueError on a bad grammar."""
+    def add_request(self, req_id: int, spec: SamplingSpec, prompt_ids: list[int], grammar: Any = None) -> None:
+        """Register a request's sampling state (bound to a row when first scheduled); `grammar` is its
+        compiled grammar (`structured.compile(...)`'s result) when it asks for structured output."""
         if spec.structured_kind is not None:
-            self.structured.add(req_id, spec.structured_kind, spec.structured_spec or "")
+            self.structured.start(req_id, grammar)
         self._requests[req_id] = (spec, prompt_ids)
 
     def remove_request(self, req_id: int) -> None:
         self._requests.pop(req_id, None)
         self.structured.remove(req_id)
 
+    def take_failures(self) -> list[tuple[int, BaseException]]:
+        """(request id, error) of requests whose own state failed since the last call; the engine fails them."""
+        failures, self._failures = self._failures + self.structured.take_failures(), []
+        return failures
+
     def _bind_new_rows(self, plan) -> None:
         new_rows = np.nonzero(self._slot_owner[plan.req_slots] != plan.req_ids)[0]
         for row in new_rows.tolist():  # only requests entering (or re-entering) the batch
             req_id, slot = int(plan.req_ids[row]), int(plan.req_slots[row])
-            spec, prompt = self._requests[req_id]
-            # A retracted request coming back keeps its RNG counter and penalty counts.
-            done = self._output_tokens_of(req_id) if self._output_tokens_of else []
-            self.sampling.bind(slot, req_id, spec, prompt, done)
             self._slot_owner[slot] = req_id
+            try:
+                spec, prompt = self._requests[req_id]
+                # A retracted request coming back keeps its RNG counter and penalty counts.
+                done = self._output_tokens_of(req_id) if self._output_tokens_of else []
+                self.sampling.bind(slot, req_id, spec, prompt, done)
+            except Exception as e:
+                self.sampling.unbind(slot)
+                self._failures.append((req_id, e))
 
     # -- one step ------------------------------------------------------------------------------
     def needs_host_tokens(self) -> bool:
@@ -105,12 +122,12 @@ class ModelRunner:
     @torch.inference_mode()
     def launch(self, plan) -> LaunchedStep:
         """Enqueue the plan's copies, forward and sampling; returns at once on GPU."""
-        self._bind_new_rows(plan)
         if plan.has_copies:
             self.kv_cache.copier.submit(int(plan.step_id), plan.write_back, plan.load_back,
                                         bool(plan.forward_waits_for_copies))
         if plan.has_disk_ops:
             self.kv_cache.disk.submit(plan)
+        self._bind_new_rows(plan)
         if plan.input_ids.shape[0] == 0:
             return LaunchedStep(int(plan.step_id), np.empty(0, np.int64), torch.empty(0, dtype=torch.int32))
         t = self.inputs.build(plan, self._prev_sampled)

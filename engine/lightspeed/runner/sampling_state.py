@@ -6,8 +6,11 @@ tensor, so sampling a batch costs the same whatever its mix of parameters. Host 
 of the few flags that choose a code path (greedy? penalties? bias? min_tokens?) let the step skip
 work without reading the device.
 
-Optional state is allocated on first use: output-token counts and prompt masks `[slots, V]` only
-once a request with penalties arrives, logit-bias tables only once a request carries a bias.
+Every table is allocated at start-up for every slot, so a request can never make the engine
+allocate device memory on the step path (an allocation there could fail the whole engine): output
+token counts and prompt masks `[slots, V]` for penalties, `[slots, max_logit_bias]` logit-bias
+tables, `[slots, max_stop_ids]` ids masked before min_tokens. `table_bytes` is what they cost (the
+factory keeps it out of the KV budget); a request that needs wider rows is rejected at admission.
 """
 
 from __future__ import annotations
@@ -33,10 +36,16 @@ def derive_seed(engine_seed: int, req_id: int) -> int:
     return x & 0x7FFFFFFFFFFFFFFF
 
 
+def table_bytes(max_num_seqs: int, vocab_size: int, max_logit_bias: int, max_stop_ids: int) -> int:
+    """Device bytes of a SamplingState's tables (penalties, logit bias, stop ids, scalar rows)."""
+    return max_num_seqs * (vocab_size * 5 + max_logit_bias * 12 + max_stop_ids * 8 + 64)
+
+
 class SamplingState:
     """Rows of sampling parameters indexed by slot, on the model's device."""
 
-    def __init__(self, max_num_seqs: int, vocab_size: int, device: torch.device, engine_seed: int = 0):
+    def __init__(self, max_num_seqs: int, vocab_size: int, device: torch.device, engine_seed: int = 0, *,
+                 max_logit_bias: int = 1024, max_stop_ids: int = 80):
         n, dev = max_num_seqs, device
         self.vocab_size, self.device, self.engine_seed = vocab_size, dev, engine_seed
         self.temperature = torch.zeros(n, dtype=torch.float32, device=dev)
@@ -56,13 +65,14 @@ class SamplingState:
         self.h_num_outputs = np.zeros(n, dtype=np.int64)
         self.h_logprobs = np.full(n, -1, dtype=np.int64)  # top-n asked; -1 = none
         self.h_structured = np.zeros(n, dtype=bool)
-        # Lazily allocated.
-        self.output_counts: torch.Tensor | None = None  # int32 [slots, V]
-        self.prompt_mask: torch.Tensor | None = None    # bool [slots, V]
-        self.bias_ids: torch.Tensor | None = None       # int64 [slots, K] (pad: token 0 with value 0)
-        self.bias_vals: torch.Tensor | None = None      # fp32 [slots, K]
-        self.stop_ids: torch.Tensor | None = None       # int64 [slots, K] ids masked before min_tokens (pad: -1)
-        self._max_slots = n
+        # Pre-sized tables (see the module note).
+        self.output_counts = torch.zeros((n, vocab_size), dtype=torch.int32, device=dev)  # penalties
+        self.prompt_mask = torch.zeros((n, vocab_size), dtype=torch.bool, device=dev)
+        self.bias_ids = torch.zeros((n, max(1, max_logit_bias)), dtype=torch.int64, device=dev)  # pad: token 0
+        self.bias_vals = torch.zeros((n, max(1, max_logit_bias)), dtype=torch.float32, device=dev)  # pad: 0
+        self.stop_ids = torch.full((n, max(1, max_stop_ids)), -1, dtype=torch.int64, device=dev)  # pad: -1
+        self.max_logit_bias, self.max_stop_ids = max_logit_bias, max_stop_ids
+        self._bias_width = 1  # widest logit_bias seen: the step gathers only that many columns
 
     # -- admission (once per request, not on the per-step path) --------------------------------
     def bind(self, slot: int, req_id: int, spec: SamplingSpec, prompt_ids: list[int], output_ids: list[int]) -> None:
@@ -82,6 +92,12 @@ class SamplingState:
         self._bind_bias(slot, spec.logit_bias)
         self._bind_min_tokens(slot, spec)
 
+    def unbind(self, slot: int) -> None:
+        """Make `slot` a plain greedy row (its request failed while binding: the batch still runs it)."""
+        self.h_greedy[slot], self.h_penalties[slot], self.h_bias[slot] = True, False, False
+        self.h_min_tokens[slot], self.h_logprobs[slot], self.h_structured[slot] = 0, -1, False
+        self.temperature[slot] = 0.0
+
     def _bind_penalties(self, slot: int, spec: SamplingSpec, prompt_ids: list[int], output_ids: list[int]) -> None:
         on = spec.presence_penalty != 0.0 or spec.frequency_penalty != 0.0 or spec.repetition_penalty != 1.0
         self.h_penalties[slot] = on
@@ -90,10 +106,6 @@ class SamplingState:
         self.repetition[slot] = spec.repetition_penalty
         if not on:
             return
-        if self.output_counts is None:
-            shape = (self._max_slots, self.vocab_size)
-            self.output_counts = torch.zeros(shape, dtype=torch.int32, device=self.device)
-            self.prompt_mask = torch.zeros(shape, dtype=torch.bool, device=self.device)
         self.output_counts[slot].zero_()
         self.prompt_mask[slot].zero_()
         self.prompt_mask[slot, upload(np.asarray(prompt_ids, np.int64), self.device)] = True
@@ -106,29 +118,21 @@ class SamplingState:
         if not logit_bias:
             return
         width = len(logit_bias)
-        if self.bias_ids is None or self.bias_ids.shape[1] < width:
-            ids = torch.zeros((self._max_slots, width), dtype=torch.int64, device=self.device)
-            vals = torch.zeros((self._max_slots, width), dtype=torch.float32, device=self.device)
-            if self.bias_ids is not None:
-                ids[:, : self.bias_ids.shape[1]] = self.bias_ids
-                vals[:, : self.bias_vals.shape[1]] = self.bias_vals
-            self.bias_ids, self.bias_vals = ids, vals
+        if width > self.max_logit_bias:
+            raise ValueError(f"logit_bias has {width} entries; at most max_logit_bias={self.max_logit_bias}")
         self.bias_ids[slot].zero_()
         self.bias_vals[slot].zero_()
         self.bias_ids[slot, :width] = upload(np.fromiter(logit_bias.keys(), np.int64, width), self.device)
         self.bias_vals[slot, :width] = upload(np.fromiter(logit_bias.values(), np.float32, width), self.device)
+        self._bias_width = max(self._bias_width, width)
 
     def _bind_min_tokens(self, slot: int, spec: SamplingSpec) -> None:
         self.h_min_tokens[slot] = spec.min_tokens
         if spec.min_tokens <= 0:
             return
         banned = sorted(set(spec.stop_token_ids) | (set() if spec.ignore_eos else set(spec.eos_token_ids)))
-        width = max(1, len(banned))
-        if self.stop_ids is None or self.stop_ids.shape[1] < width:
-            grown = torch.full((self._max_slots, width), -1, dtype=torch.int64, device=self.device)
-            if self.stop_ids is not None:
-                grown[:, : self.stop_ids.shape[1]] = self.stop_ids
-            self.stop_ids = grown
+        if len(banned) > self.max_stop_ids:
+            raise ValueError(f"{len(banned)} stop and EOS token ids; at most {self.max_stop_ids} with min_tokens")
         self.stop_ids[slot].fill_(-1)
         if banned:
             self.stop_ids[slot, : len(banned)] = upload(np.asarray(banned, np.int64), self.device)
@@ -142,7 +146,8 @@ class SamplingState:
             ops.apply_penalties(logits, self.output_counts[slots], self.prompt_mask[slots],
                                 self.presence[slots], self.frequency[slots], self.repetition[slots])
         if self.h_bias[h_slots].any():
-            logits.scatter_add_(1, self.bias_ids[slots], self.bias_vals[slots])
+            width = self._bias_width
+            logits.scatter_add_(1, self.bias_ids[slots, :width], self.bias_vals[slots, :width])
         blocked = self.h_num_outputs[h_slots] < self.h_min_tokens[h_slots]
         if blocked.any():
             rows = upload(np.nonzero(blocked)[0], logits.device)
@@ -166,6 +171,6 @@ class SamplingState:
         """Advance RNG counters and penalty counts after sampling `tokens` [S] for `slots` [S]."""
         self.offsets.index_add_(0, slots, torch.ones_like(slots))
         np.add.at(self.h_num_outputs, h_slots, 1)
-        if self.output_counts is not None and self.h_penalties[h_slots].any():
+        if self.h_penalties[h_slots].any():
             self.output_counts.index_put_((slots, tokens), torch.ones_like(tokens, dtype=torch.int32),
                                           accumulate=True)

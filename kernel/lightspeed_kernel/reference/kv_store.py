@@ -10,7 +10,10 @@ from ._register import reference
 def _to_cache(x: torch.Tensor, cache_dtype: torch.dtype, scale) -> torch.Tensor:
     if scale is None:
         return x.to(cache_dtype)
-    return (x.float() / scale).to(cache_dtype)
+    # Saturate to the format's finite range, as the Triton store does: e4m3 has no infinity, so a
+    # plain cast turns anything past 448 into NaN, which then poisons every attention score.
+    limit = torch.finfo(cache_dtype).max
+    return (x.float() / scale).clamp(-limit, limit).to(cache_dtype)
 
 
 @reference("kv_store", "paged", features=("fp8_kv",))
