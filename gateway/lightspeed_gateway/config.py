@@ -13,6 +13,7 @@ from typing import Any
 from lightspeed_gateway.parsers import REASONING_PARSERS, TOOL_PARSERS
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+API_KEY_SCOPES = ("v1", "all")
 
 
 def _f(default: Any, help: str, choices: tuple | None = None) -> Any:
@@ -48,8 +49,8 @@ class ServerConfig:
                                       tuple(REASONING_PARSERS))
     log_level: str = _f("info", "Log level of the server.", LOG_LEVELS)
     max_request_body_bytes: int = _f(16 * 1024 * 1024, "Largest accepted request body in bytes (413 above).")
-    max_waiting_requests: int = _f(1024, "Requests that may wait for their first token at once; more get "
-                                   "429 with Retry-After.")
+    max_waiting_requests: int = _f(1024, "Sequences (prompts x n) that may wait for their first token at once; "
+                                   "more get 429 with Retry-After.")
     retry_after_s: int = _f(1, "Retry-After seconds sent with 429 and 503 answers.")
     health_check_interval_s: float = _f(0.25, "How often the server checks that the engine core is alive.")
     access_log: bool = _f(False, "Log every HTTP request (uvicorn access log).")
@@ -58,6 +59,23 @@ class ServerConfig:
     log_stats_interval_s: float = _f(10.0, "Seconds between the engine stats lines (prompt and generation "
                                      "tokens/s, running and waiting requests, KV-cache use, prefix-cache hit "
                                      "rate, prefills in progress) while the engine is busy; 0 turns them off.")
+    api_key_scope: str = _f("v1", "Routes the API key guards: v1 (the /v1 API, as vLLM) or all (also /tokenize, "
+                            "/detokenize, /metrics, /version and the docs; /health stays open).", API_KEY_SCOPES)
+    # Limits of one request: over a limit is a 400 naming it (the engine's own, logit_bias and
+    # stop_token_ids, are --max-logit-bias and --max-stop-token-ids).
+    max_num_prompts: int = _f(64, "Most prompts in one /v1/completions request.")
+    max_n: int = _f(128, "Largest n (choices per prompt).")
+    max_sequences_per_request: int = _f(256, "Most sequences (prompts x n) one request may start.")
+    max_stop_sequences: int = _f(16, "Most stop strings per request.")
+    max_num_tools: int = _f(128, "Most tools per chat request.")
+    max_tokens_per_request: int | None = _f(None, "Largest max_tokens a request may ask for (a request that sets "
+                                            "none gets at most this); default: up to --max-model-len.")
+    request_timeout_s: float = _f(600.0, "Seconds a request may take from arrival to its last token; then it is "
+                                  "aborted and answered 504 (or, when streaming, an error event).")
+    max_engine_restarts: int = _f(5, "Restarts of a dead engine core in a row before the server gives up "
+                                  "(/health then says dead); an engine that stays up 60 s resets the count.")
+    engine_restart_backoff_s: float = _f(1.0, "Wait before the second restart in a row; doubles with each one "
+                                         "after (the first restart is immediate).")
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -85,6 +103,17 @@ class ServerConfig:
         object.__setattr__(self, "served_model_name", tuple(self.served_model_name))
         if any(not name for name in self.served_model_name):
             raise ValueError("served_model_name: a name must not be empty")
+        if self.api_key_scope not in API_KEY_SCOPES:
+            raise ValueError(f"api_key_scope={self.api_key_scope!r}: choose from {API_KEY_SCOPES}")
+        for name in ("max_num_prompts", "max_n", "max_sequences_per_request", "max_num_tools"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_stop_sequences < 0 or self.max_engine_restarts < 0 or self.engine_restart_backoff_s < 0:
+            raise ValueError("max_stop_sequences, max_engine_restarts and engine_restart_backoff_s must be >= 0")
+        if self.max_tokens_per_request is not None and self.max_tokens_per_request < 1:
+            raise ValueError(f"max_tokens_per_request must be >= 1, got {self.max_tokens_per_request}")
+        if not self.request_timeout_s > 0:
+            raise ValueError(f"request_timeout_s must be > 0, got {self.request_timeout_s}")
         if self.api_key == "":
             object.__setattr__(self, "api_key", None)
 

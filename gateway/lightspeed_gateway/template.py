@@ -85,6 +85,10 @@ class ChatRenderer:
     async def encode_async(self, texts: list[str]) -> list[list[int]]:
         return await asyncio.get_running_loop().run_in_executor(self._pool, self.encode_batch, texts)
 
+    async def in_worker(self, fn: Any, *args: Any) -> Any:
+        """Other tokenizer work of a request (encoding a prompt, decoding token ids) in the same threads."""
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
     # -- message conversion ----------------------------------------------------------------
     def to_dicts(self, messages: list[ChatMessage], tools: list[Tool] | None) -> list[dict]:
         out = []

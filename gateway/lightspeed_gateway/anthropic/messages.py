@@ -25,6 +25,7 @@ from lightspeed_gateway.openai.serving import (
     ENGINE_ERRORS,
     GatewayState,
     cancel_on_disconnect,
+    check_tools,
     engine_api_error,
     sampling_params,
     structured_output,
@@ -77,6 +78,7 @@ async def count_tokens(body: CountTokensRequest, request: Request) -> dict:
 async def create_message(body: MessagesRequest, request: Request):
     state = _state(request)
     state.check_model(body.model)
+    check_tools(state, body.tools)
     prompt, tools = await render(state, body)
     mode, name = tool_mode(body)
     parallel = not (body.tool_choice and body.tool_choice.disable_parallel_tool_use)

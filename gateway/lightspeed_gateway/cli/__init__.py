@@ -1,12 +1,13 @@
-"""The `lightspeed` command: serve, env, chat, bench."""
+"""The `lightspeed` command: serve, env, chat, bench.
+
+Subcommand modules load inside `main`, so a Ctrl-C while they load (torch, the engine) is caught
+there and exits quietly with status 130 instead of printing an import traceback.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
-
-from lightspeed_gateway.cli import bench, chat, env, serve
-from lightspeed_gateway.cli.args import unknown_flags_message
 
 
 def version_text() -> str:
@@ -26,6 +27,8 @@ def version_text() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from lightspeed_gateway.cli import bench, chat, env, serve
+
     parser = argparse.ArgumentParser(
         prog="lightspeed", description="Lightspeed: an LLM inference engine with an OpenAI-compatible server.")
     parser.add_argument("--version", action="version", version=version_text())
@@ -39,12 +42,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["bench"]:
-        # Everything after `bench` belongs to lightspeed_bench's own parser (its --help included).
-        return bench.run(argv[1:])
-    parser = build_parser()
-    args, unknown = parser.parse_known_args(argv)
-    if unknown:  # reported by the subcommand's parser: its usage, and the nearest flag for a typo
-        command_parser = getattr(args, "command_parser", parser)
-        command_parser.error(unknown_flags_message(command_parser, unknown))
-    return int(args.func(args) or 0)
+    try:
+        if argv[:1] == ["bench"]:
+            from lightspeed_gateway.cli import bench
+
+            # Everything after `bench` belongs to lightspeed_bench's own parser (its --help included).
+            return bench.run(argv[1:])
+        from lightspeed_gateway.cli.args import unknown_flags_message
+
+        parser = build_parser()
+        args, unknown = parser.parse_known_args(argv)
+        if unknown:  # reported by the subcommand's parser: its usage, and the nearest flag for a typo
+            command_parser = getattr(args, "command_parser", parser)
+            command_parser.error(unknown_flags_message(command_parser, unknown))
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        return 130

@@ -3,7 +3,8 @@
 Flags: every `lightspeed.EngineConfig` field and every `ServerConfig` field, generated (see args.py),
 plus vLLM's spellings (compat.py). The engine loads before the HTTP server starts, so a start-up
 mistake (a missing model, no GPU, a KV cache too small) is one error line and exit status 2, not
-a traceback out of the server's lifespan. Startup prints the URL, then a ready line once the model
+a traceback out of the server's lifespan; the port is bound before that, so a busy port is one
+error line (exit status 1) before any loading. Startup prints the URL, then a ready line once the model
 is loaded and the socket listens. SIGINT/SIGTERM: uvicorn stops accepting, the lifespan shuts the
 engine core process down.
 """
@@ -15,6 +16,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import socket
 import sys
 import time
 
@@ -116,6 +118,12 @@ async def _load_and_serve(server_config: ServerConfig, engine_config, make_engin
     from lightspeed_gateway.server.app import build_app
 
     started = time.monotonic()
+    try:  # before the model loads: a busy port is one line now, not an error after a minute of loading
+        listener = bind_socket(server_config.host, server_config.port)
+    except OSError as e:
+        print(f"lightspeed serve: error: cannot listen on {server_config.host}:{server_config.port}: "
+              f"{e.strerror or e}", file=sys.stderr, flush=True)
+        return
     outcome["code"] = 130  # until the server is up, a signal means "interrupted"
     try:
         model_path = engine_config.model or default_model()
@@ -126,7 +134,11 @@ async def _load_and_serve(server_config: ServerConfig, engine_config, make_engin
     except (ValueError, RuntimeError, EngineDeadError) as e:
         print(f"lightspeed serve: error: {e}", file=sys.stderr, flush=True)
         outcome["code"] = 2
+        listener.close()
         return
+    except BaseException:
+        listener.close()
+        raise
     try:
         app = build_app(server_config, lambda: llm, model_path=model_path)
         config = uvicorn.Config(app, host=server_config.host, port=server_config.port, loop="uvloop",
@@ -134,11 +146,27 @@ async def _load_and_serve(server_config: ServerConfig, engine_config, make_engin
                                 access_log=server_config.access_log, timeout_graceful_shutdown=5)
         server = uvicorn.Server(config)
         try:
-            await _serve_and_announce(server, started, outcome)
-        except SystemExit:  # uvicorn could not start (it logged why, e.g. the port is in use)
+            await _serve_and_announce(server, started, outcome, listener)
+        except SystemExit:  # uvicorn could not start (it logged why)
             return
     finally:
+        listener.close()
         llm.shutdown()  # idempotent: the lifespan already did it after a normal stop
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to host:port (OSError if it cannot be); uvicorn listens on it later."""
+    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                         flags=socket.AI_PASSIVE)[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
 
 
 @contextlib.contextmanager
@@ -164,12 +192,12 @@ def _loop_factory():
     return uvloop.new_event_loop
 
 
-async def _serve_and_announce(server, started: float, outcome: dict) -> None:
-    serving = asyncio.ensure_future(server.serve())
+async def _serve_and_announce(server, started: float, outcome: dict, listener: socket.socket) -> None:
+    serving = asyncio.ensure_future(server.serve(sockets=[listener]))
     while not server.started and not serving.done():
         await asyncio.sleep(0.02)
-    if server.started:
-        host, port = server.servers[0].sockets[0].getsockname()[:2]
+    if server.started and not server.should_exit:  # (a signal during start-up: no ready line)
+        host, port = listener.getsockname()[:2]
         url = f"http://{host}:{port}"
         state = server.config.app.state.gateway
         print(f"Lightspeed: serving {state.model_name} at {url}/v1 (OpenAI API; docs at {url}/docs); "

@@ -18,6 +18,7 @@ from lightspeed_gateway.openai.serving import (
     GatewayState,
     TokenText,
     cancel_on_disconnect,
+    check_tools,
     engine_api_error,
     engine_error_events,
     first_then_rest,
@@ -119,6 +120,7 @@ def _finish_reason(reason: str | None, has_tool_calls: bool) -> str | None:
 
 async def create_chat_completion(state: GatewayState, req: ChatCompletionRequest, raw: Request):
     state.check_model(req.model)
+    check_tools(state, req.tools)
     tool_mode, tool_name = _tool_mode(req)
     try:
         prompt = await state.renderer.render_async(
@@ -133,7 +135,7 @@ async def create_chat_completion(state: GatewayState, req: ChatCompletionRequest
                              _structured(req, tool_mode, tool_name),
                              max_tokens_param="max_completion_tokens" if req.max_completion_tokens else "max_tokens")
     headers = response_headers(state, req)
-    state.admit()
+    state.admit(req.n)
     run = _ChatRun(state, req, prompt.token_ids, params, tool_mode, tool_name,
                    prompt.text.rstrip().endswith("<think>"))
     if req.stream:

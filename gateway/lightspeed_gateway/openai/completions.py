@@ -18,10 +18,13 @@ from lightspeed_gateway.openai.serving import (
     GatewayState,
     TokenText,
     cancel_on_disconnect,
+    check_fan_out,
     engine_api_error,
     engine_error_events,
     first_then_rest,
     merge_streams,
+    off_loop,
+    over_limit,
     response_headers,
     sampling_params,
     sse,
@@ -32,19 +35,20 @@ from lightspeed_gateway.openai.serving import (
 from lightspeed_gateway.server.engine import RequestTiming
 
 
-def _prompts(state: GatewayState, prompt: Any) -> list[tuple[str, list[int]]]:
-    """(text, token ids) per prompt."""
-    tokenizer = state.engine.tokenizer
-    if isinstance(prompt, str):
-        prompt = [prompt]
-    elif prompt and isinstance(prompt[0], int):
-        prompt = [prompt]
+def _as_list(prompt: Any) -> list:
+    if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
+        return [prompt]
+    return list(prompt)
+
+
+def _encode_all(tokenizer: Any, vocab_size: int, prompts: list) -> list[tuple[str, list[int]]]:
+    """(text, token ids) per prompt; runs on the worker thread."""
     out = []
-    for item in prompt:
+    for item in prompts:
         if isinstance(item, str):
             out.append((item, list(tokenizer.encode(item, add_special_tokens=True))))
         else:
-            bad = [t for t in item if not 0 <= t < state.engine.vocab_size]
+            bad = [t for t in item if not 0 <= t < vocab_size]
             if bad:
                 raise bad_request(f"prompt token ids out of vocabulary: {bad[:5]}", "prompt")
             out.append((tokenizer.decode(item), list(item)))
@@ -55,15 +59,19 @@ def _prompts(state: GatewayState, prompt: Any) -> list[tuple[str, list[int]]]:
 
 async def create_completion(state: GatewayState, req: CompletionRequest, raw: Request):
     state.check_model(req.model)
-    prompts = _prompts(state, req.prompt)
+    items = _as_list(req.prompt)
+    if len(items) > state.config.max_num_prompts:
+        raise over_limit("prompt", len(items), state.config.max_num_prompts, "--max-num-prompts")
+    check_fan_out(state, len(items), req.n)
     if req.echo and req.logprobs is not None:
         raise bad_request("echo together with logprobs is not supported (no prompt logprobs)", "echo")
+    prompts = await off_loop(state, _encode_all, state.engine.tokenizer, state.engine.vocab_size, items)
     structured = vllm_structured_output(req)
     params = [sampling_params(state, req, len(ids), req.max_tokens if req.max_tokens is not None else 16,
                               req.logprobs, structured[0] if structured else None, prompt_param="prompt")
               for _, ids in prompts]
     headers = response_headers(state, req)
-    state.admit()
+    state.admit(len(prompts) * req.n)
     run = _CompletionRun(state, req, prompts, params)
     if req.stream:
         try:

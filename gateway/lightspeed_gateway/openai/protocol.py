@@ -18,7 +18,7 @@ StrictModel = ConfigDict(extra="forbid")
 LooseModel = ConfigDict(extra="ignore")
 
 Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
-Stop = str | Annotated[list[str], Field(max_length=16)] | None
+Stop = str | list[str] | None  # at most --max-stop-sequences strings (checked by the handlers)
 
 
 def new_id(prefix: str) -> str:
@@ -363,6 +363,10 @@ class DetokenizeRequest(BaseModel):
 
 class DetokenizeResponse(BaseModel):
     prompt: str
+
+
+class HealthResponse(BaseModel):
+    status: Literal["ok", "restarting", "dead"]
 
 
 class ErrorInfo(BaseModel):

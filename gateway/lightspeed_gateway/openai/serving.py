@@ -1,4 +1,5 @@
-"""What the chat and completions handlers share: admission, sampling params, logprobs, SSE."""
+"""What the chat and completions handlers share: admission, limits, sampling params, logprobs, SSE,
+tokenizer work off the event loop (the loop never encodes or decodes a prompt itself)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,13 @@ from lightspeed_gateway.openai.errors import (
     overloaded,
 )
 from lightspeed_gateway.openai.protocol import SamplingFields
-from lightspeed_gateway.server.engine import EngineClient, EngineDead, RequestRejected
+from lightspeed_gateway.server.engine import (
+    EngineClient,
+    EngineDead,
+    RequestFailed,
+    RequestRejected,
+    RequestTimeout,
+)
 from lightspeed_gateway.server.metrics import GatewayMetrics
 from lightspeed_gateway.template import ChatRenderer
 
@@ -47,11 +54,54 @@ class GatewayState:
         if name is not None and name not in self.accepted_model_names:
             raise model_not_found(name)
 
-    def admit(self) -> None:
+    def admit(self, num_sequences: int = 1) -> None:
+        """503 while the engine is down, 429 when too many sequences wait for their first token."""
         if self.engine.dead or not self.engine.check_alive():
             raise engine_unavailable(self.config.retry_after_s)
-        if self.engine.num_waiting >= self.config.max_waiting_requests:
+        waiting, limit = self.engine.num_waiting, self.config.max_waiting_requests
+        # All of a request's sequences must fit (one bigger than the bound gets in when none waits).
+        if waiting >= limit or (waiting and waiting + num_sequences > limit):
             raise overloaded(self.config.retry_after_s)
+
+
+async def off_loop(state: GatewayState, fn: Callable[..., Any], *args: Any) -> Any:
+    """Run tokenizer work in the render workers (--render-workers), off the event loop."""
+    return await state.renderer.in_worker(fn, *args)
+
+
+def encode(tokenizer: Any, text: str, add_special_tokens: bool = True) -> list[int]:
+    return list(tokenizer.encode(text, add_special_tokens=add_special_tokens))
+
+
+# -- limits of one request (ServerConfig, and the engine's table widths) ------------------------------
+def over_limit(field_name: str, count: int, limit: int, flag: str) -> APIError:
+    return bad_request(f"{field_name} has {count} entries; this server allows at most {limit} ({flag})", field_name)
+
+
+def check_limits(state: GatewayState, req: SamplingFields) -> None:
+    """400 naming the field and the limit for what would fan out or grow the engine's tables."""
+    config, engine = state.config, state.engine
+    if req.n > config.max_n:
+        raise bad_request(f"n={req.n} is more than this server allows ({config.max_n}, --max-n)", "n")
+    stop = [req.stop] if isinstance(req.stop, str) else req.stop or []
+    if len(stop) > config.max_stop_sequences:
+        raise over_limit("stop", len(stop), config.max_stop_sequences, "--max-stop-sequences")
+    if len(req.stop_token_ids or ()) > engine.max_stop_token_ids:
+        raise over_limit("stop_token_ids", len(req.stop_token_ids), engine.max_stop_token_ids, "--max-stop-token-ids")
+    if len(req.logit_bias or {}) > engine.max_logit_bias:
+        raise over_limit("logit_bias", len(req.logit_bias), engine.max_logit_bias, "--max-logit-bias")
+
+
+def check_tools(state: GatewayState, tools: list | None) -> None:
+    if tools and len(tools) > state.config.max_num_tools:
+        raise over_limit("tools", len(tools), state.config.max_num_tools, "--max-num-tools")
+
+
+def check_fan_out(state: GatewayState, num_prompts: int, n: int) -> None:
+    limit = state.config.max_sequences_per_request
+    if num_prompts * n > limit:
+        raise bad_request(f"{num_prompts} prompts x n={n} = {num_prompts * n} sequences; this server starts at "
+                          f"most {limit} per request (--max-sequences-per-request)", "n")
 
 
 # The engine keeps seeds in int64 and gives choice i of a request seed + i: fold any OpenAI seed (an
@@ -66,7 +116,7 @@ def token_budget(state: GatewayState, prompt_len: int, requested: int | None, pr
         raise bad_request(f"This model's maximum context length is {limit} tokens; the prompt has "
                           f"{prompt_len} tokens.", prompt_param)
     if requested is None:
-        return limit - prompt_len
+        return min(limit - prompt_len, state.config.max_tokens_per_request or limit)
     if prompt_len + requested > limit:
         raise bad_request(f"This model's maximum context length is {limit} tokens. However, you requested "
                           f"{prompt_len + requested} tokens ({prompt_len} in the prompt, {requested} for the "
@@ -77,6 +127,11 @@ def token_budget(state: GatewayState, prompt_len: int, requested: int | None, pr
 def sampling_params(state: GatewayState, req: SamplingFields, prompt_len: int, max_tokens: int | None,
                     logprobs: int | None, structured: Any = None, prompt_param: str = "messages",
                     max_tokens_param: str = "max_tokens") -> Any:
+    check_limits(state, req)
+    limit = state.config.max_tokens_per_request
+    if limit is not None and max_tokens is not None and max_tokens > limit:
+        raise bad_request(f"{max_tokens_param}={max_tokens} is more than this server allows ({limit}, "
+                          "--max-tokens-per-request)", max_tokens_param)
     budget = token_budget(state, prompt_len, max_tokens, prompt_param, max_tokens_param)
     vocab = state.engine.vocab_size
     logit_bias = None
@@ -246,9 +301,13 @@ def sse_error(error: APIError) -> str:
     return sse(error.body())
 
 
+class ClientGone(Exception):
+    """The client disconnected before its answer: a normal event (logged at debug, no traceback)."""
+
+
 async def cancel_on_disconnect(request: Request, work: Awaitable[Any]) -> Any:
     """Run a non-streaming handler body; if the client goes away first, cancel it (which aborts the
-    request in the engine through the generator's cleanup)."""
+    request in the engine through the generator's cleanup) and raise ClientGone."""
     task = asyncio.ensure_future(work)
 
     async def wait_disconnect() -> None:
@@ -263,10 +322,11 @@ async def cancel_on_disconnect(request: Request, work: Awaitable[Any]) -> Any:
         if task in done:
             return task.result()
         task.cancel()
-        with_suppressed = asyncio.gather(task, return_exceptions=True)
-        await with_suppressed
-        raise asyncio.CancelledError("client disconnected")
+        await asyncio.gather(task, return_exceptions=True)
+        raise ClientGone()
     finally:
+        if not task.done():  # we were cancelled ourselves: take the work down with us
+            task.cancel()
         watcher.cancel()
 
 
@@ -276,7 +336,8 @@ async def merge_streams(streams: list[AsyncIterator[Any]]) -> AsyncIterator[tupl
         async for item in streams[0]:
             yield 0, item
         return
-    queue: asyncio.Queue = asyncio.Queue()
+    # Bounded: a stream that runs ahead waits for the consumer (the engine side merges its outputs).
+    queue: asyncio.Queue = asyncio.Queue(maxsize=2 * len(streams))
     done_marker = object()
 
     async def pump(i: int, stream: AsyncIterator[Any]) -> None:
@@ -359,19 +420,25 @@ def usage_dict(prompt_tokens: int, completion_tokens: int, cache: CacheUsage) ->
 Handler = Callable[..., Awaitable[Any]]
 
 
-# What the engine can fail a request with: it died (503) or it refused this request (400).
-ENGINE_ERRORS = (EngineDead, RequestRejected)
+# What the engine can fail a request with: it died (503), it refused this request (400), the request
+# failed inside it (500), or the request ran out of time (504).
+ENGINE_ERRORS = (EngineDead, RequestRejected, RequestFailed, RequestTimeout)
 
 
-def engine_api_error(exc: EngineDead | RequestRejected) -> APIError:
-    """The HTTP error for an engine-side failure of one request."""
+def engine_api_error(exc: Exception) -> APIError:
+    """The HTTP error for an engine-side failure of one request (no engine internals in the message:
+    those went to the log)."""
     if isinstance(exc, EngineDead):
-        return APIError(503, f"The engine failed while serving this request: {exc}", "service_unavailable",
-                        code="engine_dead")
+        return APIError(503, "The engine stopped while serving this request; it is being restarted, retry later.",
+                        "service_unavailable", code="engine_dead")
+    if isinstance(exc, RequestFailed):
+        return APIError(500, f"The request failed in the engine: {exc}", "internal_error", code="request_failed")
+    if isinstance(exc, RequestTimeout):
+        return APIError(504, f"{exc}; it was aborted (--request-timeout-s)", "timeout", code="request_timeout")
     return bad_request(str(exc))
 
 
-def engine_error_events(state: GatewayState, exc: EngineDead | RequestRejected) -> list[str]:
+def engine_error_events(state: GatewayState, exc: Exception) -> list[str]:
     """A stream that already sent 200 ends with an error event, then [DONE]; the error is counted."""
     error = engine_api_error(exc)
     state.metrics.errors.labels(state.model_name, str(error.status)).inc()

@@ -26,6 +26,7 @@ from lightspeed_gateway.openai.serving import (
     ENGINE_ERRORS,
     GatewayState,
     cancel_on_disconnect,
+    check_tools,
     engine_api_error,
     sampling_params,
     structured_output,
@@ -116,6 +117,7 @@ async def create_response(body: ResponsesRequest, request: Request):
     state: GatewayState = request.app.state.gateway
     responses: ResponsesState = request.app.state.responses
     state.check_model(body.model)
+    check_tools(state, body.tools)
     items = normalise_items(body.input)
     history = await conversation(responses.store, body.previous_response_id) if body.previous_response_id else []
     messages, tools = to_chat(history + items, body.instructions), tools_of(body.tools)

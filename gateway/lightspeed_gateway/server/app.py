@@ -29,17 +29,19 @@ from lightspeed_gateway.openai.protocol import (
     DetokenizeRequest,
     DetokenizeResponse,
     ErrorResponse,
+    HealthResponse,
     ModelCard,
     ModelList,
     TokenizeChatRequest,
     TokenizeCompletionRequest,
     TokenizeResponse,
 )
-from lightspeed_gateway.openai.serving import GatewayState
+from lightspeed_gateway.openai.serving import ClientGone, GatewayState, check_tools, encode, off_loop
 from lightspeed_gateway.server.engine import EngineClient
 from lightspeed_gateway.server.metrics import GatewayMetrics
 from lightspeed_gateway.server.middleware import GuardMiddleware
 from lightspeed_gateway.server.stats_log import StatsLogger
+from lightspeed_gateway.server.supervisor import EngineSupervisor
 from lightspeed_gateway.template import ChatRenderer, load_chat_template
 
 log = logging.getLogger("lightspeed.gateway")
@@ -47,7 +49,8 @@ log = logging.getLogger("lightspeed.gateway")
 _ERRORS = {code: {"model": ErrorResponse, "description": text} for code, text in (
     (400, "Invalid request"), (401, "Invalid or missing API key"), (404, "Unknown model"),
     (413, "Request body too large"), (429, "Too many waiting requests (see Retry-After)"),
-    (503, "Engine not running (see Retry-After)"))}
+    (500, "The request failed inside the engine (the engine carries on)"),
+    (503, "Engine not running (see Retry-After)"), (504, "The request ran past --request-timeout-s"))}
 # With "stream": true the 200 body is server-sent events; each event's `data` is a JSON chunk, then [DONE].
 _STREAM = {"text/event-stream": {"schema": {
     "type": "object", "required": ["data"],
@@ -95,7 +98,7 @@ def build_app(config: ServerConfig, make_engine: Callable[[], Any], model_path: 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         llm = make_engine()
-        engine = EngineClient(llm, log_requests=config.log_requests)
+        engine = EngineClient(llm, log_requests=config.log_requests, request_timeout_s=config.request_timeout_s)
         path = getattr(llm, "model_path", None) or model_path
         names = served_names(path, config.served_model_name)
         state = GatewayState(config=config, engine=engine,
@@ -106,7 +109,9 @@ def build_app(config: ServerConfig, make_engine: Callable[[], Any], model_path: 
                              accepted_model_names=accepted_names(names, path), model_root=str(path or names[0]),
                              metrics=GatewayMetrics(names[0], engine.stats))
         app.state.gateway = state
-        background = [asyncio.ensure_future(_watch_engine(engine, config.health_check_interval_s))]
+        supervisor = EngineSupervisor(engine, config.health_check_interval_s, config.max_engine_restarts,
+                                      config.engine_restart_backoff_s)
+        background = [asyncio.ensure_future(supervisor.run())]
         if config.log_stats_interval_s > 0:
             background.append(asyncio.ensure_future(StatsLogger(engine).run(config.log_stats_interval_s)))
         try:
@@ -122,17 +127,13 @@ def build_app(config: ServerConfig, make_engine: Callable[[], Any], model_path: 
     app = FastAPI(title="Lightspeed", version=_version("lightspeed-gateway"), lifespan=lifespan,
                   description="OpenAI-compatible API of the Lightspeed inference engine.")
     app.add_middleware(GuardMiddleware, api_key=config.api_key, max_body_bytes=config.max_request_body_bytes,
-                       error_shapes={"/v1/messages": anthropic.error_response})
+                       error_shapes={"/v1/messages": anthropic.error_response},
+                       guard_all_routes=config.api_key_scope == "all")
     _install_error_handlers(app)
     _add_routes(app)
     app.include_router(anthropic.router)
     app.include_router(responses.router)
     return app
-
-
-async def _watch_engine(engine: EngineClient, interval_s: float) -> None:
-    while engine.check_alive():
-        await asyncio.sleep(interval_s)
 
 
 # Field names a request body may use, for "did you mean" on a misspelt one.
@@ -184,6 +185,11 @@ def _install_error_handlers(app: FastAPI) -> None:
         return JSONResponse({"error": {"message": str(exc.detail), "type": kind, "param": None,
                                        "code": exc.status_code}}, status_code=exc.status_code, headers=exc.headers)
 
+    @app.exception_handler(ClientGone)
+    async def client_gone(request: Request, exc: ClientGone):
+        log.debug("client went away before the answer: %s %s", request.method, request.url.path)
+        return Response(status_code=499)  # nobody reads it; nginx's "client closed request"
+
     @app.exception_handler(Exception)
     async def internal_error(request: Request, exc: Exception):
         log.exception("unhandled error")
@@ -192,7 +198,8 @@ def _install_error_handlers(app: FastAPI) -> None:
 
 
 def _model_card(state: GatewayState, name: str) -> ModelCard:
-    return ModelCard(id=name, root=state.model_root, max_model_len=state.engine.max_model_len)
+    # `root` is the served name, never the model's path on this machine.
+    return ModelCard(id=name, root=state.model_name, max_model_len=state.engine.max_model_len)
 
 
 def _add_routes(app: FastAPI) -> None:
@@ -221,13 +228,14 @@ def _add_routes(app: FastAPI) -> None:
         state = _state(request)
         state.check_model(body.model)
         if isinstance(body, TokenizeChatRequest):
+            check_tools(state, body.tools)
             try:
                 ids = (await state.renderer.render_async(body.messages, tools=body.tools,
                                                          add_generation_prompt=body.add_generation_prompt)).token_ids
             except Exception as e:
                 raise bad_request(f"cannot apply the chat template: {e}", "messages") from None
         else:
-            ids = list(state.engine.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens))
+            ids = await off_loop(state, encode, state.engine.tokenizer, body.prompt, body.add_special_tokens)
         return TokenizeResponse(count=len(ids), max_model_len=state.engine.max_model_len, tokens=ids)
 
     @app.post("/detokenize", response_model=DetokenizeResponse, responses=_ERRORS)
@@ -237,16 +245,20 @@ def _add_routes(app: FastAPI) -> None:
         bad = [t for t in body.tokens if t >= state.engine.vocab_size]
         if bad:
             raise bad_request(f"token ids out of vocabulary: {bad[:5]}", "tokens")
-        return DetokenizeResponse(prompt=state.engine.tokenizer.decode(body.tokens))
+        return DetokenizeResponse(prompt=await off_loop(state, state.engine.tokenizer.decode, body.tokens))
 
-    @app.get("/health", responses={200: {"description": "The engine is serving"}, 503: _ERRORS[503]})
+    @app.get("/health", response_model=HealthResponse,
+             responses={200: {"description": "The engine is serving"},
+                        503: {"model": HealthResponse, "description": "The engine is restarting, or dead"}})
     async def health(request: Request):
+        """Status words only: why the engine is down goes to the server's log, not to clients."""
         state = _state(request)
-        if state.engine.check_alive():
-            return {"status": "ok"}
-        return JSONResponse({"error": {"message": f"engine down: {state.engine.dead_reason}",
-                                       "type": "service_unavailable", "param": None, "code": "engine_dead"}},
-                            status_code=503, headers={"Retry-After": str(state.config.retry_after_s)})
+        state.engine.check_alive()
+        status = state.engine.status
+        if status == "ok":
+            return {"status": status}
+        return JSONResponse({"status": status}, status_code=503,
+                            headers={"Retry-After": str(state.config.retry_after_s)})
 
     @app.get("/metrics", response_class=Response,
              responses={200: {"content": {CONTENT_TYPE_LATEST: {"schema": {"type": "string"}}}}})

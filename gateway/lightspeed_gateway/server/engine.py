@@ -1,8 +1,9 @@
 """EngineClient: the gateway's one view of `lightspeed.AsyncLLM`.
 
 It asks for delta outputs (only new text, tokens and logprobs per CompletionOutput), tracks in-flight
-requests for admission control and engine-death handling, aborts requests whose consumer left, and
-reads liveness and the stats snapshot the metrics need.
+requests for admission control and engine-death handling, aborts requests whose consumer left or
+whose time ran out (`request_timeout_s`: one timer per request, nothing per token), restarts a dead
+engine when the supervisor asks, and reads liveness and the stats snapshot the metrics need.
 """
 
 from __future__ import annotations
@@ -27,6 +28,14 @@ class RequestRejected(Exception):
     """The engine refused this request (e.g. a grammar it cannot compile); others carry on."""
 
 
+class RequestFailed(Exception):
+    """This request failed inside the engine (not its input's fault); the engine and others carry on."""
+
+
+class RequestTimeout(Exception):
+    """The request ran past request_timeout_s and was aborted."""
+
+
 @dataclass
 class RequestTiming:
     arrival: float = field(default_factory=time.monotonic)
@@ -35,18 +44,20 @@ class RequestTiming:
     gaps: list[float] = field(default_factory=list)  # seconds between consecutive outputs
 
 
-def _engine_dead_types() -> tuple[type[BaseException], ...]:
+def _engine_error_types() -> tuple[tuple[type[BaseException], ...], tuple[type[BaseException], ...]]:
+    """(engine dead, request failed) exception types of the engine package."""
     try:
-        from lightspeed import EngineDeadError
+        from lightspeed import EngineDeadError, RequestFailedError
     except ImportError:
-        return (EngineDead,)
-    return (EngineDead, EngineDeadError)
+        return (EngineDead,), (RequestFailed,)
+    return (EngineDead, EngineDeadError), (RequestFailed, RequestFailedError)
 
 
 class EngineClient:
     """Wraps an AsyncLLM-like object (`generate`, `abort`, `shutdown`, `get_tokenizer`)."""
 
-    def __init__(self, llm: Any, tokenizer: Any | None = None, log_requests: bool = False) -> None:
+    def __init__(self, llm: Any, tokenizer: Any | None = None, log_requests: bool = False,
+                 request_timeout_s: float = 600.0) -> None:
         self.llm = llm
         self.tokenizer = tokenizer if tokenizer is not None else llm.get_tokenizer()
         info = llm.engine_info  # the core's Ready message: effective limits of this engine
@@ -58,13 +69,20 @@ class EngineClient:
         self.vocab_size: int = min(int(info.vocab_size), len(self.tokenizer))
         # Whether finished prompt pages stay in the engine's prefix cache (Anthropic usage reports them).
         self.prefix_cache: bool = bool(getattr(getattr(llm, "config", None), "enable_prefix_cache", True))
+        # Widths of the engine's per-request tables: a request over them is a 400 here.
+        config = getattr(llm, "config", None)
+        self.max_logit_bias: int = int(getattr(config, "max_logit_bias", 1024))
+        self.max_stop_token_ids: int = int(getattr(config, "max_stop_token_ids", 64))
         self.engine_pid: int | None = getattr(llm, "engine_pid", None)
         self.dead_reason: str | None = None
-        self.num_waiting = 0  # admitted requests that have not produced their first token
+        self.given_up = False  # the supervisor will not restart the engine again
+        self.num_restarts = 0
+        self.num_waiting = 0  # sequences of admitted requests that have not produced their first token
         self.inflight: set[asyncio.Task] = set()
         self.log_requests = log_requests
+        self.request_timeout_s = request_timeout_s
         self._awaiting: dict[str, tuple[float, int]] = {}  # request id -> (arrival, prompt tokens)
-        self._dead_errors = _engine_dead_types()
+        self._dead_errors, self._failed_errors = _engine_error_types()
 
     def describe(self) -> str:
         """One line on what this engine runs: limits, device, dtype."""
@@ -92,6 +110,13 @@ class EngineClient:
         self.mark_dead(reason)
         return False
 
+    @property
+    def status(self) -> str:
+        """What /health says: ok, restarting (503 until it is back) or dead (the supervisor gave up)."""
+        if not self.dead:
+            return "ok"
+        return "dead" if self.given_up else "restarting"
+
     def mark_dead(self, reason: str) -> None:
         if self.dead:
             return
@@ -100,9 +125,26 @@ class EngineClient:
         for task in list(self.inflight):
             task.cancel(msg="engine dead")
 
+    @property
+    def can_restart(self) -> bool:
+        return callable(getattr(self.llm, "restart", None))
+
+    async def restart(self) -> None:
+        """Start a fresh engine core (the old one is dead); raises if it cannot start."""
+        await self.llm.restart()
+        self.engine_pid = getattr(self.llm, "engine_pid", None)
+        self.info = self.llm.engine_info
+        self.dead_reason = None
+        self.num_restarts += 1
+        log.info("engine core is back (pid %s)", self.engine_pid)
+
     def stats(self) -> dict[str, Any]:
-        """The engine's latest stats snapshot (AsyncLLM.stats(): running, waiting, kv usage, ...)."""
-        return self.llm.stats()
+        """The engine's latest stats snapshot (AsyncLLM.stats(): running, waiting, kv usage, ...) and the
+        gateway's own load: requests in flight, sequences waiting, asyncio tasks, engine restarts."""
+        stats = dict(self.llm.stats())
+        stats.update(gateway_inflight_requests=len(self.inflight), gateway_waiting_sequences=self.num_waiting,
+                     gateway_tasks=_num_tasks(), engine_restarts=self.num_restarts)
+        return stats
 
     # -- requests --------------------------------------------------------------------------
     def make_sampling_params(self, **kwargs: Any) -> Any:
@@ -113,14 +155,23 @@ class EngineClient:
 
     async def generate(self, prompt_token_ids: list[int], params: Any, request_id: str,
                        timing: RequestTiming, priority: int = 0, session: str | None = None) -> AsyncIterator[Any]:
-        """Delta RequestOutputs; aborts the request in the engine if the consumer stops early.
-        `priority`: vLLM's meaning, lower is scheduled earlier; `session` names the conversation (a
-        retention hint for its cached prefix)."""
+        """Delta RequestOutputs; aborts the request in the engine if the consumer stops early or its
+        time runs out (RequestTimeout). `priority`: vLLM's meaning, lower is scheduled earlier;
+        `session` names the conversation (a retention hint for its cached prefix)."""
         if self.dead:
             raise EngineDead(self.dead_reason)
-        task = asyncio.current_task()
-        self.inflight.add(task)
-        self.num_waiting += 1
+        consumer = [asyncio.current_task()]  # the task reading this stream (it changes once for a stream)
+        self.inflight.add(consumer[0])
+        waiting = int(getattr(params, "n", 1) or 1)
+        self.num_waiting += waiting
+        expired = []
+
+        def expire() -> None:
+            expired.append(True)
+            consumer[0].cancel(msg="request timeout")
+
+        remaining = self.request_timeout_s - (time.monotonic() - timing.arrival)
+        timer = asyncio.get_running_loop().call_later(max(0.0, remaining), expire)
         self._awaiting[request_id] = (timing.arrival, len(prompt_token_ids))
         if self.log_requests:
             log.info("request %s: %d prompt tokens, max_tokens %s, temperature %s, priority %d", request_id,
@@ -132,14 +183,14 @@ class EngineClient:
             async for out in self.llm.generate(prompt_token_ids, params, request_id=request_id, session_id=session,
                                                **extra):
                 current = asyncio.current_task()
-                if current is not task:  # consumed by another task now (a stream after its first token)
-                    self.inflight.discard(task)
-                    task = current
-                    self.inflight.add(task)
+                if current is not consumer[0]:  # consumed by another task now (a stream after its first token)
+                    self.inflight.discard(consumer[0])
+                    consumer[0] = current
+                    self.inflight.add(current)
                 now = time.monotonic()
                 if not started:
                     started, timing.first_token = True, now
-                    self.num_waiting -= 1
+                    self.num_waiting -= waiting
                     self._awaiting.pop(request_id, None)
                 else:
                     timing.gaps.append(now - timing.last_token)
@@ -153,17 +204,23 @@ class EngineClient:
         except asyncio.CancelledError:
             if self.dead:
                 raise EngineDead(self.dead_reason) from None
+            if expired:
+                _uncancel(consumer[0])
+                raise RequestTimeout(f"the request took longer than {self.request_timeout_s:g} s") from None
             raise
         except self._dead_errors as e:
             self.mark_dead(str(e) or type(e).__name__)
             raise EngineDead(self.dead_reason) from None
+        except self._failed_errors as e:
+            raise RequestFailed(str(e)) from None
         except (ValueError, OverflowError) as e:
             raise RequestRejected(str(e)) from None
         finally:
-            self.inflight.discard(task)
+            timer.cancel()
+            self.inflight.discard(consumer[0])
             self._awaiting.pop(request_id, None)
             if not started:
-                self.num_waiting -= 1
+                self.num_waiting -= waiting
             if self.log_requests:
                 _log_finished(request_id, timing, generated, reasons if finished else ["abort"])
             if not finished and not self.dead:
@@ -194,3 +251,17 @@ def _engine_failure(llm: Any) -> str | None:
         pid = getattr(llm, "engine_pid", "?")
         return f"engine core process (pid {pid}) is not running"
     return None
+
+
+def _uncancel(task: asyncio.Task) -> None:
+    """Undo our own timeout's cancel() (Python >= 3.11 counts them), so the task may go on answering."""
+    uncancel = getattr(task, "uncancel", None)
+    if uncancel is not None:
+        uncancel()
+
+
+def _num_tasks() -> int:
+    try:
+        return len(asyncio.all_tasks())
+    except RuntimeError:  # no running loop (a scrape from another thread)
+        return 0

@@ -1,4 +1,5 @@
-"""Pure-ASGI middleware: API-key check on /v1 routes and the request-body size limit.
+"""Pure-ASGI middleware: API-key check (on /v1 routes, or with guard_all_routes on every route but
+/health) and the request-body size limit.
 
 Both run before FastAPI parses the body, so a 401 or 413 costs nothing, and neither buffers
 streaming responses (Starlette's BaseHTTPMiddleware would). The key comes as `Authorization:
@@ -18,11 +19,18 @@ from lightspeed_gateway.openai.errors import APIError, too_large, unauthorized
 
 class GuardMiddleware:
     def __init__(self, app, api_key: str | None, max_body_bytes: int,
-                 error_shapes: dict[str, Callable[[APIError], JSONResponse]] | None = None) -> None:
+                 error_shapes: dict[str, Callable[[APIError], JSONResponse]] | None = None,
+                 guard_all_routes: bool = False) -> None:
         self.app = app
         self.api_key = api_key.encode() if api_key else None
         self.max_body_bytes = max_body_bytes
         self.error_shapes = error_shapes or {}
+        self.guard_all_routes = guard_all_routes
+
+    def _guarded(self, path: str) -> bool:
+        if self.api_key is None:
+            return False
+        return path.startswith("/v1") or (self.guard_all_routes and path != "/health")
 
     def _authorized(self, headers: dict[bytes, bytes]) -> bool:
         scheme, _, token = headers.get(b"authorization", b"").partition(b" ")
@@ -42,7 +50,7 @@ class GuardMiddleware:
             await self.app(scope, receive, send)
             return
         headers = dict(scope["headers"])
-        if self.api_key is not None and scope["path"].startswith("/v1") and not self._authorized(headers):
+        if self._guarded(scope["path"]) and not self._authorized(headers):
             await self._send_error(scope, send, unauthorized())
             return
         length = headers.get(b"content-length")
