@@ -39,6 +39,9 @@ def _reason(error: Exception) -> str:
 log = logging.getLogger("lightspeed.runner")
 
 KINDS = ("json_schema", "json_object", "regex", "grammar")
+# Distinct grammars waiting for the worker at once: a large schema can take seconds to compile, so
+# past this many a new one is refused rather than queued behind them without bound.
+MAX_PENDING_COMPILES = 64
 
 
 class GrammarCompiler:
@@ -50,6 +53,7 @@ class GrammarCompiler:
         self._compiler = None                                   # built on the worker, at first use
         self._cache: OrderedDict[tuple[str, str], Future] = OrderedDict()  # LRU of done or running compiles
         self._lock = threading.Lock()
+        self._pending = 0  # submitted, not yet compiled
 
     def submit(self, kind: str, spec: str) -> Future:
         """A future of the compiled grammar; its exception is a ValueError naming what is wrong."""
@@ -59,6 +63,9 @@ class GrammarCompiler:
             if future is not None:
                 self._cache.move_to_end(key)
                 return future
+            if self._pending >= MAX_PENDING_COMPILES:
+                raise ValueError(f"{MAX_PENDING_COMPILES} grammars are compiling already; retry later")
+            self._pending += 1
             future = self._worker.submit(self._compile, kind, spec)
             self._cache[key] = future
             while len(self._cache) > self.cache_size:
@@ -71,10 +78,11 @@ class GrammarCompiler:
         return len(self._cache)
 
     def _forget_failure(self, key: tuple[str, str], future: Future) -> None:
-        if future.cancelled() or future.exception() is not None:  # a bad grammar is not worth a cache slot
-            with self._lock:
-                if self._cache.get(key) is future:
-                    del self._cache[key]
+        with self._lock:
+            self._pending -= 1
+            # A bad grammar is not worth a cache slot.
+            if (future.cancelled() or future.exception() is not None) and self._cache.get(key) is future:
+                del self._cache[key]
 
     def _compile(self, kind: str, spec: str) -> Any:
         import xgrammar as xgr

@@ -52,6 +52,13 @@ class EngineStatsCollector:
         yield counter("lightspeed:prefix_cache_query_tokens", "Prompt tokens looked up in the prefix cache.",
                       get("prefix_query_tokens"))
         yield counter("lightspeed:engine_steps", "Engine steps run.", get("num_steps"))
+        yield counter("lightspeed:engine_restarts", "Times the supervisor restarted a dead engine core.",
+                      get("engine_restarts"))
+        yield gauge("lightspeed:gateway_inflight_requests", "Engine streams the gateway is reading.",
+                    get("gateway_inflight_requests"))
+        yield gauge("lightspeed:gateway_waiting_sequences", "Admitted sequences without their first token.",
+                    get("gateway_waiting_sequences"))
+        yield gauge("lightspeed:gateway_tasks", "asyncio tasks alive in the gateway.", get("gateway_tasks"))
         yield from self._tiers(get, labels)
 
     @staticmethod

@@ -46,24 +46,22 @@ class EngineSupervisor:
         engine = self.engine
         if not engine.can_restart:
             log.error("the engine core cannot be restarted by this engine client; the server stays down")
+            engine.given_up = True
             return False
-        engine.restarting = True
-        try:
-            while self.restarts_in_a_row < self.max_restarts:
-                delay = self.backoff_s * 2 ** (self.restarts_in_a_row - 1) if self.restarts_in_a_row else 0.0
-                self.restarts_in_a_row += 1
-                log.warning("restarting the engine core (attempt %d of %d%s)", self.restarts_in_a_row,
-                            self.max_restarts, f", after {delay:g} s" if delay else "")
-                await asyncio.sleep(delay)
-                try:
-                    await engine.restart()
-                except Exception as e:
-                    log.error("the engine core did not start: %s", e)
-                    continue
-                self.num_restarts += 1
-                self._up_since = time.monotonic()
-                return True
-        finally:
-            engine.restarting = False
+        while self.restarts_in_a_row < self.max_restarts:
+            delay = self.backoff_s * 2 ** (self.restarts_in_a_row - 1) if self.restarts_in_a_row else 0.0
+            self.restarts_in_a_row += 1
+            log.warning("restarting the engine core (attempt %d of %d%s)", self.restarts_in_a_row,
+                        self.max_restarts, f", after {delay:g} s" if delay else "")
+            await asyncio.sleep(delay)
+            try:
+                await engine.restart()
+            except Exception as e:
+                log.error("the engine core did not start: %s", e)
+                continue
+            self.num_restarts += 1
+            self._up_since = time.monotonic()
+            return True
         log.error("the engine core died %d times in a row; giving up (/health says dead)", self.max_restarts)
+        engine.given_up = True
         return False
