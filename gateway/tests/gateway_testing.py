@@ -107,9 +107,12 @@ def start_server(args: list[str] = (), env: dict[str, str] | None = None) -> Ser
 
 
 def stop_cleanly(proc: ServerProcess, sig: int = signal.SIGTERM) -> None:
-    """Stop the server; it must exit 0 and take its engine core process with it."""
+    """Stop the server; it must exit 0, take its engine core process with it, and never have logged a
+    ZMQ error (shutdown order) or an ASGI exception (a client leaving is a normal event)."""
     code = proc.stop(sig)
     assert code == 0, proc.output()[-3000:]
+    for noise in ("ZMQError", "Exception in ASGI application"):
+        assert noise not in proc.output(), proc.output()[-3000:]
     deadline = time.monotonic() + 5
     while any(pid_alive(p) for p in proc.engine_pids) and time.monotonic() < deadline:
         time.sleep(0.05)
