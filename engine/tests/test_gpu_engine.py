@@ -113,3 +113,30 @@ def test_llm_on_gpu(tiny_model_dir, default_model_path):
         assert [len(o.outputs[0].token_ids) for o in outs] == [8, 8]
         seeded = SamplingParams(temperature=1.0, seed=5, max_tokens=8, ignore_eos=True)
         assert llm.generate("x", seeded)[0].outputs[0].token_ids == llm.generate("x", seeded)[0].outputs[0].token_ids
+
+
+def test_launch_never_waits_for_the_gpu_with_every_sampling_table(tiny_model_dir):
+    """The pre-sized per-request tables (penalties, logit bias, min_tokens stop ids) and logprobs on the
+    step path: after the first steps (which bind the rows), launching a step never syncs the host."""
+    engine = make_engine(tiny_model_dir, device="cuda", dtype="bfloat16", enforce_eager=True)
+    specs = [SamplingSpec(max_tokens=16, temperature=0.0, ignore_eos=True),
+             SamplingSpec(max_tokens=16, temperature=0.8, seed=3, presence_penalty=0.5, repetition_penalty=1.2,
+                          logit_bias={5: 2.0, 9: -3.0}, min_tokens=4, stop_token_ids=[7], eos_token_ids=[2]),
+             SamplingSpec(max_tokens=16, temperature=0.0, logprobs=3, ignore_eos=True)]
+    for i, (prompt, spec) in enumerate(zip(PROMPTS, specs, strict=True)):
+        submit(engine, f"r{i}", prompt, spec)
+    for _ in range(4):  # prefills and the steps that bind the rows
+        engine.step()
+    launch = engine.runner.launch
+
+    def checked(plan):
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            return launch(plan)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+
+    engine.runner.launch = checked
+    run = run_until_idle(engine)
+    assert not run.errors, run.errors  # a sync would have raised in launch and failed the step's requests
+    assert engine._guard.num_failed_steps == 0
