@@ -38,10 +38,10 @@ def test_a_failure_while_processing_one_output_fails_only_that_request(tiny_mode
                                                                         monkeypatch):
     append = SequenceState.append
 
-    def poisoned(self, token, logprobs):
+    def poisoned(self, token, *args):
         if self.engine_id == "bad":
             raise RuntimeError("injected detokenizer fault")
-        return append(self, token, logprobs)
+        return append(self, token, *args)
 
     monkeypatch.setattr(SequenceState, "append", poisoned)
 
