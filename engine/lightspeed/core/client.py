@@ -132,6 +132,8 @@ class EngineCoreClient:
         """Stop the core (Shutdown, then SIGTERM/SIGKILL if it lingers) and free sockets and files.
         Call it on the event loop thread that polls outputs (if any), so the loop lets go of the socket
         first: closing a socket the loop still watches makes the loop raise ENOTSOCK later."""
+        if self.ready is None and self.is_alive():
+            self.proc.terminate()  # still loading: it reads no Shutdown until the model is in, so stop it now
         if self._async_output is not None and self._finalizer.alive:
             _stop(self.proc, self._input)       # the core's last messages still reach an open socket
             self._async_output.close(linger=0)  # cancels a pending poll and unregisters its file descriptor
