@@ -1,5 +1,5 @@
 """EngineSupervisor's policy on a stand-in engine: immediate first restart, exponential back-off, bounded
-attempts, then "dead" for good (the real restart is in test_faults.py)."""
+attempts, then "dead" for good (the real restart is in test_serve_faults.py)."""
 
 import asyncio
 import time
