@@ -131,6 +131,7 @@ def build_app(config: ServerConfig, make_engine: Callable[[], Any], model_path: 
                        guard_all_routes=config.api_key_scope == "all")
     _install_error_handlers(app)
     _add_routes(app)
+    _add_health_route(app)
     app.include_router(anthropic.router)
     app.include_router(responses.router)
     return app
@@ -247,6 +248,20 @@ def _add_routes(app: FastAPI) -> None:
             raise bad_request(f"token ids out of vocabulary: {bad[:5]}", "tokens")
         return DetokenizeResponse(prompt=await off_loop(state, state.engine.tokenizer.decode, body.tokens))
 
+    @app.get("/metrics", response_class=Response,
+             responses={200: {"content": {CONTENT_TYPE_LATEST: {"schema": {"type": "string"}}}}})
+    async def metrics(request: Request):
+        return Response(generate_latest(_state(request).metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/version")
+    async def version(request: Request) -> dict[str, str]:
+        """Versions, and the device the engine runs on (benchmarks label per-GPU figures with it)."""
+        info = _state(request).engine.info
+        return {"version": _version("lightspeed-gateway"), "engine": _version("lightspeed"),
+                "device": str(getattr(info, "device", "unknown"))}
+
+
+def _add_health_route(app: FastAPI) -> None:
     @app.get("/health", response_model=HealthResponse,
              responses={200: {"description": "The engine is serving"},
                         503: {"model": HealthResponse, "description": "The engine is restarting, or dead"}})
@@ -259,15 +274,3 @@ def _add_routes(app: FastAPI) -> None:
             return {"status": status}
         return JSONResponse({"status": status}, status_code=503,
                             headers={"Retry-After": str(state.config.retry_after_s)})
-
-    @app.get("/metrics", response_class=Response,
-             responses={200: {"content": {CONTENT_TYPE_LATEST: {"schema": {"type": "string"}}}}})
-    async def metrics(request: Request):
-        return Response(generate_latest(_state(request).metrics.registry), media_type=CONTENT_TYPE_LATEST)
-
-    @app.get("/version")
-    async def version(request: Request) -> dict[str, str]:
-        """Versions, and the device the engine runs on (benchmarks label per-GPU figures with it)."""
-        info = _state(request).engine.info
-        return {"version": _version("lightspeed-gateway"), "engine": _version("lightspeed"),
-                "device": str(getattr(info, "device", "unknown"))}

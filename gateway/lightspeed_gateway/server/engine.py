@@ -160,18 +160,10 @@ class EngineClient:
         `session` names the conversation (a retention hint for its cached prefix)."""
         if self.dead:
             raise EngineDead(self.dead_reason)
-        consumer = [asyncio.current_task()]  # the task reading this stream (it changes once for a stream)
-        self.inflight.add(consumer[0])
+        deadline = _Deadline(asyncio.current_task(), self.request_timeout_s - (time.monotonic() - timing.arrival))
+        self.inflight.add(deadline.consumer)
         waiting = int(getattr(params, "n", 1) or 1)
         self.num_waiting += waiting
-        expired = []
-
-        def expire() -> None:
-            expired.append(True)
-            consumer[0].cancel(msg="request timeout")
-
-        remaining = self.request_timeout_s - (time.monotonic() - timing.arrival)
-        timer = asyncio.get_running_loop().call_later(max(0.0, remaining), expire)
         self._awaiting[request_id] = (timing.arrival, len(prompt_token_ids))
         if self.log_requests:
             log.info("request %s: %d prompt tokens, max_tokens %s, temperature %s, priority %d", request_id,
@@ -183,9 +175,9 @@ class EngineClient:
             async for out in self.llm.generate(prompt_token_ids, params, request_id=request_id, session_id=session,
                                                **extra):
                 current = asyncio.current_task()
-                if current is not consumer[0]:  # consumed by another task now (a stream after its first token)
-                    self.inflight.discard(consumer[0])
-                    consumer[0] = current
+                if current is not deadline.consumer:  # consumed by another task now (a stream after its first token)
+                    self.inflight.discard(deadline.consumer)
+                    deadline.consumer = current
                     self.inflight.add(current)
                 now = time.monotonic()
                 if not started:
@@ -204,8 +196,8 @@ class EngineClient:
         except asyncio.CancelledError:
             if self.dead:
                 raise EngineDead(self.dead_reason) from None
-            if expired:
-                _uncancel(consumer[0])
+            if deadline.expired:
+                _uncancel(deadline.consumer)
                 raise RequestTimeout(f"the request took longer than {self.request_timeout_s:g} s") from None
             raise
         except self._dead_errors as e:
@@ -216,8 +208,8 @@ class EngineClient:
         except (ValueError, OverflowError) as e:
             raise RequestRejected(str(e)) from None
         finally:
-            timer.cancel()
-            self.inflight.discard(consumer[0])
+            deadline.cancel()
+            self.inflight.discard(deadline.consumer)
             self._awaiting.pop(request_id, None)
             if not started:
                 self.num_waiting -= waiting
@@ -251,6 +243,22 @@ def _engine_failure(llm: Any) -> str | None:
         pid = getattr(llm, "engine_pid", "?")
         return f"engine core process (pid {pid}) is not running"
     return None
+
+
+class _Deadline:
+    """Cancels the task reading a request's stream when the request's time is up: one timer per
+    request, nothing per token. `consumer` is updated when another task takes the stream over."""
+
+    def __init__(self, consumer: asyncio.Task, seconds: float) -> None:
+        self.consumer, self.expired = consumer, False
+        self._timer = asyncio.get_running_loop().call_later(max(0.0, seconds), self._expire)
+
+    def _expire(self) -> None:
+        self.expired = True
+        self.consumer.cancel(msg="request timeout")
+
+    def cancel(self) -> None:
+        self._timer.cancel()
 
 
 def _uncancel(task: asyncio.Task) -> None:
