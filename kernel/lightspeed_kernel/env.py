@@ -30,6 +30,9 @@ class KernelEnv:
     """LIGHTSPEED_KERNEL_DISABLE_PLUGINS=1: do not load entry-point plugins."""
     disable_triton: bool = False
     """LIGHTSPEED_KERNEL_DISABLE_TRITON=1: do not import the built-in Triton kernels."""
+    triton_interpret: bool = False
+    """TRITON_INTERPRET (Triton's own variable, read when kernels are decorated): kernels run in
+    Triton's CPU interpreter, and launch paths pick interpreter-safe options."""
 
 
 def _flag(value: str | None) -> bool:
@@ -45,4 +48,5 @@ def kernel_env() -> KernelEnv:
         overrides={k: v.strip() for k, v in environ.items() if k.startswith(OVERRIDE_PREFIX) and v.strip()},
         disable_plugins=_flag(environ.get("LIGHTSPEED_KERNEL_DISABLE_PLUGINS")),
         disable_triton=_flag(environ.get("LIGHTSPEED_KERNEL_DISABLE_TRITON")),
+        triton_interpret=environ.get("TRITON_INTERPRET", "0") not in ("", "0"),
     )

@@ -92,3 +92,18 @@ def test_override_reaches_ops(registry_sandbox):
     assert seen == [True]
     lk.ops.rms_norm(x, torch.ones(8), 1e-6)
     assert seen == [True]
+
+
+def test_launchers_read_the_interpreter_flag_from_the_snapshot(monkeypatch):
+    from lightspeed_kernel.env import kernel_env
+
+    interpreting = pytest.importorskip("lightspeed_kernel.triton._common").interpreting
+    before = interpreting()
+    assert before == kernel_env().triton_interpret
+    monkeypatch.setenv("TRITON_INTERPRET", "0" if before else "1")
+    assert interpreting() == before, "read once, not per launch"
+    lk.refresh()
+    assert interpreting() != before
+    monkeypatch.undo()
+    lk.refresh()
+    assert interpreting() == before

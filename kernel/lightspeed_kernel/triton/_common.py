@@ -7,18 +7,20 @@ package still imports (with no candidates) if the registry is absent.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
 
 import torch
 import triton
 
+from ..env import kernel_env
+
 FP8_E4M3_MAX = 448.0
 
 
 def interpreting() -> bool:
-    """True under TRITON_INTERPRET=1 (CPU tensors, numpy semantics)."""
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    """True under TRITON_INTERPRET=1 (CPU tensors, numpy semantics); from the kernel package's
+    environment snapshot, not os.environ: this runs on every kernel launch."""
+    return kernel_env().triton_interpret
 
 
 def dot_upcast() -> bool:
