@@ -1,4 +1,6 @@
-"""Greedy generations of the engine equal transformers' on SmolLM2 (same GGUF weights, fp32, CPU)."""
+"""Greedy generations of the engine equal transformers' on SmolLM2 (same GGUF weights, CPU): the engine
+runs its CPU default (the file's Q4_1 / Q8_0 blocks on the native w4 / w8 kernels, fp32 activations),
+transformers the same weights dequantised to fp32."""
 
 import inspect
 

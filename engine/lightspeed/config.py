@@ -49,8 +49,9 @@ LOAD_FORMATS = ("auto", "hf", "safetensors", "gguf", "dummy")
 DTYPES = ("auto", "bfloat16", "float16", "float32", "bf16", "fp16", "fp32", "half", "float")
 KV_CACHE_DTYPES = ("auto", "bf16", "bfloat16", "fp16", "float16", "fp32", "float32", "fp8", "fp8_e4m3")
 POLICIES = ("decode_first", "prefill_first")
-# --quantization choices (weights quantised at load); every method lives here, one tuple.
-QUANTIZATIONS = ("fp8",)
+# --quantization choices (weights quantised at load); every method lives here, one tuple. Unset (None)
+# or "auto": the per-device default (engine/README.md "Quantisation").
+QUANTIZATIONS = ("auto", "none", "fp8", "int8", "int4", "gguf")
 _BYTE_SIZES = ("kv_cache_memory", "host_cache_memory", "disk_cache_size")  # fields that take "2GiB"
 
 
@@ -79,9 +80,14 @@ class EngineConfig:
     kv_cache_dtype: str = _f("auto", "KV-cache dtype: auto (= model dtype), bf16, fp16, fp32, fp8 (e4m3 with one "
                              "scale of 1.0 for K and V, not calibrated: values beyond +-448 saturate; MLA models: "
                              "e4m3 latent with a scale per token).", KV_CACHE_DTYPES)
-    quantization: str | None = _f(None, "Quantise the weights at load: fp8 (e4m3 with one scale per 128x128 "
-                                  "block, DeepSeek-V3's format; activations per token and 128 columns). FP8 "
-                                  "checkpoints (quantization_config) load as FP8 without it.", QUANTIZATIONS)
+    quantization: str | None = _f(None, "Quantise the weights at load. Unset / auto: on the CPU a GGUF file's "
+                                  "weights stay in their own blocks (gguf) when the native CPU kernels are "
+                                  "available, FP8 checkpoints (quantization_config) load as FP8, anything else "
+                                  "none. none: no quantisation at load (GGUF blocks dequantised to --dtype). fp8: "
+                                  "e4m3 with one scale per 128x128 block (DeepSeek-V3's format; activations per "
+                                  "token and 128 columns). int8 / int4: weight-only 8 / 4-bit on the CPU kernels "
+                                  "(wider sources requantised, the error logged at load). gguf: each GGUF tensor "
+                                  "in the 4- or 8-bit format that holds its blocks exactly.", QUANTIZATIONS)
     host_cache_memory: int | None = _f(None, "Host (CPU, pinned on GPU machines) KV-cache tier in bytes: prefix pages "
                                        "are written through to it in the background and served back on a hit "
                                        "after device eviction; also holds retracted requests. 0 turns it off. "
@@ -111,10 +117,11 @@ class EngineConfig:
                                   "rejected.")
     grammar_cache_size: int = _f(256, "Compiled grammars (structured output) kept for reuse, least recently used "
                                  "evicted first. Grammars compile on a worker thread, off the step loop.")
-    num_threads: int | None = _f(None, "torch threads of the engine core on CPU (default: torch's choice).")
+    num_threads: int | None = _f(None, "torch threads of the engine core on CPU (default: one per physical core).")
     async_scheduling: bool = _f(True, "Overlap steps: the CPU plans and launches step N+1 while the GPU runs "
                                 "step N (off: each step is collected before the next is planned, for debugging).")
-    enforce_eager: bool = _f(False, "Disable CUDA graphs: run every step eagerly (CUDA graphs are never used on CPU).")
+    enforce_eager: bool = _f(False, "Disable CUDA graphs (and on CPU the native graphs of decode steps): run "
+                             "every step eagerly.")
     cuda_graph_max_batch_size: int = _f(256, "Largest decode batch replayed from a CUDA graph (capped by "
                                         "--max-num-seqs); graphs are captured at startup for padded sizes "
                                         "1, 2, 4, 8, 16, 24, 32, then every 16 up to it. Larger batches run eagerly.")

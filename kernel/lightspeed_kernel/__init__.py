@@ -1,16 +1,18 @@
 """lightspeed-kernel: the kernel registry and the op families of Lightspeed.
 
 ``from lightspeed_kernel import ops`` for the ops; the registry API is re-exported here. The
-torch references register on import; the Triton kernels (``lightspeed_kernel.triton``) register
-when Triton is importable; entry-point plugins load at the first selection.
+torch references and the CPU kernels (``lightspeed_kernel.cpu``) register on import; the Triton
+kernels (``lightspeed_kernel.triton``) register when Triton is importable; entry-point plugins load
+at the first selection. `QuantizedWeight` is the weight-only w4 / w8 format the gemm ops read.
 """
 
 from __future__ import annotations
 
 import warnings
 
-from . import reference  # noqa: F401  (registers the torch references)
+from . import cpu, reference  # noqa: F401  (register the torch references and the CPU kernels)
 from .env import KernelEnv, kernel_env
+from .quantized_weight import CopyRecord, QuantizedWeight
 from .registry import (
     ANY,
     CPU,
@@ -68,6 +70,7 @@ __all__ = [
     "TRITON_AVAILABLE",
     "Candidate",
     "Capability",
+    "CopyRecord",
     "Explanation",
     "KernelEnv",
     "KernelRegistry",
@@ -76,6 +79,7 @@ __all__ = [
     "Platform",
     "PluginStatus",
     "Priority",
+    "QuantizedWeight",
     "SelectedKernel",
     "__version__",
     "current_platform",

@@ -33,6 +33,13 @@ class KernelEnv:
     triton_interpret: bool = False
     """TRITON_INTERPRET (Triton's own variable, read when kernels are decorated): kernels run in
     Triton's CPU interpreter, and launch paths pick interpreter-safe options."""
+    disable_native: bool = False
+    """LIGHTSPEED_KERNEL_DISABLE_NATIVE=1: do not register the C kernels of lightspeed_kernel.cpu."""
+    native_cc: str | None = None
+    """LIGHTSPEED_KERNEL_CC (else CC): the C compiler that builds the native CPU kernels."""
+    native_cache_dir: str | None = None
+    """LIGHTSPEED_KERNEL_CACHE_DIR: where built native kernels are kept (default
+    $XDG_CACHE_HOME or ~/.cache, under lightspeed/kernels)."""
 
 
 def _flag(value: str | None) -> bool:
@@ -49,4 +56,8 @@ def kernel_env() -> KernelEnv:
         disable_plugins=_flag(environ.get("LIGHTSPEED_KERNEL_DISABLE_PLUGINS")),
         disable_triton=_flag(environ.get("LIGHTSPEED_KERNEL_DISABLE_TRITON")),
         triton_interpret=environ.get("TRITON_INTERPRET", "0") not in ("", "0"),
+        disable_native=_flag(environ.get("LIGHTSPEED_KERNEL_DISABLE_NATIVE")),
+        native_cc=environ.get("LIGHTSPEED_KERNEL_CC") or environ.get("CC") or None,
+        native_cache_dir=environ.get("LIGHTSPEED_KERNEL_CACHE_DIR")
+        or os.path.join(environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "lightspeed", "kernels"),
     )

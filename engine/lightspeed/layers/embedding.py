@@ -9,7 +9,6 @@ token ids `[r·Vp, (r+1)·Vp)`. The embedding looks up the ids it owns and zeroe
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from lightspeed_kernel import ops
 from torch import nn
 
@@ -38,15 +37,17 @@ class VocabParallelEmbedding(nn.Module):
             raise ValueError(f"embedding: checkpoint shape {tuple(loaded.shape)} != "
                              f"({self.num_embeddings}, {param.shape[1]})")
         rows = self.vocab_end - self.vocab_start
-        param.data[:rows].copy_(loaded[self.vocab_start:self.vocab_end])
-        param.data[rows:].zero_()
+        # narrow, not slicing: the weight may be a QuantizedWeight (layers/weight_only.py)
+        param.data.narrow(0, 0, rows).copy_(loaded.narrow(0, self.vocab_start, rows))
+        if rows < self.per_rank:
+            param.data.narrow(0, rows, self.per_rank - rows).zero_()
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:  # [T] -> [T, H]
         if self.parallel.tp_size == 1:
-            return F.embedding(input_ids, self.weight)
+            return ops.embedding(input_ids, self.weight)
         owned = (input_ids >= self.vocab_start) & (input_ids < self.vocab_end)
         local_ids = torch.where(owned, input_ids - self.vocab_start, 0)
-        rows = F.embedding(local_ids, self.weight) * owned.unsqueeze(-1).to(self.weight.dtype)
+        rows = ops.embedding(local_ids, self.weight) * owned.unsqueeze(-1).to(self.weight.dtype)
         return redistribute(rows, Partial(), Replicate(), self.parallel)
 
     def extra_repr(self) -> str:

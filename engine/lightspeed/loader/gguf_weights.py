@@ -1,4 +1,6 @@
-"""GGUF (llama.cpp) files: metadata → HF-style config, tensors → dequantised HF-named weights.
+"""GGUF (llama.cpp) files: metadata → HF-style config, tensors → HF-named weights: dequantised to
+float32, or kept in their blocks as `QuantizedWeight`s for the weights asked for quantised
+(gguf_quants.py maps each block type to the w4 / w8 format that holds it exactly).
 
 llama.cpp's converter permutes the rows of Llama's q/k projections (it pairs rotary features
 (i, i+D/2) as adjacent rows); we undo that so the weights match the HF (neox-style) layout.
@@ -8,13 +10,17 @@ Qwen2/Qwen3 are converted without the permutation.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from lightspeed_kernel import QuantizedWeight
 from tqdm.auto import tqdm
+
+from ..layers.weight_only import SourceFormat
+from .gguf_quants import decode_blocks, native_format
 
 _ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 
@@ -162,6 +168,11 @@ def _unpermute(weight: np.ndarray, num_heads: int) -> np.ndarray:
     return weight.reshape(num_heads, shape[0] // num_heads // 2, 2, *shape[1:]).swapaxes(1, 2).reshape(shape)
 
 
+def _unpermute_index(rows: int, num_heads: int) -> torch.Tensor:
+    """The row order `_unpermute` produces, as an index (for weights kept quantised)."""
+    return torch.from_numpy(_unpermute(np.arange(rows), num_heads).copy())
+
+
 def dequantize_tensor(tensor, path: Path) -> np.ndarray:
     """float32 array in HF layout ([out, in] for matrices) from one GGUF tensor."""
     from gguf import GGMLQuantizationType, quants
@@ -175,13 +186,38 @@ def dequantize_tensor(tensor, path: Path) -> np.ndarray:
     return np.asarray(values, dtype=np.float32).reshape(shape)
 
 
-def iterate_gguf_weights(reader, config, path: Path, progress: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield `(hf_name, float32 tensor)` for every tensor of the file (`config`: its ModelConfig)."""
+def gguf_tensor_formats(reader, path: Path) -> dict[str, SourceFormat]:
+    """HF name -> the (bits, group) format holding each tensor's blocks exactly (None: float or a
+    block type without an exact mapping, which loads dequantised)."""
+    from gguf import GGMLQuantizationType
+
+    formats = {}
+    for tensor in reader.tensors:
+        name = _hf_name(tensor.name, path)
+        if name is not None:
+            formats[name] = native_format(GGMLQuantizationType(tensor.tensor_type).name)
+    return formats
+
+
+def iterate_gguf_weights(reader, config, path: Path, progress: bool = True,
+                         quantized: Collection[str] = ()) -> Iterator[tuple[str, torch.Tensor | QuantizedWeight]]:
+    """Yield `(hf_name, weight)` for every tensor of the file (`config`: its ModelConfig): a float32
+    tensor, or for names in `quantized` whose block type maps exactly, a QuantizedWeight."""
+    from gguf import GGMLQuantizationType
+
     permute = config.model_type == "llama"
     heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
     for tensor in tqdm(reader.tensors, desc="Loading GGUF", unit="tensor", disable=not progress, leave=False):
         name = _hf_name(tensor.name, path)
         if name is None:
+            continue
+        type_name = GGMLQuantizationType(tensor.tensor_type).name
+        if name in quantized and native_format(type_name) is not None:
+            rows, cols = (int(d) for d in reversed(tensor.shape))
+            weight = decode_blocks(type_name, tensor.data, rows, cols)
+            if permute and name.endswith(("q_proj.weight", "k_proj.weight")):
+                weight = weight.index_rows(_unpermute_index(rows, heads if "q_proj" in name else kv_heads))
+            yield name, weight
             continue
         values = dequantize_tensor(tensor, path)
         if permute and name.endswith("q_proj.weight"):

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from ..layers.linear import default_weight_loader
+from ..layers.weight_only import named_weights
 
 # (fused parameter name part, checkpoint name part, shard id) shared by Llama-style models.
 LLAMA_STACKED_PARAMS: tuple[tuple[str, str, object], ...] = (
@@ -30,24 +31,29 @@ def load_stacked_weights(module: nn.Module, weights: Iterable[tuple[str, torch.T
 
     A name containing a `stacked` checkpoint part is loaded into the fused parameter with its
     shard id; anything else must match a parameter name exactly. An unknown name is an error.
+    Quantised weights (layers/weight_only.py) load like parameters.
     """
-    params = dict(module.named_parameters())
+    params = named_weights(module)
     loaded: set[str] = set()
     for name, tensor in weights:
         if name.endswith(IGNORED_SUFFIXES) or (tied_lm_head and name == "lm_head.weight"):
             continue
-        for param_part, ckpt_part, shard_id in stacked:
-            if ckpt_part in name:
-                target = name.replace(ckpt_part, param_part)
-                param = _param(params, target, name)
-                param.weight_loader(param, tensor, shard_id)
-                break
+        target, shard_id = target_of(name, stacked)
+        param = _param(params, target, name)
+        if shard_id is not None:
+            param.weight_loader(param, tensor, shard_id)
         else:
-            target = name
-            param = _param(params, target, name)
             getattr(param, "weight_loader", default_weight_loader)(param, tensor)
         loaded.add(target)
     return loaded
+
+
+def target_of(ckpt_name: str, stacked: Sequence[tuple[str, str, object]] = LLAMA_STACKED_PARAMS) -> tuple[str, object]:
+    """(model parameter name, shard id or None) that checkpoint tensor `ckpt_name` loads into."""
+    for param_part, ckpt_part, shard_id in stacked:
+        if ckpt_part in ckpt_name:
+            return ckpt_name.replace(ckpt_part, param_part), shard_id
+    return ckpt_name, None
 
 
 def _param(params: dict[str, nn.Parameter], target: str, ckpt_name: str) -> nn.Parameter:

@@ -11,7 +11,9 @@ from dataclasses import dataclass
 import torch
 
 from ..config import EngineConfig
+from ..envs import ENVS
 from ..kv import build_kv_cache, device_kv_budget, kv_layout_for, resolve_kv_dtype
+from .cpu_graph import build_cpu_graph_runner
 from .cuda_graph import build_cuda_graph_runner
 from .model_runner import ModelRunner
 from .sampling_state import table_bytes
@@ -45,6 +47,7 @@ class BuiltRunner:
     kv_dtype: torch.dtype
     num_disk_pages: int = 0           # disk-tier slots, slot 0 included; 0: no disk tier
     max_disk_write_pages: int = 1     # disk writes in flight at once (the scheduler's bound)
+    quantization: str = "none"        # the weight scheme "auto" resolved to
 
 
 def resolve_device(device: str) -> torch.device:
@@ -54,6 +57,42 @@ def resolve_device(device: str) -> torch.device:
     if resolved.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {device!r}: no CUDA GPU is available here (use device 'cpu' or 'auto')")
     return resolved
+
+
+def resolve_quantization(quantization: str | None, device: torch.device, load_format: str,
+                         model: str | None) -> str:
+    """The scheme `load_model` gets ("none" for no quantisation at load). Unset / "auto": "gguf" for a
+    GGUF file on the CPU when the native kernels are there (the rule and its measurement:
+    engine/README.md "Quantisation"), else "none" (FP8 checkpoints still load as FP8). The
+    weight-only schemes run on the CPU kernels only: on a GPU they would dequantise every weight at
+    every step."""
+    if quantization in (None, "auto"):
+        if device.type != "cpu" or load_format == "dummy":
+            return "none"
+        from lightspeed_kernel.cpu import NATIVE_AVAILABLE
+
+        from ..loader import resolve_model_files
+
+        if model is None:
+            from ..model_files import default_model
+
+            model = default_model()
+        is_gguf = resolve_model_files(model, load_format).load_format == "gguf"
+        return "gguf" if is_gguf and NATIVE_AVAILABLE else "none"
+    if quantization in ("int8", "int4", "gguf") and device.type != "cpu":
+        raise ValueError(f"quantization={quantization!r} runs on the CPU kernels only; on {device} leave it unset "
+                         f"or use fp8")
+    return quantization
+
+
+def default_cpu_threads() -> int:
+    """One torch thread per physical core this process may run on: OpenMP threads sharing a core
+    (SMT siblings) or outnumbering the cores spin against each other and collapse throughput."""
+    import psutil
+
+    logical = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    physical = psutil.cpu_count(logical=False) or logical
+    return max(1, min(physical, logical))
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> str:
@@ -70,10 +109,17 @@ def build_model_runner(config: EngineConfig, *, output_tokens_of: Callable[[int]
     device = resolve_device(config.device)
     if device.type == "cuda" and device.index is not None:
         torch.cuda.set_device(device)
+    if device.type == "cpu" and config.num_threads is None and ENVS.num_threads is None:
+        torch.set_num_threads(default_cpu_threads())
     dtype_name = resolve_dtype(config.dtype, device)
     load_format = "hf" if config.load_format == "safetensors" else config.load_format
+    quantization = resolve_quantization(config.quantization, device, load_format, config.model)
     model, model_config = load_model(config.model, load_format=load_format, dtype=dtype_name, device=device,
-                                     seed=config.seed, progress=False, quantization=config.quantization)
+                                     seed=config.seed, progress=False, quantization=quantization)
+    if quantization in ("int8", "int4", "gguf"):
+        from ..layers.weight_only import quantization_report
+
+        log.info("weights (%s): %s", quantization, quantization_report(model).summary())
     max_model_len = config.max_model_len or model_config.max_position_embeddings
     if max_model_len > model_config.max_position_embeddings:
         raise ValueError(f"max_model_len={max_model_len} exceeds the model's max_position_embeddings="
@@ -107,7 +153,7 @@ def build_model_runner(config: EngineConfig, *, output_tokens_of: Callable[[int]
     num_host_pages = max(2, layout.pages_for(host_budget)) if host_budget > 0 else 0
     kv_cache = build_kv_cache(layout, num_device_pages, num_host_pages, device)
     if config.disk_cache_dir is not None:
-        kv_cache.disk = build_disk_tier(config, kv_cache.host_pool, model_config, kv_dtype, device)
+        kv_cache.disk = build_disk_tier(config, kv_cache.host_pool, model_config, kv_dtype, device, quantization)
     log.info("model %s on %s (%s); KV cache %d device pages, %d host pages of %d tokens (%s); max_model_len %d",
              model_config.name, device, dtype_name, num_device_pages, num_host_pages, config.page_size, layout,
              max_model_len)
@@ -122,18 +168,23 @@ def build_model_runner(config: EngineConfig, *, output_tokens_of: Callable[[int]
                          output_tokens_of=output_tokens_of, max_logit_bias=config.max_logit_bias,
                          max_stop_ids=max_stop_ids, grammar_cache_size=config.grammar_cache_size)
     # After the KV cache exists: the graphs bake in its addresses.
-    runner.graphs = build_cuda_graph_runner(model, kv_cache, batch_sizes=config.cuda_graph_batch_sizes(),
-                                            max_model_len=max_model_len, vocab_size=model_config.vocab_size,
-                                            device=device)
+    graph_args = dict(batch_sizes=config.cuda_graph_batch_sizes(), max_model_len=max_model_len,
+                      vocab_size=model_config.vocab_size, device=device)
+    if device.type == "cuda":
+        runner.graphs = build_cuda_graph_runner(model, kv_cache, **graph_args)
+    else:
+        quantized = quantization in ("int8", "int4", "gguf")
+        runner.graphs = build_cpu_graph_runner(model, kv_cache, quantized=quantized, **graph_args)
     write_through_pages = max(1, _WRITE_THROUGH_BYTES_IN_FLIGHT // layout.bytes_per_page)
     disk = kv_cache.disk
     return BuiltRunner(runner, model_config, max_model_len, num_device_pages, num_host_pages, write_through_pages,
                        device, model_config.torch_dtype, kv_dtype, num_disk_pages=disk.num_slots if disk else 0,
                        max_disk_write_pages=max(1, min(_MAX_DISK_WRITES, _DISK_WRITE_BYTES_IN_FLIGHT // disk.record_bytes))
-                       if disk else 1)
+                       if disk else 1, quantization=quantization)
 
 
-def build_disk_tier(config: EngineConfig, host_pool, model_config, kv_dtype: torch.dtype, device: torch.device):
+def build_disk_tier(config: EngineConfig, host_pool, model_config, kv_dtype: torch.dtype, device: torch.device,
+                    quantization: str):
     """The disk KV tier under `host_pool`, its files named by a fingerprint of everything that changes
     the KV bytes: the weights, the model's config (RoPE included), dtypes, quantisation, page size,
     tensor-parallel layout, device kind and the page layout."""
@@ -145,7 +196,7 @@ def build_disk_tier(config: EngineConfig, host_pool, model_config, kv_dtype: tor
     files = resolve_model_files(config.model or default_model(), load_format)
     model = {k: v for k, v in dataclasses.asdict(model_config).items() if k != "name"}
     parts = {"weights": weights_identity(files, config.seed), "model": model, "dtype": model_config.torch_dtype,
-             "kv_dtype": kv_dtype, "quantization": config.quantization, "page_size": config.page_size,
+             "kv_dtype": kv_dtype, "quantization": quantization, "page_size": config.page_size,
              "tensor_parallel": [config.tensor_parallel_size, 0], "device": device.type,
              "page_tensors": [[[t.shape[0], *t.shape[2:]], t.dtype] for t in host_pool.page_tensors]}
     size = config.disk_cache_size

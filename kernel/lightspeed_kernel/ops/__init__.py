@@ -6,7 +6,17 @@ family/mode (reference, Triton, plugins) takes exactly these arguments.
 
 from .activation import gelu_and_mul, silu_and_mul
 from .attention import attention_decode, attention_prefill
-from .gemm import fp8_block_gemm, linear
+from .gemm import (
+    dequantize,
+    dequantize_w4,
+    dequantize_w8,
+    embedding,
+    fp8_block_gemm,
+    linear,
+    linear_quantized,
+    linear_w4,
+    linear_w8,
+)
 from .kv_store import store_kv
 from .moe import fused_experts, fused_experts_fp8, moe_topk
 from .norm import fused_add_rms_norm, rms_norm
@@ -20,12 +30,19 @@ __all__ = [
     "attention_decode",
     "attention_prefill",
     "compute_logprobs",
+    "dequantize",
+    "dequantize_w4",
+    "dequantize_w8",
+    "embedding",
     "fp8_block_gemm",
     "fused_add_rms_norm",
     "fused_experts",
     "fused_experts_fp8",
     "gelu_and_mul",
     "linear",
+    "linear_quantized",
+    "linear_w4",
+    "linear_w8",
     "moe_topk",
     "quant_fp8_per_block",
     "quant_fp8_per_token",

@@ -1,0 +1,145 @@
+"""Native weight-only quantised GEMM on the CPU (gemm/w4, gemm/w8 and their dequantisation).
+
+Up to DENSE_MIN_ROWS - 1 token rows (decode batches) run the fused C kernel, which expands each
+weight block in registers; from DENSE_MIN_ROWS rows on (prompts) the weight is dequantised a
+chunk of rows at a time and multiplied by torch's GEMM (MKL / oneDNN), which wins once the
+dequantisation is shared by enough rows. The crossover was measured on a 2-core AMD EPYC
+(AVX2): kernel microbenchmark in bench/results/kernels_cpu_*.md.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..reference.gemm import check_quantized
+from ..registry import Priority, register_kernel
+from . import native
+
+DENSE_MIN_ROWS = 24
+CHUNK_ELEMENTS = 1 << 20  # fp32 weights dequantised at once on the dense path: 4 MiB, cache-resident
+ACTIVATION_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _check(bits: int, x: torch.Tensor | None, qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor,
+           bias: torch.Tensor | None, group_size: int) -> tuple[int, int]:
+    n, k = check_quantized(bits, qweight, scales, mins, group_size, x, bias)
+    if not (qweight.is_contiguous() and scales.is_contiguous() and mins.is_contiguous()):
+        raise ValueError(f"w{bits}: the native kernels need contiguous qweight, scales and mins")
+    return n, k
+
+
+def _dequant_rows(bits: int, qweight, scales, mins, group_size: int, first: int, count: int, out: torch.Tensor,
+                  rows: torch.Tensor | None = None) -> None:
+    """Rows [first, first + count) (or `rows`) of the weight into `out` [count, K] fp32."""
+    k = scales.shape[1] * group_size
+    row_bytes = k * bits // 8
+    gpr_bytes = scales.shape[1] * 4
+    rc = native.call("ls_w4_dequant" if bits == 4 else "ls_w8_dequant", qweight.data_ptr() + first * row_bytes,
+                     scales.data_ptr() + first * gpr_bytes,
+            mins.data_ptr() + first * gpr_bytes, k, group_size, None if rows is None else rows.data_ptr(),
+            count, out.data_ptr())
+    if rc:
+        raise ValueError(f"w{bits} dequantise: unsupported shape (K={k}, group_size={group_size})")
+
+
+def _linear(bits: int, x, qweight, scales, mins, bias, group_size: int) -> torch.Tensor:
+    n, k = _check(bits, x, qweight, scales, mins, bias, group_size)
+    t = x.shape[0]
+    # decode calls are ~50 us: skip even no-op conversions (~1 us each) when nothing is to convert
+    xf = x if x.dtype == torch.float32 and x.is_contiguous() else x.to(torch.float32).contiguous()
+    bias_f = None if bias is None else bias.to(torch.float32).contiguous()
+    out = torch.empty(t, n, dtype=torch.float32)
+    if t == 0 or n == 0:
+        return out.to(x.dtype)
+    if t < DENSE_MIN_ROWS:
+        rc = native.call("ls_w4_linear" if bits == 4 else "ls_w8_linear", xf.data_ptr(), t, k, qweight.data_ptr(),
+                         scales.data_ptr(), mins.data_ptr(), n, group_size,
+                None if bias_f is None else bias_f.data_ptr(), out.data_ptr())
+        if rc:
+            raise RuntimeError(f"w{bits} linear kernel failed (code {rc})")
+    else:
+        rows = max(1, min(n, CHUNK_ELEMENTS // k))
+        weight = torch.empty(rows, k, dtype=torch.float32)
+        for first in range(0, n, rows):
+            count = min(rows, n - first)
+            _dequant_rows(bits, qweight, scales, mins, group_size, first, count, weight)
+            chunk = weight[:count]
+            if count == n:
+                torch.mm(xf, chunk.t(), out=out)
+            else:
+                out[:, first:first + count] = xf @ chunk.t()
+        if bias_f is not None:
+            out += bias_f
+    return out if x.dtype == torch.float32 else out.to(x.dtype)
+
+
+def _native(mode: str, dtypes=ACTIVATION_DTYPES):
+    return register_kernel("gemm", mode, name=f"native_{mode}", solution="native", priority=Priority.PERFORMANT,
+                           capability="cpu", dtypes=dtypes)
+
+
+@_native("w4")
+def linear_w4(
+    x: torch.Tensor,
+    qweight: torch.Tensor,
+    scales: torch.Tensor,
+    mins: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    group_size: int,
+) -> torch.Tensor:
+    # x: [T, K] (fp32 math; bf16 / fp16 converted); qweight uint8 [N, K/2]; scales, mins [N, K/g] -> [T, N]
+    return _linear(4, x, qweight, scales, mins, bias, group_size)
+
+
+@_native("w8")
+def linear_w8(
+    x: torch.Tensor,
+    qweight: torch.Tensor,
+    scales: torch.Tensor,
+    mins: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    group_size: int,
+) -> torch.Tensor:
+    # x: [T, K]; qweight int8 [N, K]; scales, mins [N, K/g] -> [T, N]
+    return _linear(8, x, qweight, scales, mins, bias, group_size)
+
+
+def _dequantize(bits: int, qweight, scales, mins, rows, group_size: int) -> torch.Tensor:
+    _, k = _check(bits, None, qweight, scales, mins, None, group_size)
+    if rows is not None:
+        rows = rows.to(torch.int64).contiguous()
+        if rows.numel() and (int(rows.min()) < 0 or int(rows.max()) >= qweight.shape[0]):
+            raise IndexError(f"row index out of range for a weight of {qweight.shape[0]} rows")
+    count = qweight.shape[0] if rows is None else rows.numel()
+    out = torch.empty(count, k, dtype=torch.float32)
+    if count:
+        _dequant_rows(bits, qweight, scales, mins, group_size, 0, count, out, rows)
+    return out
+
+
+@_native("w4_dequant", dtypes=(torch.float32,))
+def dequantize_w4(
+    qweight: torch.Tensor,
+    scales: torch.Tensor,
+    mins: torch.Tensor,
+    rows: torch.Tensor | None = None,
+    *,
+    group_size: int,
+) -> torch.Tensor:
+    # qweight uint8 [N, K/2]; scales, mins [N, K/g]; rows int64 [R] or None -> fp32 [R, K]
+    return _dequantize(4, qweight, scales, mins, rows, group_size)
+
+
+@_native("w8_dequant", dtypes=(torch.float32,))
+def dequantize_w8(
+    qweight: torch.Tensor,
+    scales: torch.Tensor,
+    mins: torch.Tensor,
+    rows: torch.Tensor | None = None,
+    *,
+    group_size: int,
+) -> torch.Tensor:
+    # qweight int8 [N, K]; scales, mins [N, K/g]; rows int64 [R] or None -> fp32 [R, K]
+    return _dequantize(8, qweight, scales, mins, rows, group_size)
