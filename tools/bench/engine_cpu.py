@@ -29,12 +29,12 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import time
 from pathlib import Path
 
 import psutil
 import torch
+from result_files import git_commit, result_stem
 
 PROMPTS = ["Explain how a hash map works.", "Write a short poem about autumn leaves.",
            "What are the benefits of unit testing?", "Describe the water cycle.",
@@ -267,10 +267,9 @@ def main() -> None:
     long_ids = long_prompt(tokenizer, args.prompt_tokens)
     hf_single(hf, chat[0], 4)  # warm-up
     rows = [run_scheme(s, args, path, chat, long_ids, parity, hf, hf_rows) for s in args.schemes.split(",")]
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     now = dt.datetime.now(dt.timezone.utc)
     report = {
-        "date": now.isoformat(timespec="seconds"), "commit": commit or "unknown",
+        "date": now.isoformat(timespec="seconds"), "commit": git_commit(),
         "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
                     "physical_cores": psutil.cpu_count(logical=False), "load1_start": start_load,
                     "load1_end": load1()},
@@ -281,9 +280,8 @@ def main() -> None:
         "transformers": hf_rows, "lightspeed": rows,
     }
     summarise(report)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    stem = out / f"engine_cpu_{now.strftime('%Y-%m-%d_%H%M')}_t{args.threads}{'_' + args.tag if args.tag else ''}"
+    name = f"engine_cpu_t{args.threads}{'_' + args.tag if args.tag else ''}"
+    stem = result_stem(args.out, name)  # <name>_<UTC date-time>_<cpu>: never overwrites an earlier run
     stem.with_suffix(".json").write_text(json.dumps(report, indent=2))
     stem.with_suffix(".md").write_text(markdown(report))
     print(markdown(report))

@@ -16,12 +16,11 @@ import argparse
 import datetime as dt
 import json
 import os
-import subprocess
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from result_files import git_commit, result_stem
 
 SHAPES = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536), "lm_head": (49152, 576)}
 
@@ -103,13 +102,11 @@ def main() -> None:
                 print(f"T={tokens:<3} {shape:<8} {name:<26} {seconds * 1e6:9.1f} us  load {results[-1]['load1']}",
                       flush=True)
     now = dt.datetime.now(dt.timezone.utc)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    commit = git_commit()
     report = {"date": now.isoformat(timespec="seconds"), "commit": commit, "threads": args.threads,
               "torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
               "cores": os.cpu_count(), "results": results}
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    stem = out / f"kernels_cpu_{now.strftime('%Y-%m-%d_%H%M')}_t{args.threads}"
+    stem = result_stem(args.out, f"kernels_cpu_t{args.threads}")
     stem.with_suffix(".json").write_text(json.dumps(report, indent=2))
     kernels = list(dict.fromkeys(r["kernel"] for r in results))
     lines = [f"# CPU GEMM kernels on SmolLM2-135M shapes ({report['date']}, commit {commit})", "",
