@@ -5,8 +5,7 @@ import pytest
 import torch
 from lightspeed.runner.cpu_graph import CpuGraphRunner, build_cpu_graph_runner
 from lightspeed_kernel.cpu import NATIVE_AVAILABLE
-from test_cuda_graph import MAX_TOKENS, _submit_varied
-from test_runner import _engine
+from test_cuda_graph import MAX_TOKENS, _engine, _submit_varied
 
 pytestmark = pytest.mark.skipif(not NATIVE_AVAILABLE, reason="no native CPU kernels on this machine")
 
@@ -28,7 +27,7 @@ def test_replay_matches_eager(tiny_model_dir, quantization):
             if graphs.can_run(plan):
                 logits = graphs.forward(plan, t).clone()
                 worst, replays = max(worst, (logits - eager).abs().max().item()), replays + 1
-            sched.advance(plan, runner._sample(logits, t).tokens)
+            sched.advance(plan, runner.collect(runner._sample(plan, logits, t)).tokens)
     assert replays >= max(MAX_TOKENS) - 1 and graphs.num_replays == replays
     assert worst < 1e-4, worst
 
