@@ -36,7 +36,7 @@ def test_from_cli_converts_strings_and_is_frozen():
     ({"max_model_len": -3}, "max_model_len"),
     ({"kv_cache_memory": "0B"}, "kv_cache_memory"),
     ({"tensor_parallel_size": 2}, "tensor_parallel_size"),
-    ({"quantization": "int3"}, "quantization=.int3. is not one of fp8"),
+    ({"quantization": "int3"}, "quantization=.int3. is not one of auto, none, fp8, int8, int4, gguf"),
     ({"session_retention": 17}, "session_retention"),
 ])
 def test_validation_errors(kwargs, match):
