@@ -29,8 +29,18 @@ def _version(dist: str) -> str:
         return "not installed"
 
 
+def _physical_cores() -> str:
+    # The engine core runs one torch thread per physical core on the CPU (engine/README.md).
+    try:
+        import psutil  # an engine dependency
+    except ImportError:
+        return ""
+    physical = psutil.cpu_count(logical=False)
+    return f", {physical} physical (the engine's default CPU threads)" if physical else ""
+
+
 def devices_lines() -> list[str]:
-    lines = [f"cpu: {platform.processor() or platform.machine()}, {os.cpu_count()} logical cores"]
+    lines = [f"cpu: {platform.processor() or platform.machine()}, {os.cpu_count()} logical cores{_physical_cores()}"]
     try:
         import torch
     except ImportError:
