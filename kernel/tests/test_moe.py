@@ -154,3 +154,22 @@ def test_fused_experts_fp8_matches_naive_and_bf16(tokens):
     if tokens:  # e4m3 weights and activations stay within a few percent of the unquantised experts
         exact = ops.fused_experts(x, w13_f, w2_f, weights, ids)
         assert ((got - exact).norm() / exact.norm()).item() < 0.08
+
+
+def test_fused_experts_skips_negative_ids():
+    # Expert parallelism: ids of experts held by other ranks are -1 and contribute nothing; the
+    # sum over two disjoint halves of the experts is the full result.
+    torch.manual_seed(3)
+    num_experts, hidden, inter, tokens = 8, 16, 12, 9
+    x = torch.randn(tokens, hidden)
+    w13, w2 = torch.randn(num_experts, 2 * inter, hidden) / 4, torch.randn(num_experts, hidden, inter) / 4
+    weights, ids = ops.moe_topk(torch.randn(tokens, num_experts), 3)
+    full = ops.fused_experts(x, w13, w2, weights, ids)
+    halves = []
+    for start in (0, 4):
+        local = ids - start
+        local = torch.where((local >= 0) & (local < 4), local, -1)
+        halves.append(ops.fused_experts(x, w13[start:start + 4], w2[start:start + 4], weights, local))
+    torch.testing.assert_close(halves[0] + halves[1], full, rtol=1e-5, atol=1e-5)
+    none = ops.fused_experts(x, w13, w2, weights, torch.full_like(ids, -1))
+    assert torch.equal(none, torch.zeros_like(x))

@@ -44,6 +44,7 @@ def fused_experts(
 
     x: [T, H]; w13: [E, 2I, H] (gate rows, then up rows); w2: [E, H, I]; topk_weights: [T, k];
     topk_ids: [T, k] int32; activation "silu" or "gelu". Returns [T, H] in x's dtype.
+    An id < 0 names no expert (expert parallelism: one held by another rank): it adds nothing.
     """
     return impl_for("moe", "fused_experts", x)(x, w13, w2, topk_weights, topk_ids, activation=activation)
 
@@ -64,6 +65,7 @@ def fused_experts_fp8(
     w13: e4m3 [E, 2I, H] with w13_scale fp32 [E, ceil(2I/128), ceil(H/128)] (one scale per 128x128
     block: w = e4m3 · scale); w2: e4m3 [E, H, I] with w2_scale [E, ceil(H/128), ceil(I/128)].
     Activations are quantised per token and 128 columns (e4m3, amax/448) before each GEMM.
+    Ids < 0 are skipped, as in :func:`fused_experts`.
     x: [T, H] (bf16 / fp16 / fp32); returns [T, H] in x's dtype.
     """
     return impl_for("moe", "fused_experts_fp8", x)(

@@ -74,11 +74,12 @@ def fused_experts(
         raise ValueError(f"activation must be 'silu' or 'gelu', got {activation!r}")
     num_tokens, top_k = topk_ids.shape
     out = torch.zeros(num_tokens, x.shape[1], dtype=torch.float32, device=x.device)
-    flat_ids = topk_ids.reshape(-1).long()
+    # Ids < 0 name no expert of this rank (expert parallelism): they sort first and are skipped.
+    flat_ids = topk_ids.reshape(-1).long().clamp(min=-1)
     order = torch.argsort(flat_ids, stable=True)
-    counts = torch.bincount(flat_ids, minlength=w13.shape[0]).tolist()
-    start = 0
-    for expert, count in enumerate(counts):
+    counts = torch.bincount(flat_ids + 1, minlength=w13.shape[0] + 1).tolist()
+    start = counts[0]
+    for expert, count in enumerate(counts[1:]):
         if count == 0:
             continue
         picks = order[start : start + count]
@@ -123,11 +124,12 @@ def fused_experts_fp8(
         raise ValueError(f"activation must be 'silu' or 'gelu', got {activation!r}")
     num_tokens, top_k = topk_ids.shape
     out = torch.zeros(num_tokens, x.shape[1], dtype=torch.float32, device=x.device)
-    flat_ids = topk_ids.reshape(-1).long()
+    # Ids < 0 name no expert of this rank (expert parallelism): they sort first and are skipped.
+    flat_ids = topk_ids.reshape(-1).long().clamp(min=-1)
     order = torch.argsort(flat_ids, stable=True)
-    counts = torch.bincount(flat_ids, minlength=w13.shape[0]).tolist()
-    start = 0
-    for expert, count in enumerate(counts):
+    counts = torch.bincount(flat_ids + 1, minlength=w13.shape[0] + 1).tolist()
+    start = counts[0]
+    for expert, count in enumerate(counts[1:]):
         if count == 0:
             continue
         picks = order[start : start + count]

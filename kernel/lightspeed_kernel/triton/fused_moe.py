@@ -26,13 +26,16 @@ from .activation import ACT_GELU, ACT_SILU, apply_act
 
 def align_pairs(topk_ids: torch.Tensor, num_experts: int, block_m: int):
     """topk_ids: [T, k] -> (sorted_pairs int32 [cap] (pair id = t * k + j, padding = T*k),
-    block_expert int32 [cap / block_m] (num_experts for blocks past the end))."""
+    block_expert int32 [cap / block_m]: the expert of each block, num_experts for blocks of skipped
+    pairs (id < 0: an expert held by another rank under expert parallelism), num_experts + 1 for
+    blocks past the end)."""
     flat = topk_ids.reshape(-1).long()
     n_pairs = flat.numel()
     device = flat.device
+    flat = torch.where(flat < 0, num_experts, flat)  # skipped pairs form one more bucket, sorted last
     # scatter_add, not bincount: bincount on CUDA reads the max id back to the host (a sync that
     # breaks CUDA-graph capture)
-    counts = torch.zeros(num_experts, dtype=torch.int64, device=device).scatter_add_(
+    counts = torch.zeros(num_experts + 1, dtype=torch.int64, device=device).scatter_add_(
         0, flat, torch.ones_like(flat)
     )
     padded = (counts + block_m - 1) // block_m * block_m
@@ -43,8 +46,8 @@ def align_pairs(topk_ids: torch.Tensor, num_experts: int, block_m: int):
     unpadded_start = torch.cumsum(counts, 0) - counts
     rank = torch.arange(n_pairs, device=device) - unpadded_start[sorted_expert]
     dest = padded_start[sorted_expert] + rank
-    # at most min(E, T*k) experts are non-empty, each padded by < block_m
-    capacity = triton.cdiv(n_pairs + min(num_experts, n_pairs) * (block_m - 1), block_m) * block_m
+    # at most min(E + 1, T*k) buckets are non-empty, each padded by < block_m
+    capacity = triton.cdiv(n_pairs + min(num_experts + 1, n_pairs) * (block_m - 1), block_m) * block_m
     sorted_pairs = torch.full((capacity,), n_pairs, dtype=torch.int32, device=device)
     sorted_pairs[dest] = order.to(torch.int32)
     block_starts = torch.arange(0, capacity, block_m, device=device)
@@ -158,6 +161,19 @@ def _moe_gemm2_kernel(
         tl.store(
             out_ptr + rows[:, None] * stride_ot + offs_n[None, :], y, mask=valid[:, None] & n_mask[None, :]
         )
+    elif expert == n_experts:  # skipped pairs (expert on another rank): they add zero to the sum over k
+        _store_zero_rows(out_ptr, pairs_ptr, blk, n_pairs, hidden, stride_ot, BLOCK_M, BLOCK_N)
+
+
+@triton.jit
+def _store_zero_rows(out_ptr, pairs_ptr, blk, n_pairs, hidden, stride_ot, BLOCK_M: tl.constexpr,
+                     BLOCK_N: tl.constexpr):
+    pairs = tl.load(pairs_ptr + blk * BLOCK_M + tl.arange(0, BLOCK_M))
+    valid = pairs < n_pairs
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    zeros = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    tl.store(out_ptr + pairs.to(tl.int64)[:, None] * stride_ot + offs_n[None, :], zeros,
+             mask=valid[:, None] & (offs_n < hidden)[None, :])
 
 
 def _choose_tiles(n_pairs: int, num_experts: int):

@@ -20,7 +20,7 @@ import triton.language as tl
 
 from ._common import FLOAT_DTYPES, check, dot_upcast, interpreting, register
 from .activation import ACT_GELU, ACT_SILU, apply_act
-from .fused_moe import align_pairs
+from .fused_moe import _store_zero_rows, align_pairs
 from .quantize import quant_fp8_per_block
 
 SCALE_BLOCK = 128
@@ -112,6 +112,8 @@ def _fp8_moe_gemm2_kernel(
         routed = tl.load(weights_ptr + rows, mask=valid, other=0.0).to(tl.float32)
         y = acc.to(ROUND_DTYPE).to(tl.float32) * routed[:, None]
         tl.store(out_ptr + rows[:, None] * stride_ot + offs_n[None, :], y, mask=valid[:, None] & n_mask[None, :])
+    elif expert == n_experts:  # skipped pairs (expert on another rank): they add zero to the sum over k
+        _store_zero_rows(out_ptr, pairs_ptr, blk, n_pairs, hidden, stride_ot, BLOCK_M, BLOCK_N)
 
 
 def _choose_tiles(n_pairs: int, num_experts: int):

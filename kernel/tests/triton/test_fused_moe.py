@@ -96,3 +96,24 @@ def test_fused_experts_fp8_deepseek_sizes():
     (w13, s13), (w2, s2) = _block_quantize(w13_f), _block_quantize(w2_f)
     want = ref_moe.fused_experts_fp8(x, w13, s13, w2, s2, weights, ids)
     assert rel_err(fused_moe_fp8.fused_experts_fp8(x, w13, s13, w2, s2, weights, ids), want) < 2e-2
+
+
+@pytest.mark.parametrize("fp8", [False, True])
+def test_fused_experts_skips_negative_ids(device, fp8):
+    # Expert parallelism: -1 ids (experts of other ranks) add zero, including rows whose every id is -1.
+    torch.manual_seed(5)
+    t, e, k, hidden, inter = 7, 4, 2, 128, 128
+    x, w13, w2, weights, ids = _problem(t, e, k, hidden, inter, torch.float32, device)
+    ids = torch.where(ids >= 2, ids, -1).to(torch.int32)
+    ids[0] = -1
+    if fp8:
+        from lightspeed_kernel.triton import fused_moe_fp8
+
+        (w13, s13), (w2, s2) = _block_quantize(w13), _block_quantize(w2)
+        want = ref_moe.fused_experts_fp8(x, w13, s13, w2, s2, weights, ids)
+        got = fused_moe_fp8.fused_experts_fp8(x, w13, s13, w2, s2, weights, ids)
+    else:
+        want = ref_moe.fused_experts(x, w13, w2, weights, ids)
+        got = fused_moe.fused_experts(x, w13, w2, weights, ids)
+    assert torch.equal(got[0], torch.zeros_like(got[0]))
+    assert rel_err(got, want) < 1e-4
