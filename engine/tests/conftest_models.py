@@ -30,12 +30,13 @@ class PagedKV:
     page_size: int = 4
     dtype: torch.dtype = torch.float32
     tp_size: int = 1
+    tp_rank: int = 0
     seed: int = 0
     pages: dict[str, list[int]] = field(default_factory=dict)
     lens: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        heads = self.config.num_kv_heads_per_rank(self.tp_size)
+        heads = self.config.num_kv_heads_per_rank(self.tp_size, self.tp_rank)
         shape = (self.num_pages, self.page_size, heads, self.config.head_dim)
         self.kv_caches = [(torch.zeros(shape, dtype=self.dtype), torch.zeros(shape, dtype=self.dtype))
                           for _ in range(self.config.num_hidden_layers)]

@@ -10,6 +10,7 @@ from lightspeed.layers import (
     FusedMoE,
     MergedColumnParallelLinear,
     ParallelContext,
+    ParallelLayout,
     ParallelLMHead,
     Partial,
     QKVParallelLinear,
@@ -17,7 +18,9 @@ from lightspeed.layers import (
     RowParallelLinear,
     Shard,
     VocabParallelEmbedding,
+    describe_placements,
     redistribute,
+    split_sizes,
 )
 
 
@@ -106,3 +109,60 @@ def test_redistribute_single_rank_is_identity_and_bad_pairs_fail():
         redistribute(x, Replicate(), Partial(), ParallelContext(0, 2))
     with pytest.raises(ValueError, match="rank"):
         ParallelContext(2, 2)
+
+
+def test_uneven_heads_split_in_whole_kv_groups():
+    # SmolLM2: 9 query heads in 3 KV groups over 2 ranks -> ranks hold KV heads {0, 1} and {2}.
+    d, q, k, v = 2, torch.randn(18, 5), torch.randn(6, 5), torch.randn(6, 5)
+    shards = [QKVParallelLinear(5, d, 9, 3, parallel=ctx) for ctx in _ranks(2)]
+    assert [(s.q_start, s.num_heads, s.kv_start, s.num_kv_heads) for s in shards] == [(0, 6, 0, 2), (6, 3, 2, 1)]
+    for layer in shards:
+        for shard_id, tensor in (("q", q), ("k", k), ("v", v)):
+            layer.weight.weight_loader(layer.weight, tensor, shard_id)
+    assert torch.equal(shards[1].weight, torch.cat([q[12:], k[4:], v[4:]]))
+    rows = [RowParallelLinear(18, 4, parallel=ctx, input_split=(s.q_start * d, s.q_size))
+            for ctx, s in zip(_ranks(2), shards, strict=True)]
+    w = torch.randn(4, 18)
+    for layer in rows:
+        layer.weight.weight_loader(layer.weight, w)
+    assert torch.equal(torch.cat([r.weight for r in rows], dim=1), w)
+    assert ParallelContext(1, 2).split(9, 3) == (6, 3) and split_sizes(3, 2) == [2, 1]
+    with pytest.raises(ValueError, match="cannot be split"):
+        ParallelContext(2, 3).split(2)
+
+
+def test_expert_parallel_loader_keeps_whole_local_experts():
+    experts, hidden, inter = 4, 3, 2
+    w13, w2 = torch.randn(experts, 2 * inter, hidden), torch.randn(experts, hidden, inter)
+    for ctx in _ranks(2):
+        layer = FusedMoE(experts, 2, hidden, inter, parallel=ctx, expert_parallel=True)
+        for e in range(experts):  # per expert: the other rank's experts are skipped
+            layer.weight_loader(layer.w13_weight, w13[e], "w13", e)
+            layer.weight_loader(layer.w2_weight, w2[e], "w2", e)
+        mine = slice(2 * ctx.tp_rank, 2 * ctx.tp_rank + 2)
+        assert torch.equal(layer.w13_weight, w13[mine]) and torch.equal(layer.w2_weight, w2[mine])
+        ids = torch.tensor([[0, 3], [1, 2]])
+        assert layer.local_ids(ids).tolist() == ([[0, -1], [1, -1]] if ctx.tp_rank == 0 else [[-1, 1], [-1, 0]])
+
+
+def test_compiler_reduces_once_per_boundary():
+    # No process group is needed to compile: the boundaries only record the collectives.
+    from lightspeed.models import build_model, preset_config
+
+    config = preset_config("tiny-deepseek-v3")
+    ctx = ParallelContext(0, 2)
+    model = build_model(config, ParallelLayout.of(ctx))
+    lines = describe_placements(model)
+    assert len(lines) == 2 * config.num_hidden_layers + 1
+    assert all("Partial() -> Replicate() -> Replicate()" in line for line in lines[1:])  # one all-reduce each
+    moe = model.model.layers[1].mlp
+    # routed and shared experts are summed as partial sums: the MoE block is reduced once, at the next norm
+    assert moe.experts.output_placement == Partial() and moe.shared_experts.down_proj.output_placement == Partial()
+    sharded = build_model(config, ParallelLayout(ctx, ctx, ctx, expert_parallel=True, sequence_parallel=True))
+    moe = sharded.model.layers[1].mlp
+    assert moe.input_placement == Shard(0) and moe.shared_experts.down_proj.parallel.tp_size == 1
+    boundary = sharded.model.layers[1].post_attention_layernorm.boundary
+    assert (boundary.incoming, boundary.stream, boundary.outgoing) == (Partial(), Shard(0), Shard(0))
+    final = sharded.model.norm.boundary
+    assert (final.incoming, final.stream, final.outgoing) == (Shard(0), Shard(0), Replicate())
+    assert describe_placements(build_model(config)) == []  # one rank: nothing inserted

@@ -129,16 +129,17 @@ class MLAKVCache:
         return self.device_pool.kv_caches
 
 
-def kv_layout_for(model_config, page_size: int, kv_dtype: torch.dtype):
-    """The KV layout a model needs: `MLALayout` for MLA models, else the MHA `KVLayout`."""
+def kv_layout_for(model_config, page_size: int, kv_dtype: torch.dtype, tp_size: int = 1, tp_rank: int = 0):
+    """The KV layout a model needs on tensor-parallel rank `tp_rank` of `tp_size`: `MLALayout` for
+    MLA models (one latent row per token on every rank), else the MHA `KVLayout` of the rank's KV heads."""
     from .pool import KVLayout
 
     if getattr(model_config, "mla", None) is not None:
         if page_size > MLA_MAX_PAGE_SIZE:
             raise ValueError(f"page_size={page_size}: the MLA kernels take pages of up to {MLA_MAX_PAGE_SIZE} tokens")
         return MLALayout(model_config.num_hidden_layers, page_size, kv_dtype)
-    return KVLayout(model_config.num_hidden_layers, model_config.num_key_value_heads, model_config.head_dim,
-                    page_size, kv_dtype)
+    return KVLayout(model_config.num_hidden_layers, model_config.num_kv_heads_per_rank(tp_size, tp_rank),
+                    model_config.head_dim, page_size, kv_dtype)
 
 
 def build_kv_cache(layout, num_device_pages: int, num_host_pages: int, device: torch.device | str):

@@ -96,9 +96,12 @@ class ColumnParallelLinear(_LinearBase):
     input_placement = Replicate()
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False,
-                 parallel: ParallelContext | None = None, gather_output: bool = False):
+                 parallel: ParallelContext | None = None, gather_output: bool = False,
+                 out_local: int | None = None):
         parallel = parallel or ParallelContext()
-        super().__init__(in_features, parallel.divide(out_features, "output features"), bias, parallel)
+        if out_local is None:
+            out_local = parallel.divide(out_features, "output features")
+        super().__init__(in_features, out_local, bias, parallel)
         self.gather_output = gather_output
         self.output_placement = Replicate() if gather_output else Shard(-1)
 
@@ -135,63 +138,77 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
 
 
 class QKVParallelLinear(ColumnParallelLinear):
-    """Q, K and V projections in one GEMM, heads split over ranks.
+    """Q, K and V projections in one GEMM, heads split over ranks in whole GQA groups.
 
-    With fewer KV heads than ranks, each KV head is replicated on `tp / num_kv_heads` ranks.
-    Output per rank: `[q (Hq_local·D) ‖ k (Hkv_local·D) ‖ v (Hkv_local·D)]`; shard ids "q", "k", "v".
+    KV heads that do not divide the ranks are split unevenly (SmolLM2's 3 KV heads over 2 ranks:
+    2 + 1, with their 6 + 3 query heads); with fewer KV heads than ranks each KV head is replicated
+    on `tp / num_kv_heads` ranks. Output per rank: `[q (Hq_local·D) ‖ k (Hkv_local·D) ‖ v (Hkv_local·D)]`;
+    shard ids "q", "k", "v". `q_start` is this rank's first query head (`o_proj` takes the same heads).
     """
 
     def __init__(self, hidden_size: int, head_dim: int, total_num_heads: int, total_num_kv_heads: int,
                  bias: bool = False, parallel: ParallelContext | None = None):
         parallel = parallel or ParallelContext()
         tp = parallel.tp_size
+        if total_num_heads % total_num_kv_heads:
+            raise ValueError(f"{total_num_heads} query heads do not group over {total_num_kv_heads} KV heads")
         self.head_dim = head_dim
-        self.num_heads = parallel.divide(total_num_heads, "attention heads")
         if total_num_kv_heads >= tp:
-            self.num_kv_heads = parallel.divide(total_num_kv_heads, "key/value heads")
+            group = total_num_heads // total_num_kv_heads
+            self.kv_start, self.num_kv_heads = parallel.split(total_num_kv_heads)
+            self.q_start, self.num_heads = self.kv_start * group, self.num_kv_heads * group
             self.kv_replicas = 1
         else:
             if tp % total_num_kv_heads:
                 raise ValueError(f"tensor-parallel size {tp} is not a multiple of {total_num_kv_heads} KV heads")
-            self.num_kv_heads, self.kv_replicas = 1, tp // total_num_kv_heads
-        out_total = (self.num_heads + 2 * self.num_kv_heads) * head_dim * tp
-        super().__init__(hidden_size, out_total, bias, parallel)
+            self.num_heads = parallel.divide(total_num_heads, "attention heads")
+            self.q_start = parallel.tp_rank * self.num_heads
+            self.kv_replicas = tp // total_num_kv_heads
+            self.kv_start, self.num_kv_heads = parallel.tp_rank // self.kv_replicas, 1
+        out_local = (self.num_heads + 2 * self.num_kv_heads) * head_dim
+        super().__init__(hidden_size, out_local * tp, bias, parallel, out_local=out_local)
         self.q_size = self.num_heads * head_dim
         self.kv_size = self.num_kv_heads * head_dim
 
     def weight_loader(self, param, loaded, shard_id=None, block=1):
+        d = self.head_dim
         if shard_id == "q":
-            offset, size, index = 0, self.q_size, self.parallel.tp_rank
+            offset, size, source = 0, self.q_size, self.q_start * d
         elif shard_id in ("k", "v"):
             offset = self.q_size + (self.kv_size if shard_id == "v" else 0)
-            size, index = self.kv_size, self.parallel.tp_rank // self.kv_replicas
+            size, source = self.kv_size, self.kv_start * d
         else:
             raise ValueError(f"QKVParallelLinear shard_id must be 'q', 'k' or 'v', got {shard_id!r}")
         what = f"QKVParallelLinear[{shard_id}]"
-        offset, size = _in_blocks(offset, block, what), _in_blocks(size, block, what)
+        offset, size, source = (_in_blocks(v, block, what) for v in (offset, size, source))
         target = param.data.narrow(0, offset, size)
-        _copy_checked(target, loaded.narrow(0, index * size, size), f"QKVParallelLinear[{shard_id}]")
+        _copy_checked(target, loaded.narrow(0, source, size), f"QKVParallelLinear[{shard_id}]")
 
 
 class RowParallelLinear(_LinearBase):
     """Input features split over ranks. Shard(-1) → Replicate (all-reduce), or Partial without
-    `reduce_results` (the caller reduces later, e.g. after fusing with another partial sum)."""
+    `reduce_results` (the caller reduces later: the placement compiler reduces at the next norm,
+    after fusing with another partial sum)."""
 
     input_placement = Shard(-1)
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False,
-                 parallel: ParallelContext | None = None, reduce_results: bool = True):
+                 parallel: ParallelContext | None = None, reduce_results: bool = True,
+                 input_split: tuple[int, int] | None = None):
         parallel = parallel or ParallelContext()
-        super().__init__(parallel.divide(in_features, "input features"), out_features, bias, parallel)
-        self.reduce_results = reduce_results
+        # input_split: this rank's (start, size) of uneven input shards (the heads of QKVParallelLinear)
+        self.input_start, in_local = input_split or (None, parallel.divide(in_features, "input features"))
+        super().__init__(in_local, out_features, bias, parallel)
         self.output_placement = Replicate() if reduce_results else Partial()
 
     def weight_loader(self, param, loaded, shard_id=None, block=1):
         if param.dim() == 1:  # bias: added once, after the reduction
             _copy_checked(param, loaded, "RowParallelLinear bias")
             return
-        size = param.shape[1]
-        _copy_checked(param, loaded.narrow(1, self.parallel.tp_rank * size, size), "RowParallelLinear")
+        size = param.shape[1]  # columns of this rank: weight columns, or blocks of them for block scales
+        start = self.parallel.tp_rank * size if self.input_start is None else _in_blocks(self.input_start, block,
+                                                                                         "RowParallelLinear")
+        _copy_checked(param, loaded.narrow(1, start, size), "RowParallelLinear")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [T, in / tp] -> [T, out]
         # The bias joins the partial sum on rank 0 only, so it is counted once after reduction.

@@ -134,6 +134,8 @@ class MLAAttention(nn.Module):
     `meta.kv_caches[layer_idx]` is this layer's `lightspeed_mla.MLACache`.
     """
 
+    output_layers = ("o_proj",)  # leaves whose outputs form the block's (placement compiler)
+
     def __init__(self, config, layer_idx: int, parallel: ParallelContext, rotary_emb: RotaryEmbedding,
                  backend: MLABackend):
         super().__init__()

@@ -13,8 +13,11 @@ class RMSNorm(nn.Module):
     """`y = x / sqrt(mean(x²) + eps) · weight`; replicated weight `[H]`.
 
     `forward(x)` -> normed; `forward(x, residual)` -> `(normed(x + residual), x + residual)`, the
-    pre-norm residual stream of a decoder layer in one kernel.
+    pre-norm residual stream of a decoder layer in one kernel. Under tensor parallelism the norms
+    of the residual stream also carry its collectives (`boundary`, see placement.py).
     """
+
+    boundary = None  # a residual-stream norm's collectives (placement.Boundary), set by the compiler
 
     def __init__(self, hidden_size: int, eps: float = 1e-6):
         super().__init__()
@@ -23,9 +26,18 @@ class RMSNorm(nn.Module):
         self.weight.weight_loader = default_weight_loader
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        if self.boundary is not None and residual is not None:
+            return self.boundary.apply(self, x, residual)
         if residual is None:
             return ops.rms_norm(x, self.weight, self.eps)
         return ops.fused_add_rms_norm(x, residual, self.weight, self.eps)
+
+    def start(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The first norm of a residual stream: `(normed(x), residual)`; the residual is `x`, or
+        its token shard when the stream is sharded."""
+        if self.boundary is not None:
+            return self.boundary.apply(self, x, None)
+        return ops.rms_norm(x, self.weight, self.eps), x
 
     def extra_repr(self) -> str:
         return f"{self.weight.shape[0]}, eps={self.eps}"

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..layers import ParallelContext
+from ..layers import ParallelContext, ParallelLayout
 from ..layers.quantization import convert_to_fp8, quantize_to_fp8
 from ..layers.weight_only import WEIGHT_SCHEMES, SourceFormat, named_weights, plan_formats, quantize_weights
 from ..models import ModelConfig, build_model, preset_config
@@ -31,7 +31,8 @@ def load_hf_config(path: str | Path) -> ModelConfig:
 
 
 def load_model(model: str | Path | None, *, load_format: str = "auto", dtype: str | torch.dtype = "auto",
-               device: str | torch.device = "cpu", seed: int = 0, parallel: ParallelContext | None = None,
+               device: str | torch.device = "cpu", seed: int = 0,
+               parallel: ParallelLayout | ParallelContext | None = None,
                progress: bool = True, quantization: str | None = None) -> tuple[nn.Module, ModelConfig]:
     """Build and load a model; returns `(model in eval mode, its ModelConfig)`.
 

@@ -112,9 +112,15 @@ class ModelConfig:
         return (self.is_moe and layer_idx not in self.mlp_only_layers
                 and (layer_idx + 1) % self.decoder_sparse_step == 0)
 
-    def num_kv_heads_per_rank(self, tp_size: int = 1) -> int:
-        """KV heads each tensor-parallel rank caches (replicated when fewer heads than ranks)."""
-        return max(1, self.num_key_value_heads // tp_size)
+    def num_kv_heads_per_rank(self, tp_size: int = 1, tp_rank: int = 0) -> int:
+        """KV heads tensor-parallel rank `tp_rank` caches: whole heads split as evenly as possible
+        (the first ranks take one more when they do not divide), one replicated head when there are
+        fewer heads than ranks (see `layers.QKVParallelLinear`)."""
+        from ..layers.parallel import split_sizes
+
+        if self.num_key_value_heads < tp_size:
+            return 1
+        return split_sizes(self.num_key_value_heads, tp_size)[tp_rank]
 
     @classmethod
     def from_hf_dict(cls, hf: Mapping[str, Any], generation_config: Mapping[str, Any] | None = None,

@@ -30,8 +30,10 @@ from ..layers import (
     MLABackend,
     MoEGate,
     ParallelContext,
+    ParallelLayout,
     RMSNorm,
     RotaryEmbedding,
+    StepTokens,
     VocabParallelEmbedding,
     mla_softmax_scale,
 )
@@ -45,21 +47,32 @@ DEEPSEEK_STACKED_PARAMS = ((".gate_up_proj.", ".gate_proj.", 0), (".gate_up_proj
 
 
 class DeepseekMoE(nn.Module):
-    """Shared experts + routed experts. Replicate → Replicate."""
+    """Shared experts + routed experts, summed before the one reduction of the block.
+    Replicate → Partial, or Shard(0) → Shard(0) when the routed experts take token shards (the
+    shared experts then run on the shard with their weights replicated)."""
 
-    def __init__(self, config: ModelConfig, parallel: ParallelContext):
+    output_layers = ("experts", "shared_experts.down_proj")
+
+    def __init__(self, config: ModelConfig, parallel: ParallelLayout):
         super().__init__()
         self.gate = MoEGate(config.hidden_size, config.num_experts, correction_bias=config.topk_method == "noaux_tc")
         grouped = config.topk_method != "greedy"
+        sharded = parallel.moe_tokens_sharded
         self.experts = FusedMoE(
             config.num_experts, config.num_experts_per_tok, config.hidden_size, config.moe_intermediate_size,
-            renormalize=config.norm_topk_prob, scoring=config.scoring_func, parallel=parallel,
+            renormalize=config.norm_topk_prob, scoring=config.scoring_func, parallel=parallel.moe,
             num_groups=config.n_group if grouped else None, topk_groups=config.topk_group if grouped else None,
-            routed_scaling_factor=config.routed_scaling_factor)
+            routed_scaling_factor=config.routed_scaling_factor, expert_parallel=parallel.expert_parallel,
+            tokens_sharded=sharded)
         self.shared_experts = None
         if config.n_shared_experts:
+            shared_parallel = ParallelContext() if sharded else parallel.dense
             self.shared_experts = LlamaMLP(config.hidden_size, config.moe_intermediate_size * config.n_shared_experts,
-                                           False, parallel)
+                                           False, shared_parallel)
+
+    @property
+    def input_placement(self):
+        return self.experts.input_placement
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, H] -> [T, H]
         y = self.experts(x, self.gate(x), self.gate.e_score_correction_bias)
@@ -71,14 +84,14 @@ class DeepseekMoE(nn.Module):
 class DeepseekDecoderLayer(LlamaDecoderLayer):
     """Pre-norm block (Llama's forward): MLA, then a dense MLP or DeepSeekMoE."""
 
-    def __init__(self, config: ModelConfig, layer_idx: int, parallel: ParallelContext,
+    def __init__(self, config: ModelConfig, layer_idx: int, parallel: ParallelLayout,
                  rotary_emb: RotaryEmbedding, backend: MLABackend):
         nn.Module.__init__(self)
-        self.self_attn = MLAAttention(config, layer_idx, parallel, rotary_emb, backend)
+        self.self_attn = MLAAttention(config, layer_idx, parallel.attention, rotary_emb, backend)
         if config.is_moe_layer(layer_idx):
             self.mlp = DeepseekMoE(config, parallel)
         else:
-            self.mlp = LlamaMLP(config.hidden_size, config.intermediate_size, False, parallel)
+            self.mlp = LlamaMLP(config.hidden_size, config.intermediate_size, False, parallel.dense)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -87,16 +100,17 @@ class DeepseekModel(LlamaModel):
     """Embedding, decoder layers, final norm (Llama's forward); one rope cache and one MLA kernel
     backend (selection, decode workspace, plan cache) shared by every layer."""
 
-    def __init__(self, config: ModelConfig, parallel: ParallelContext, layer_cls: type[DeepseekDecoderLayer]):
+    def __init__(self, config: ModelConfig, parallel: ParallelLayout, layer_cls: type[DeepseekDecoderLayer]):
         nn.Module.__init__(self)
         mla = config.mla
         if mla is None:
             raise ValueError(f"model config {config.name!r}: {config.architecture} needs the MLA fields "
                              f"(kv_lora_rank, qk_rope_head_dim, ...)")
-        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, parallel)
+        self.tokens = StepTokens()
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, parallel.attention)
         self.rotary_emb = RotaryEmbedding(mla.qk_rope_head_dim, config.max_position_embeddings, config.rope_theta,
                                           config.rope_scaling, is_neox=not mla.rope_interleave)
-        heads = parallel.divide(config.num_attention_heads, "attention heads")
+        heads = parallel.attention.divide(config.num_attention_heads, "attention heads")
         self.mla_backend = MLABackend(heads, mla_softmax_scale(mla.qk_head_dim, config.rope_scaling))
         self.layers = nn.ModuleList(layer_cls(config, i, parallel, self.rotary_emb, self.mla_backend)
                                     for i in range(config.num_hidden_layers))

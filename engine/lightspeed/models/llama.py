@@ -12,12 +12,14 @@ from ..layers import (
     AttentionMetadata,
     MergedColumnParallelLinear,
     ParallelContext,
+    ParallelLayout,
     ParallelLMHead,
     QKVParallelLinear,
     RMSNorm,
     RotaryEmbedding,
     RowParallelLinear,
     SiluAndMul,
+    StepTokens,
     VocabParallelEmbedding,
 )
 from .config import ModelConfig
@@ -25,7 +27,10 @@ from .weights import LLAMA_STACKED_PARAMS, load_stacked_weights
 
 
 class LlamaMLP(nn.Module):
-    """SwiGLU: `down(silu(gate(x)) * up(x))`. Replicate → Replicate (column- then row-parallel)."""
+    """SwiGLU: `down(silu(gate(x)) * up(x))`. Replicate → Replicate (column- then row-parallel;
+    Partial once the placement compiler defers the reduction to the next norm)."""
+
+    output_layers = ("down_proj",)  # leaves whose outputs form the block's (placement compiler)
 
     def __init__(self, hidden_size: int, intermediate_size: int, bias: bool, parallel: ParallelContext):
         super().__init__()
@@ -41,6 +46,7 @@ class LlamaAttention(nn.Module):
     """Self-attention: fused QKV, RoPE, paged attention, output projection. Replicate → Replicate."""
 
     o_proj_bias: bool | None = None  # None: same as the q/k/v bias (Llama); Qwen2 sets False
+    output_layers = ("o_proj",)
 
     def __init__(self, config: ModelConfig, layer_idx: int, parallel: ParallelContext,
                  rotary_emb: RotaryEmbedding):
@@ -49,7 +55,9 @@ class LlamaAttention(nn.Module):
         self.qkv_proj = QKVParallelLinear(config.hidden_size, d, config.num_attention_heads,
                                           config.num_key_value_heads, config.attention_bias, parallel)
         o_bias = config.attention_bias if self.o_proj_bias is None else self.o_proj_bias
-        self.o_proj = RowParallelLinear(config.num_attention_heads * d, config.hidden_size, o_bias, parallel)
+        # o_proj takes the heads QKV gave this rank (uneven when KV heads do not divide the ranks).
+        self.o_proj = RowParallelLinear(config.num_attention_heads * d, config.hidden_size, o_bias, parallel,
+                                        input_split=(self.qkv_proj.q_start * d, self.qkv_proj.q_size))
         self.num_heads, self.num_kv_heads, self.head_dim = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads, d
         self.rotary_emb = rotary_emb  # shared by all layers: one cos/sin cache
         self.attn = Attention(self.num_heads, d, self.num_kv_heads, layer_idx)
@@ -72,26 +80,26 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    """Pre-norm block; carries the residual stream separately so norms fuse the residual add."""
+    """Pre-norm block; carries the residual stream separately so norms fuse the residual add (and,
+    under tensor parallelism, the collectives the placement compiler puts on them)."""
 
     attention_cls: type[nn.Module] = LlamaAttention
 
-    def __init__(self, config: ModelConfig, layer_idx: int, parallel: ParallelContext,
+    def __init__(self, config: ModelConfig, layer_idx: int, parallel: ParallelLayout,
                  rotary_emb: RotaryEmbedding):
         super().__init__()
-        self.self_attn = self.attention_cls(config, layer_idx, parallel, rotary_emb)
+        self.self_attn = self.attention_cls(config, layer_idx, parallel.attention, rotary_emb)
         self.mlp = self.build_mlp(config, layer_idx, parallel)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def build_mlp(self, config: ModelConfig, layer_idx: int, parallel: ParallelContext) -> nn.Module:
-        return LlamaMLP(config.hidden_size, config.intermediate_size, config.mlp_bias, parallel)
+    def build_mlp(self, config: ModelConfig, layer_idx: int, parallel: ParallelLayout) -> nn.Module:
+        return LlamaMLP(config.hidden_size, config.intermediate_size, config.mlp_bias, parallel.dense)
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None,
                 meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
         if residual is None:
-            residual = hidden
-            hidden = self.input_layernorm(hidden)
+            hidden, residual = self.input_layernorm.start(hidden)
         else:
             hidden, residual = self.input_layernorm(hidden, residual)
         hidden = self.self_attn(positions, hidden, meta)
@@ -102,9 +110,10 @@ class LlamaDecoderLayer(nn.Module):
 class LlamaModel(nn.Module):
     """Embedding, decoder layers, final norm: `(input_ids [T], positions [T], meta) -> [T, H]`."""
 
-    def __init__(self, config: ModelConfig, parallel: ParallelContext, layer_cls: type[LlamaDecoderLayer]):
+    def __init__(self, config: ModelConfig, parallel: ParallelLayout, layer_cls: type[LlamaDecoderLayer]):
         super().__init__()
-        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, parallel)
+        self.tokens = StepTokens()  # the step's token facts, read by the collectives and MoE layers
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, parallel.attention)
         self.rotary_emb = RotaryEmbedding(config.head_dim, config.max_position_embeddings, config.rope_theta,
                                           config.rope_scaling)
         self.layers = nn.ModuleList(layer_cls(config, i, parallel, self.rotary_emb)
@@ -112,6 +121,7 @@ class LlamaModel(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        self.tokens.start(input_ids.shape[0], meta.slot_mapping)
         hidden = self.embed_tokens(input_ids)
         residual = None
         for layer in self.layers:
@@ -132,12 +142,12 @@ class LlamaForCausalLM(nn.Module):
     layer_cls: type[nn.Module] = LlamaDecoderLayer
     stacked_params = LLAMA_STACKED_PARAMS
 
-    def __init__(self, config: ModelConfig, parallel: ParallelContext | None = None):
+    def __init__(self, config: ModelConfig, parallel: ParallelLayout | ParallelContext | None = None):
         super().__init__()
         self.config = config
-        self.parallel = parallel or ParallelContext()
+        self.parallel = ParallelLayout.of(parallel)
         self.model = self.model_cls(config, self.parallel, self.layer_cls)
-        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, self.parallel)
+        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, self.parallel.attention)
         if config.tie_word_embeddings:
             self.lm_head.tie_to(self.model.embed_tokens)
 

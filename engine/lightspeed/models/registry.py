@@ -6,7 +6,7 @@ import importlib
 
 from torch import nn
 
-from ..layers import ParallelContext
+from ..layers import ParallelContext, ParallelLayout, compile_placements
 from .config import ModelConfig
 
 # architecture -> (module in lightspeed.models, class name); imported on first use.
@@ -34,6 +34,10 @@ def get_model_class(architecture: str) -> type[nn.Module]:
     return getattr(module, class_name)
 
 
-def build_model(config: ModelConfig, parallel: ParallelContext | None = None) -> nn.Module:
-    """Instantiate (uninitialised weights, default dtype and device) the model for `config`."""
-    return get_model_class(config.architecture)(config, parallel or ParallelContext())
+def build_model(config: ModelConfig, parallel: ParallelLayout | ParallelContext | None = None) -> nn.Module:
+    """Instantiate (uninitialised weights, default dtype and device) the model for `config`, laid
+    out over `parallel`'s groups with the collectives the placement compiler inserts."""
+    layout = ParallelLayout.of(parallel)
+    model = get_model_class(config.architecture)(config, layout)
+    compile_placements(model, layout)
+    return model
