@@ -106,7 +106,32 @@ class EngineConfig:
     policy: str = _f("decode_first", "Batching policy: decode_first (running decodes first, prefill chunks "
                      "fill the rest) or prefill_first.", POLICIES)
     seed: int = _f(0, "Seed of the engine: weights of dummy models and the seeds of requests that set none.")
-    tensor_parallel_size: int = _f(1, "Tensor-parallel ranks (only 1 is supported in this version).")
+    tensor_parallel_size: int = _f(1, "Tensor-parallel ranks of each engine core: attention heads, the vocabulary, "
+                                   "dense MLPs and (without --enable-expert-parallel) every MoE expert are split "
+                                   "over them (torch.distributed: NCCL on GPU, gloo on CPU; rank 0 schedules).")
+    data_parallel_size: int = _f(1, "Data-parallel engine cores, each with its own scheduler, KV cache and "
+                                 "tensor-parallel ranks; the server routes each request to the core whose prefix "
+                                 "cache holds the longest match of its prompt, else the least loaded.")
+    data_parallel_rank: int | None = _f(None, "This engine core's data-parallel rank (the server sets it for each "
+                                        "core it starts; needed to run one core of several by hand).")
+    enable_expert_parallel: bool = _f(False, "MoE models: every rank holds whole experts (E / EP of them) instead of "
+                                      "a slice of every expert; EP = tensor x data parallel size unless "
+                                      "--expert-parallel-size says otherwise.")
+    expert_parallel_size: int | None = _f(None, "Ranks the experts are split over with --enable-expert-parallel: "
+                                          "the tensor-parallel size (each data-parallel core holds every expert) "
+                                          "or tensor x data parallel size (default; data-parallel attention: "
+                                          "the cores step together and exchange tokens by all-to-all, e.g. "
+                                          "attention TP 4 with MoE EP 8 is -tp 4 -dp 2).")
+    enable_sequence_parallel: bool = _f(False, "Shard the residual stream by tokens over the tensor-parallel ranks: "
+                                        "reduce-scatter + all-gather around the norms instead of all-reduce (with "
+                                        "expert parallelism the experts then exchange tokens by all-to-all).")
+    nnodes: int | None = _f(None, "Machines the ranks of an engine core span (default 1, or torchrun's NNODES).")
+    node_rank: int | None = _f(None, "This machine's index among --nnodes: 0 runs the server and the engine core, "
+                               "the others run their ranks only (default 0, or NODE_RANK / GROUP_RANK).")
+    master_addr: str | None = _f(None, "Address of node 0 for torch.distributed's rendezvous (default 127.0.0.1, "
+                                 "or MASTER_ADDR).")
+    master_port: int | None = _f(None, "Rendezvous TCP port on node 0 (default MASTER_PORT, else a free port; "
+                                 "needed with --nnodes > 1 and with several data-parallel cores that step together).")
     max_logprobs: int = _f(20, "Largest number of top logprobs a request may ask for.")
     max_logit_bias: int = _f(1024, "Most logit_bias entries per request (their device table is sized for every "
                              "sequence at start-up; a request with more is rejected).")
@@ -145,7 +170,8 @@ class EngineConfig:
         if self.chunked_prefill_size is None:
             object.__setattr__(self, "chunked_prefill_size", self.max_num_batched_tokens)
         positive = ("max_num_seqs", "max_num_batched_tokens", "chunked_prefill_size", "page_size",
-                    "tensor_parallel_size", "cuda_graph_max_batch_size", "max_queued_requests", "grammar_cache_size")
+                    "tensor_parallel_size", "data_parallel_size", "cuda_graph_max_batch_size", "max_queued_requests",
+                    "grammar_cache_size")
         for name in positive:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -165,16 +191,47 @@ class EngineConfig:
         if self.disk_cache_dir is not None and self.host_cache_memory == 0:
             raise ValueError("disk_cache_dir needs the host tier (host_cache_memory > 0): disk pages are read "
                              "through host memory")
-        if self.tensor_parallel_size != 1:
-            raise ValueError("tensor_parallel_size > 1 is not supported yet by the engine core (use 1)")
+        self._validate_parallel()
         for name in ("max_logprobs", "max_logit_bias", "max_stop_token_ids"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError(f"num_threads must be >= 1, got {self.num_threads}")
-        for name in ("enforce_eager", "async_scheduling", "enable_prefix_cache"):
+        for name in ("enforce_eager", "async_scheduling", "enable_prefix_cache", "enable_expert_parallel",
+                     "enable_sequence_parallel"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
+
+    def _validate_parallel(self) -> None:
+        tp, dp = self.tensor_parallel_size, self.data_parallel_size
+        if self.data_parallel_rank is not None and not 0 <= self.data_parallel_rank < dp:
+            raise ValueError(f"data_parallel_rank={self.data_parallel_rank} is not in [0, data_parallel_size={dp})")
+        if self.expert_parallel_size is not None:
+            if not self.enable_expert_parallel:
+                raise ValueError("expert_parallel_size needs enable_expert_parallel")
+            if self.expert_parallel_size not in (tp, tp * dp):
+                raise ValueError(f"expert_parallel_size={self.expert_parallel_size} must be the tensor-parallel size "
+                                 f"({tp}) or tensor x data parallel size ({tp * dp})")
+        for name in ("nnodes", "node_rank", "master_port"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+                raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+        if self.nnodes is not None and self.nnodes < 1:
+            raise ValueError(f"nnodes must be >= 1, got {self.nnodes}")
+        if self.nnodes is not None and self.node_rank is not None and self.node_rank >= self.nnodes:
+            raise ValueError(f"node_rank={self.node_rank} is not in [0, nnodes={self.nnodes})")
+        if tp > 1 and self.disk_cache_dir is not None:
+            raise ValueError("disk_cache_dir with tensor_parallel_size > 1: the disk KV tier reads and writes "
+                             "rank 0's host pool only in this version (each rank holds its own KV shard)")
+        if (tp > 1 or dp > 1) and self.device.startswith("cuda:"):
+            raise ValueError(f"device={self.device!r}: with several ranks each takes its own GPU (use cuda or auto)")
+
+    @property
+    def expert_parallel_ranks(self) -> int:
+        """Ranks the MoE experts are split over (1: none; every rank slices every expert)."""
+        if not self.enable_expert_parallel:
+            return 1
+        return self.expert_parallel_size or self.tensor_parallel_size * self.data_parallel_size
 
     def cuda_graph_batch_sizes(self) -> list[int]:
         """Padded decode batch sizes captured as CUDA graphs: 1, 2, 4, 8, 16, 24, 32, 48, 64, ... up to

@@ -46,6 +46,23 @@ class Envs:
     tokenizer_cache_dir: str | None = field(default=None, metadata={"env": "LIGHTSPEED_TOKENIZER_CACHE"})
     """Where tokenizers converted from GGUF files are cached (default ~/.cache/lightspeed/tokenizers;
     "off" disables the cache)."""
+    distributed_timeout_s: float = field(default=1800.0, metadata={"env": "LIGHTSPEED_DISTRIBUTED_TIMEOUT_S"})
+    """Seconds a torch.distributed rank waits for the others (rendezvous, and a collective such as the
+    one after the slowest rank's model load) before it fails."""
+    # torchrun's / the usual launchers' variables: defaults of --master-addr, --master-port,
+    # --node-rank and --nnodes (`NNODES`, else WORLD_SIZE / LOCAL_WORLD_SIZE of a one-process-per-node launch).
+    master_addr: str | None = field(default=None, metadata={"env": "MASTER_ADDR"})
+    master_port: int | None = field(default=None, metadata={"env": "MASTER_PORT"})
+    node_rank: int | None = field(default=None, metadata={"env": "NODE_RANK or GROUP_RANK"})
+    nnodes: int | None = field(default=None, metadata={"env": "NNODES or WORLD_SIZE / LOCAL_WORLD_SIZE"})
+
+
+def _nnodes() -> int | None:
+    explicit = _int("NNODES", None)
+    if explicit is not None:
+        return explicit
+    world, local = _int("WORLD_SIZE", None), _int("LOCAL_WORLD_SIZE", None)
+    return world // local if world and local else None
 
 
 def load_envs() -> Envs:
@@ -56,6 +73,11 @@ def load_envs() -> Envs:
         engine_poll_interval_s=_float("LIGHTSPEED_ENGINE_POLL_INTERVAL_S", 0.5),
         num_threads=_int("LIGHTSPEED_NUM_THREADS", None),
         tokenizer_cache_dir=os.environ.get("LIGHTSPEED_TOKENIZER_CACHE") or None,
+        distributed_timeout_s=_float("LIGHTSPEED_DISTRIBUTED_TIMEOUT_S", 1800.0),
+        master_addr=os.environ.get("MASTER_ADDR") or None,
+        master_port=_int("MASTER_PORT", None),
+        node_rank=_int("NODE_RANK", _int("GROUP_RANK", None)),
+        nnodes=_nnodes(),
     )
 
 

@@ -26,6 +26,7 @@ class Run:
     cached_by_tier: dict[str, list[int]] = field(default_factory=dict)  # [device, host, disk]
     errors: dict[str, str] = field(default_factory=dict)    # failed while running (finished "error")
     rejected: dict[str, str] = field(default_factory=dict)  # rejected after admission (e.g. their grammar)
+    logprobs: dict[str, list] = field(default_factory=dict)  # request -> TokenLogprobs per token (if asked)
     steps: int = 0
     overlapped_steps: int = 0  # steps that left a launched step in flight (async scheduling)
 
@@ -54,6 +55,8 @@ def run_until_idle(engine: Engine, run: Run | None = None, *, on_step=None, max_
         run.finished.update(out.finished or {})
         run.cached.update(out.num_cached_tokens or {})
         run.cached_by_tier.update(out.cached_tokens_by_tier or {})
+        for name, lp in (out.logprobs or {}).items():
+            run.logprobs.setdefault(name, []).append(lp)
         _take_errors(engine, run)
         if on_step is not None:
             on_step(engine, run)

@@ -35,7 +35,14 @@ def test_from_cli_converts_strings_and_is_frozen():
     ({"dtype": "int8"}, "dtype"),
     ({"max_model_len": -3}, "max_model_len"),
     ({"kv_cache_memory": "0B"}, "kv_cache_memory"),
-    ({"tensor_parallel_size": 2}, "tensor_parallel_size"),
+    ({"tensor_parallel_size": 0}, "tensor_parallel_size"),
+    ({"data_parallel_size": 2, "data_parallel_rank": 2}, "data_parallel_rank"),
+    ({"expert_parallel_size": 2}, "needs enable_expert_parallel"),
+    ({"enable_expert_parallel": True, "tensor_parallel_size": 2, "data_parallel_size": 2,
+      "expert_parallel_size": 8}, "expert_parallel_size=8 must be"),
+    ({"nnodes": 2, "node_rank": 2}, "node_rank"),
+    ({"tensor_parallel_size": 2, "device": "cuda:1"}, "its own GPU"),
+    ({"tensor_parallel_size": 2, "disk_cache_dir": "/tmp/kv"}, "disk KV tier"),
     ({"quantization": "int3"}, "quantization=.int3. is not one of auto, none, fp8, int8, int4, gguf"),
     ({"session_retention": 17}, "session_retention"),
 ])
@@ -52,3 +59,10 @@ def test_every_field_has_cli_help():
     by_name = {s.name: s for s in specs}
     assert "fp8" in by_name["kv_cache_dtype"].choices
     assert by_name["max_num_seqs"].default == 256
+
+
+def test_expert_parallel_ranks():
+    assert EngineConfig(tensor_parallel_size=2).expert_parallel_ranks == 1
+    both = EngineConfig(tensor_parallel_size=2, data_parallel_size=2, enable_expert_parallel=True)
+    assert both.expert_parallel_ranks == 4
+    assert both.replace(expert_parallel_size=2).expert_parallel_ranks == 2

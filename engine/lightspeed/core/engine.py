@@ -43,7 +43,9 @@ log = logging.getLogger("lightspeed.core")
 
 
 class Engine:
-    def __init__(self, config: EngineConfig):
+    def __init__(self, config: EngineConfig, *, on_rank_failure=None):
+        """`on_rank_failure(message)`: called (from a watchdog thread, just before the process exits)
+        when another tensor/expert-parallel rank of this engine dies."""
         from lightspeed_scheduler import Scheduler, SchedulerConfig
 
         self.config = config
@@ -52,7 +54,7 @@ class Engine:
         threads = config.num_threads or ENVS.num_threads
         if threads:
             torch.set_num_threads(threads)
-        built = build_model_runner(config, output_tokens_of=self._output_tokens_of)
+        built = build_model_runner(config, output_tokens_of=self._output_tokens_of, on_rank_failure=on_rank_failure)
         self.runner, self.model_config, self.max_model_len = built.runner, built.model_config, built.max_model_len
         self.built = built
         self.vocab_size = built.model_config.vocab_size
@@ -311,6 +313,10 @@ class Engine:
                                              result.top_ids[i, :n].tolist(), result.top_logprobs[i, :n].tolist())
         return logprobs
 
+    def shutdown(self) -> None:
+        """Stop the other ranks, if any (after `drain_copies`)."""
+        self.runner.shutdown()
+
     def _land_copies(self) -> None:
         """Acknowledge the KV copies and disk ops that have landed: polled, never waited for."""
         for step_id in self.runner.kv_cache.copier.poll():
@@ -391,4 +397,5 @@ class Engine:
             num_device_pages=b.num_device_pages, num_host_pages=b.num_host_pages, page_size=self.config.page_size,
             device=str(b.device), dtype=str(b.dtype).removeprefix("torch."),
             kv_cache_dtype=str(b.kv_dtype).removeprefix("torch."),
-            eos_token_ids=list(self.model_config.eos_token_ids))
+            eos_token_ids=list(self.model_config.eos_token_ids),
+            rank_pids=list(getattr(self.runner, "rank_pids", [])))

@@ -139,19 +139,31 @@ def main(argv: list[str] | None = None) -> int:
     output_sock = ctx.socket(zmq.PUSH)
     output_sock.connect(args.output)
     output_sock.setsockopt(zmq.LINGER, 2000)
+
+    def report_rank_failure(message: str) -> None:  # the watchdog's thread: a socket of its own
+        sock = ctx.socket(zmq.PUSH)
+        sock.setsockopt(zmq.LINGER, 2000)
+        sock.connect(args.output)
+        sock.send(m.encoder.encode(m.EngineFailure(message)))
+        sock.close()
+
+    engine = None
     try:
         try:
             config = EngineConfig(**json.loads(args.config))
-            engine = Engine(config)
+            engine = Engine(config, on_rank_failure=report_rank_failure)
         except ValueError as e:  # the user's configuration or model files: the client reports the reason
             log.debug("engine core start-up failed:\n%s", traceback.format_exc())
             output_sock.send(m.encoder.encode(m.EngineFailure(str(e), user_error=True)))
             return 2
         output_sock.send(m.encoder.encode(engine.ready_message()))
         EngineCore(engine, input_sock, output_sock).run()
+        engine.shutdown()
     except BaseException:
         output_sock.send(m.encoder.encode(m.EngineFailure(traceback.format_exc())))
         log.error("engine core failed:\n%s", traceback.format_exc())
+        if engine is not None:
+            engine.runner.shutdown()
         return 1
     finally:
         input_sock.close(linger=0)

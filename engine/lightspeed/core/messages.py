@@ -123,6 +123,7 @@ class Ready(msgspec.Struct, tag="ready", frozen=True):
     dtype: str
     kv_cache_dtype: str
     eos_token_ids: list[int]        # from the model's config/generation config, if it names any
+    rank_pids: list[int] = []       # the other tensor/expert-parallel rank processes this core started
 
 
 class EngineFailure(msgspec.Struct, tag="failure", frozen=True):

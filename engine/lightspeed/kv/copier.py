@@ -115,6 +115,18 @@ class PageCopier(ABC):
             done.append(step_id)
         return done
 
+    def retire(self, step_ids: list[int]) -> None:
+        """Tensor parallelism: rank 0 learned these steps' copies landed (its own) and may hand their
+        pages to the next plans, so this rank orders all later work after its copies of the same
+        steps (a stream wait on GPU, a join on CPU) and forgets them. Steps retire in order."""
+        wanted = set(step_ids)
+        while self._in_flight and self._in_flight[0][0] in wanted:
+            self._order_after(self._in_flight.popleft()[1])
+
+    @abstractmethod
+    def _order_after(self, handle: object) -> None:
+        """Work submitted after this call starts only once the copies of `handle` are done."""
+
     @abstractmethod
     def _start(self, write_back: np.ndarray, load_back: np.ndarray, forward_waits: bool) -> object:
         """Start the copies; returns the handle `_is_done` / `_wait` take."""
@@ -156,6 +168,9 @@ class ThreadPageCopier(PageCopier):
 
     def _wait(self, handle: Future) -> None:
         handle.result()
+
+    def _order_after(self, handle: Future) -> None:
+        handle.result()  # the forward runs on the calling thread
 
 
 class CudaPageCopier(PageCopier):
@@ -203,6 +218,9 @@ class CudaPageCopier(PageCopier):
 
     def _wait(self, handle: torch.cuda.Event) -> None:
         handle.synchronize()
+
+    def _order_after(self, handle: torch.cuda.Event) -> None:
+        torch.cuda.current_stream(self.device).wait_event(handle)
 
 
 _CUDA_MEMCPY_DEFAULT = 4  # cudaMemcpyDefault: direction from the pointers (unified addressing)

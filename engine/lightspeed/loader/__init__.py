@@ -1,7 +1,7 @@
 """Model loading: Hugging Face directories (safetensors), GGUF files (dequantised) and dummy weights."""
 
 from .files import LOAD_FORMATS, ModelFiles, resolve_model_files, weights_identity
-from .loader import init_dummy_weights, load_hf_config, load_model, load_mtp
+from .loader import init_dummy_weights, load_hf_config, load_model, load_mtp, read_model_config
 
 __all__ = [
     "LOAD_FORMATS",
@@ -10,6 +10,7 @@ __all__ = [
     "load_hf_config",
     "load_model",
     "load_mtp",
+    "read_model_config",
     "resolve_model_files",
     "weights_identity",
 ]

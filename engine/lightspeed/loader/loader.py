@@ -30,6 +30,17 @@ def load_hf_config(path: str | Path) -> ModelConfig:
     return ModelConfig.from_pretrained(path)
 
 
+def read_model_config(model: str | Path | None, load_format: str = "auto") -> ModelConfig:
+    """The `ModelConfig` `load_model` would build, from the config alone (no weights read): what the
+    engine needs before it starts its ranks (is it a MoE model? how many KV heads?)."""
+    if model is None:
+        from ..model_files import default_model
+
+        model = default_model()
+    files = resolve_model_files(model, load_format)
+    return _config_of(files, open_gguf(files.gguf_file) if files.load_format == "gguf" else None)
+
+
 def load_model(model: str | Path | None, *, load_format: str = "auto", dtype: str | torch.dtype = "auto",
                device: str | torch.device = "cpu", seed: int = 0,
                parallel: ParallelLayout | ParallelContext | None = None,

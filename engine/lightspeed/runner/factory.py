@@ -36,7 +36,7 @@ _MAX_DISK_WRITES = 4096  # small pages: the plan's disk-write buffers are sized 
 
 @dataclass
 class BuiltRunner:
-    runner: ModelRunner
+    runner: ModelRunner               # or distributed.DriverRunner (same interface) over several ranks
     model_config: object              # lightspeed.models.ModelConfig
     max_model_len: int
     num_device_pages: int
@@ -60,14 +60,18 @@ def resolve_device(device: str) -> torch.device:
 
 
 def resolve_quantization(quantization: str | None, device: torch.device, load_format: str,
-                         model: str | None) -> str:
+                         model: str | None, parallel: bool = False) -> str:
     """The scheme `load_model` gets ("none" for no quantisation at load). Unset / "auto": "gguf" for a
     GGUF file on the CPU when the native kernels are there (the rule and its measurement:
     engine/README.md "Quantisation"), else "none" (FP8 checkpoints still load as FP8). The
     weight-only schemes run on the CPU kernels only: on a GPU they would dequantise every weight at
-    every step."""
+    every step. With several ranks (`parallel`) the weights load unquantised: the weight-only
+    layers are not sharded by the placement compiler in this version."""
+    if quantization in ("int8", "int4", "gguf") and parallel:
+        raise ValueError(f"quantization={quantization!r} with several tensor/expert-parallel ranks is not supported "
+                         f"in this version (leave it unset: the ranks load the weights unquantised)")
     if quantization in (None, "auto"):
-        if device.type != "cpu" or load_format == "dummy":
+        if device.type != "cpu" or load_format == "dummy" or parallel:
             return "none"
         from lightspeed_kernel.cpu import NATIVE_AVAILABLE
 
@@ -102,20 +106,54 @@ def resolve_dtype(dtype: str, device: torch.device) -> str:
     return _DTYPE_NAMES[dtype]
 
 
+def load_format_of(config: EngineConfig) -> str:
+    return "hf" if config.load_format == "safetensors" else config.load_format
+
+
+def start_parallel_ranks(config: EngineConfig, on_rank_failure: Callable[[str], None] | None = None):
+    """The engine core's torch.distributed ranks (`distributed.EngineRanks`), or None when the
+    core runs alone (one tensor-parallel rank, no data-parallel cores stepping with it)."""
+    if config.tensor_parallel_size == 1 and config.data_parallel_size == 1:
+        return None
+    from ..distributed import Topology, start_ranks
+    from ..loader import read_model_config
+
+    topology = Topology.of(config, read_model_config(config.model, load_format_of(config)).is_moe)
+    if topology.world_size == 1:
+        return None
+    return start_ranks(config, topology, on_rank_failure)
+
+
 def build_model_runner(config: EngineConfig, *, output_tokens_of: Callable[[int], list[int]] | None = None,
-                       load_tokenizer: Callable[[], object] | None = None) -> BuiltRunner:
+                       load_tokenizer: Callable[[], object] | None = None, ranks=None,
+                       on_rank_failure: Callable[[str], None] | None = None) -> BuiltRunner:
+    """The runner of one rank. An engine core (`ranks=None`) starts the other ranks of its group
+    first and gets a `distributed.DriverRunner` over them; a worker passes its `Ranks`."""
+    if ranks is None:
+        ranks = start_parallel_ranks(config, on_rank_failure)
+    try:
+        return _build(config, ranks, output_tokens_of, load_tokenizer)
+    except BaseException:
+        if ranks is not None and ranks.is_leader:
+            ranks.close(graceful=False)
+        raise
+
+
+def _build(config: EngineConfig, ranks, output_tokens_of, load_tokenizer) -> BuiltRunner:
     from ..loader import load_model
 
-    device = resolve_device(config.device)
+    device = ranks.device if ranks is not None else resolve_device(config.device)
     if device.type == "cuda" and device.index is not None:
         torch.cuda.set_device(device)
     if device.type == "cpu" and config.num_threads is None and ENVS.num_threads is None:
         torch.set_num_threads(default_cpu_threads())
     dtype_name = resolve_dtype(config.dtype, device)
-    load_format = "hf" if config.load_format == "safetensors" else config.load_format
-    quantization = resolve_quantization(config.quantization, device, load_format, config.model)
+    load_format = load_format_of(config)
+    quantization = resolve_quantization(config.quantization, device, load_format, config.model,
+                                        parallel=ranks is not None)
     model, model_config = load_model(config.model, load_format=load_format, dtype=dtype_name, device=device,
-                                     seed=config.seed, progress=False, quantization=quantization)
+                                     seed=config.seed, progress=False, quantization=quantization,
+                                     parallel=ranks.layout if ranks is not None else None)
     if quantization in ("int8", "int4", "gguf"):
         from ..layers.weight_only import quantization_report
 
@@ -125,7 +163,10 @@ def build_model_runner(config: EngineConfig, *, output_tokens_of: Callable[[int]
         raise ValueError(f"max_model_len={max_model_len} exceeds the model's max_position_embeddings="
                          f"{model_config.max_position_embeddings}")
     kv_dtype = resolve_kv_dtype(config.kv_cache_dtype, model_config.torch_dtype)
-    layout = kv_layout_for(model_config, config.page_size, kv_dtype)  # MLA models: one latent row per token
+    attention = ranks.layout.attention if ranks is not None else None
+    # MLA models: one latent row per token; others: this rank's KV heads
+    layout = kv_layout_for(model_config, config.page_size, kv_dtype, *((attention.tp_size, attention.tp_rank)
+                                                                        if attention is not None else ()))
     # Activations + logits of the largest step, and the per-request sampling tables (pre-sized for
     # every sequence), stay outside the KV budget on GPU.
     max_stop_ids = config.max_stop_token_ids + MAX_EOS_TOKEN_IDS
@@ -136,6 +177,8 @@ def build_model_runner(config: EngineConfig, *, output_tokens_of: Callable[[int]
     pages_per_seq = -(-max_model_len // config.page_size)
     # More pages than every slot at full length could ever use would only waste memory.
     num_device_pages = min(layout.pages_for(budget), config.max_num_seqs * pages_per_seq + 1)
+    if ranks is not None:  # one scheduler for every rank's pool: the smallest pool sets the page count
+        num_device_pages = ranks.agree_min(num_device_pages)
     if num_device_pages < pages_per_seq + 1:
         max_fit = (num_device_pages - 1) * config.page_size
         if config.max_model_len is not None or max_fit < config.page_size:
@@ -151,6 +194,8 @@ def build_model_runner(config: EngineConfig, *, output_tokens_of: Callable[[int]
     if host_budget is None:
         host_budget = default_host_cache_bytes(device, num_device_pages * layout.bytes_per_page)
     num_host_pages = max(2, layout.pages_for(host_budget)) if host_budget > 0 else 0
+    if ranks is not None:
+        num_host_pages = ranks.agree_min(num_host_pages)
     kv_cache = build_kv_cache(layout, num_device_pages, num_host_pages, device)
     if config.disk_cache_dir is not None:
         kv_cache.disk = build_disk_tier(config, kv_cache.host_pool, model_config, kv_dtype, device, quantization)
@@ -167,14 +212,25 @@ def build_model_runner(config: EngineConfig, *, output_tokens_of: Callable[[int]
                          device=device, engine_seed=config.seed, load_tokenizer=load_tokenizer,
                          output_tokens_of=output_tokens_of, max_logit_bias=config.max_logit_bias,
                          max_stop_ids=max_stop_ids, grammar_cache_size=config.grammar_cache_size)
-    # After the KV cache exists: the graphs bake in its addresses.
-    graph_args = dict(batch_sizes=config.cuda_graph_batch_sizes(), max_model_len=max_model_len,
-                      vocab_size=model_config.vocab_size, device=device)
+    # After the KV cache exists: the graphs bake in its addresses. Every rank captures the same sizes
+    # in the same order (their collectives are captured too); data-parallel cores stepping together
+    # run eagerly (their steps would have to agree on one graph size).
+    batch_sizes = config.cuda_graph_batch_sizes()
+    if ranks is not None and ranks.topology.lockstep:
+        batch_sizes = []
+    graph_args = dict(batch_sizes=batch_sizes, max_model_len=max_model_len, vocab_size=model_config.vocab_size,
+                      device=device)
     if device.type == "cuda":
         runner.graphs = build_cuda_graph_runner(model, kv_cache, **graph_args)
-    else:
+    elif ranks is None:  # native CPU graphs replay kernels only: no gloo collective inside
         quantized = quantization in ("int8", "int4", "gguf")
         runner.graphs = build_cpu_graph_runner(model, kv_cache, quantized=quantized, **graph_args)
+    if ranks is not None and batch_sizes and not ranks.agree_all(runner.graphs is not None):
+        runner.graphs = None  # one rank failed to capture: all run eagerly, or their collectives would diverge
+    if ranks is not None and ranks.is_leader:
+        from ..distributed import DriverRunner
+
+        runner = DriverRunner(runner, ranks)
     write_through_pages = max(1, _WRITE_THROUGH_BYTES_IN_FLIGHT // layout.bytes_per_page)
     disk = kv_cache.disk
     return BuiltRunner(runner, model_config, max_model_len, num_device_pages, num_host_pages, write_through_pages,

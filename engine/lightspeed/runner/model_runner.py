@@ -149,6 +149,14 @@ class ModelRunner:
             result.top_ids, result.top_logprobs = top_ids.numpy(), top_lp.numpy()
         return result
 
+    @property
+    def last_sampled(self) -> torch.Tensor | None:
+        """Token ids int64 [S] of the latest launched step, on the device (deferred inputs read them)."""
+        return self._prev_sampled
+
+    def shutdown(self) -> None:
+        """Release what the runner holds beyond memory (nothing on one rank; see distributed.DriverRunner)."""
+
     def execute(self, plan) -> StepResult:
         """launch + collect: one synchronous step (CUDA-graph and kernel tests)."""
         return self.collect(self.launch(plan))

@@ -1,0 +1,159 @@
+"""DriverRunner: the model runner of an engine core that drives the other ranks of its group.
+
+Design note. The engine loop stays as it is: it talks to a `DriverRunner`, which is its
+`ModelRunner` plus three things per step. Before the launch, it packs the plan into the step
+packet (`runner.inputs`: one int32 buffer) together with the copy steps that have landed since the
+last packet, broadcasts it on the control group and has the runner upload that same packet: every
+rank unpacks the same words into the same tensors and runs the same forward (its shard). After
+sampling (rank 0 only: one sampler, one set of seeds), it broadcasts the sampled token ids on the
+device group, so the next step's deferred inputs (overlap scheduling) exist on every rank without
+a host round trip. Copies: every rank runs the plan's KV page copies on its own shard of the pool;
+rank 0 acknowledges a step's copies to the scheduler when its own land, and the packet carries
+those acknowledgements so every other rank orders later work after its own copies of that step
+(`PageCopier.retire`) before the scheduler can hand the pages to a new owner.
+
+When data-parallel engine cores share one world (expert parallelism across them) every core runs
+every step: the cores agree each step on the most tokens any of them runs (`pad_to`, the size of
+the token shards the MoE layers exchange), and a core with nothing to do runs a one-token dummy
+forward that writes no KV.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import torch
+
+from ..runner.inputs import stop_packet
+from ..runner.model_runner import LaunchedStep, ModelRunner
+from .launch import EngineRanks
+from .ranks import FIRST_WORDS
+
+log = logging.getLogger("lightspeed.distributed")
+
+
+class AckingCopier:
+    """Rank 0's page copier, remembering the steps whose copies it saw land (for the next packet)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self._acks: list[int] = []
+
+    def poll(self) -> list[int]:
+        done = self.inner.poll()
+        self._acks += done
+        return done
+
+    def wait_all(self) -> list[int]:
+        done = self.inner.wait_all()
+        self._acks += done
+        return done
+
+    def take_acks(self) -> list[int]:
+        acks, self._acks = self._acks, []
+        return acks
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+class _DummyPlan:
+    """One decode row of one token that writes nothing (slot -1) and samples nothing: the forward an
+    idle data-parallel core runs so the expert-parallel collectives of the others complete."""
+
+    def __init__(self, step_id: int):
+        self.step_id = step_id
+        self.input_ids = np.zeros(1, np.int32)
+        self.positions = np.zeros(1, np.int32)
+        self.slot_mapping = np.full(1, -1, np.int32)
+        self.query_start_loc = np.array([0, 1], np.int32)
+        self.seq_lens = np.ones(1, np.int32)
+        self.page_table = np.zeros((1, 1), np.int32)
+        self.req_ids = np.full(1, -1, np.int64)
+        self.req_slots = np.zeros(1, np.int32)
+        self.logits_indices = np.empty(0, np.int32)
+        self.sample_batch_rows = np.empty(0, np.int64)
+        self.deferred_input_mask = np.zeros(1, np.int32)
+        self.deferred_src_index = np.zeros(1, np.int32)
+        self.write_back = self.load_back = np.empty((0, 2), np.int32)
+        self.forward_waits_for_copies = False
+        self.num_decodes, self.num_prefills, self.num_decode_tokens, self.max_query_len = 1, 0, 1, 1
+
+
+class DriverRunner:
+    """`ModelRunner` interface (launch / collect / requests) over every rank of the attention group."""
+
+    def __init__(self, runner: ModelRunner, ranks: EngineRanks):
+        self.runner, self.ranks = runner, ranks
+        self.copier = AckingCopier(runner.kv_cache.copier)
+        runner.kv_cache.copier = self.copier  # the engine polls it there
+        self._lockstep = ranks.topology.lockstep
+        self._closed = False
+
+    def __getattr__(self, name):  # add_request, remove_request, needs_host_tokens, kv_cache, ...
+        return getattr(self.runner, name)
+
+    @property
+    def rank_pids(self) -> list[int]:
+        return self.ranks.processes.pids
+
+    def launch(self, plan) -> LaunchedStep:
+        try:
+            return self._launch(plan)
+        except RuntimeError as exc:
+            raise self.ranks.failure(exc) from exc
+
+    def _launch(self, plan) -> LaunchedStep:
+        num_tokens = plan.input_ids.shape[0]
+        pad_to = 0
+        if self._lockstep:
+            pad_to = self.ranks.cores_max([num_tokens])[0]
+            if num_tokens == 0 and pad_to:
+                self._dummy_step(plan, pad_to)
+                return self.runner.launch(plan)  # copies only, then nothing to sample
+        inputs = self.runner.inputs
+        packet = inputs.pack(plan, acks=self.copier.take_acks(), pad_to=pad_to, min_words=FIRST_WORDS)
+        self.ranks.send_packet(packet)
+        inputs.stage(packet)
+        self.runner.model.model.tokens.pad_to = pad_to or None
+        launched = self.runner.launch(plan)
+        if packet.num_sampled:
+            self.ranks.send_tokens(self.runner.last_sampled.to(torch.int64))
+        return launched
+
+    @torch.inference_mode()
+    def _dummy_step(self, plan, pad_to: int) -> None:
+        """This core has no tokens but another has: run the one-token forward (and this plan's copies)."""
+        dummy = _DummyPlan(int(plan.step_id))
+        dummy.write_back, dummy.load_back = plan.write_back, plan.load_back
+        dummy.forward_waits_for_copies = plan.forward_waits_for_copies
+        inputs = self.runner.inputs
+        packet = inputs.pack(dummy, acks=self.copier.take_acks(), pad_to=pad_to, min_words=FIRST_WORDS)
+        self.ranks.send_packet(packet)
+        self.runner.model.model.tokens.pad_to = pad_to
+        t = inputs.unpack(packet, None)
+        self.runner.forward(packet.view(), t)
+
+    def collect(self, launched: LaunchedStep):
+        try:
+            return self.runner.collect(launched)
+        except RuntimeError as exc:
+            raise self.ranks.failure(exc) from exc
+
+    def execute(self, plan):
+        return self.collect(self.launch(plan))
+
+    def shutdown(self) -> None:
+        """Tell the other ranks to stop, wait for them, leave the world (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        graceful = self.ranks.processes.dead() is None
+        if graceful:
+            try:
+                self.ranks.send_packet(stop_packet(torch.zeros(FIRST_WORDS, dtype=torch.int32)))
+            except RuntimeError as exc:
+                log.warning("could not tell the ranks to stop: %s", exc)
+                graceful = False
+        self.ranks.close(graceful=graceful)
