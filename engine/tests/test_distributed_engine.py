@@ -21,7 +21,7 @@ CASES = {
     "qwen3-moe-ep2": ("tiny-qwen3-moe", {}, {"tensor_parallel_size": 2, "enable_expert_parallel": True}),
     "qwen3-moe-ep2-sp": ("tiny-qwen3-moe", {}, {"tensor_parallel_size": 2, "enable_expert_parallel": True,
                                                "enable_sequence_parallel": True}),
-    "deepseek-v3-tp2-ep2": ("tiny-deepseek-v3", {}, {"tensor_parallel_size": 2, "enable_expert_parallel": True}),
+    "deepseek-moe-tp2-ep2": ("tiny-deepseek-v3", {}, {"tensor_parallel_size": 2, "enable_expert_parallel": True}),
 }
 
 
@@ -58,16 +58,24 @@ def test_parallel_engine_matches_one_rank(case, model_dirs):
     model = model_dirs[(preset, tuple(sorted(overrides.items())))]
     settings = dict(load_format="auto", chunked_prefill_size=16, max_num_batched_tokens=32,
                     host_cache_memory="4MiB", num_threads=1)
-    one_tokens, one_logprobs = _conversation(make_engine(model, **settings))
+    one = make_engine(model, **settings)
+    one.runner.expert_load.interval_s = 0  # refresh the expert-load counters at every read
+    one_tokens, one_logprobs = _conversation(one)
     engine = make_engine(model, **settings, **parallel)
     try:
         assert engine.runner.rank_pids, "a second rank runs"
+        engine.runner.expert_load.interval_s = 0
         tokens, logprobs = _conversation(engine)
         assert engine.scheduler.stats()["prefix_hit_tokens"] > 0
+        load = engine.stats().expert_load
     finally:
         engine.drain_copies()
         engine.shutdown()
     assert tokens == one_tokens
+    # the same tokens reached the same experts (token shards: counted on each rank, reduced to rank 0)
+    assert load == one.stats().expert_load and (load is None) == ("moe" not in case)
+    if load is not None:
+        assert sum(load) > 0
     for name, per_token in one_logprobs.items():
         for ours, ref in zip(logprobs[name], per_token, strict=True):
             assert ours.top_ids == ref.top_ids

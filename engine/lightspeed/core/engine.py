@@ -378,7 +378,7 @@ class Engine:
             prefix_query_tokens=int(s["prefix_query_tokens"]), num_steps=self._num_steps,
             num_generated_tokens=self._num_generated, timestamp=time.time(),
             cached_device_pages=int(s["cached_device_pages"]), num_prefill_tokens=self._num_prefill_tokens,
-            **self._tier_stats(s))
+            expert_load=self.runner.expert_load_counts(), **self._tier_stats(s))
 
     def _tier_stats(self, s: dict) -> dict[str, int]:
         copier, page_bytes = self.runner.kv_cache.copier, self.runner.kv_cache.layout.bytes_per_page

@@ -80,6 +80,7 @@ class EngineStats(msgspec.Struct, frozen=True):
     disk_read_failures: int = 0     # disk records that failed their checks: recomputed, never served
     disk_write_errors: int = 0      # writes that did not happen (the first one stops disk writes)
     cached_disk_pages: int = 0      # prefix-cache pages on disk
+    expert_load: list[int] | None = None  # MoE models: tokens routed to each expert so far (all layers)
 
 
 class TokenLogprobs(msgspec.Struct, array_like=True, frozen=True):

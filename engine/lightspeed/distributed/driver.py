@@ -112,15 +112,25 @@ class DriverRunner:
             if num_tokens == 0 and pad_to:
                 self._dummy_step(plan, pad_to)
                 return self.runner.launch(plan)  # copies only, then nothing to sample
-        inputs = self.runner.inputs
-        packet = inputs.pack(plan, acks=self.copier.take_acks(), pad_to=pad_to, min_words=FIRST_WORDS)
+        inputs, load = self.runner.inputs, self.runner.expert_load
+        report = bool(num_tokens) and load.needs_reduce and load.due()
+        packet = inputs.pack(plan, acks=self.copier.take_acks(), pad_to=pad_to, report_load=report,
+                             min_words=FIRST_WORDS)
         self.ranks.send_packet(packet)
         inputs.stage(packet)
         self.runner.model.model.tokens.pad_to = pad_to or None
         launched = self.runner.launch(plan)
         if packet.num_sampled:
             self.ranks.send_tokens(self.runner.last_sampled.to(torch.int64))
+        if report:  # every rank routed its own token shard: sum the counters here
+            total = load.local_total()
+            self.ranks.reduce_to_leader(total)
+            load.refresh(total)
         return launched
+
+    def expert_load_counts(self) -> list[int] | None:
+        load = self.runner.expert_load
+        return load.latest() if load.needs_reduce else self.runner.expert_load_counts()
 
     @torch.inference_mode()
     def _dummy_step(self, plan, pad_to: int) -> None:

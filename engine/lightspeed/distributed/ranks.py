@@ -121,6 +121,11 @@ class Ranks:
         dist.broadcast(tokens, src=self.leader, group=self.device_group)
         return tokens
 
+    def reduce_to_leader(self, tensor: torch.Tensor) -> None:
+        """Sum `tensor` over the attention group into the leader's copy (expert-load counters)."""
+        if self.device_group is not None:
+            dist.reduce(tensor, dst=self.leader, group=self.device_group)
+
     # -- engine cores stepping together -----------------------------------------------------------
     def cores_max(self, values: list[int]) -> list[int]:
         """Element-wise max of `values` over the engine cores of the world (the cores group)."""

@@ -52,6 +52,8 @@ class WorkerLoop:
             runner.forward(packet.view(), runner.inputs.unpack(packet, prev_sampled))
             if packet.num_sampled:
                 prev_sampled = ranks.receive_tokens(packet.num_sampled)
+            if packet.report_load:
+                ranks.reduce_to_leader(runner.expert_load.local_total())
         copier.wait_all()
 
 

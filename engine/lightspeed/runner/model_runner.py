@@ -33,6 +33,7 @@ if TYPE_CHECKING:  # the runner never needs msgspec at run time (GPU benchmarks 
     from .cuda_graph import CudaGraphRunner
 
 from ..kv import KVCache
+from .expert_load import ExpertLoad
 from .inputs import InputBuilder, StepTensors, upload
 from .sampling_state import SamplingState
 from .structured import StructuredOutputs
@@ -81,6 +82,7 @@ class ModelRunner:
         self._output_tokens_of = output_tokens_of
         self._prev_sampled: torch.Tensor | None = None
         self.graphs: CudaGraphRunner | None = None  # decode steps it can run are replayed, the rest eager
+        self.expert_load = ExpertLoad(model, device)
 
     # -- request lifecycle ---------------------------------------------------------------------
     def add_request(self, req_id: int, spec: SamplingSpec, prompt_ids: list[int], grammar: Any = None) -> None:
@@ -148,6 +150,14 @@ class ModelRunner:
             result.token_logprobs, result.ranks = token_lp.numpy(), ranks.numpy()
             result.top_ids, result.top_logprobs = top_ids.numpy(), top_lp.numpy()
         return result
+
+    def expert_load_counts(self) -> list[int] | None:
+        """Tokens routed to each expert so far (MoE models; summed over layers), refreshed about once a
+        second without a device sync. A `DriverRunner` reduces token-sharded counters over its ranks."""
+        load = self.expert_load
+        if load.due() and not load.needs_reduce:
+            load.refresh()
+        return load.latest()
 
     @property
     def last_sampled(self) -> torch.Tensor | None:

@@ -1,0 +1,55 @@
+"""A rank that dies stops its engine with a message naming it, and leaves no process behind; an
+engine shut down normally stops its ranks too."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+from lightspeed import LLM, EngineDeadError, SamplingParams
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+
+
+def _gone(pid: int, timeout: float = 20.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().split()[2] == "Z":  # a zombie is dead too
+                    return True
+        except (ProcessLookupError, FileNotFoundError):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def _tp2() -> LLM:
+    return LLM("tiny-qwen3-moe", load_format="dummy", tensor_parallel_size=2, enable_expert_parallel=True,
+               kv_cache_memory="8MiB", host_cache_memory="1MiB", max_num_seqs=4, max_model_len=128, num_threads=1)
+
+
+def test_killing_a_rank_stops_the_engine_with_a_clear_error():
+    llm = _tp2()
+    try:
+        core, ranks = llm.engine.engine_pid, llm.engine.engine_info.rank_pids
+        assert len(ranks) == 1
+        assert len(llm.generate([list(range(3, 20))], GREEDY)[0].outputs[0].token_ids) == 4
+        os.kill(ranks[0], signal.SIGKILL)
+        with pytest.raises(EngineDeadError, match=r"rank 1 \(pid \d+\) was killed by signal SIGKILL"):
+            for _ in range(50):  # the engine notices within its watchdog's interval
+                llm.generate([list(range(3, 20))], SamplingParams(max_tokens=64, ignore_eos=True))
+                time.sleep(0.1)
+        assert _gone(core) and _gone(ranks[0])
+    finally:
+        llm.shutdown()
+
+
+def test_shutdown_stops_every_rank():
+    llm = _tp2()
+    core, ranks = llm.engine.engine_pid, llm.engine.engine_info.rank_pids
+    llm.shutdown()
+    assert _gone(core) and all(_gone(pid) for pid in ranks)
