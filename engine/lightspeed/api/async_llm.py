@@ -60,11 +60,40 @@ class AsyncLLM:
             config = EngineConfig(model=model, **engine_args)
         elif model is not None or engine_args:
             raise ValueError("pass either config=EngineConfig(...) or model/engine arguments, not both")
+        if config.data_parallel_size > 1 and config.data_parallel_rank is None:
+            raise ValueError("data_parallel_size > 1: serve with `lightspeed serve --data-parallel-size N` (the server "
+                             "routes requests between the cores), or start one AsyncLLM per config of "
+                             "lightspeed.data_parallel_configs(config)")
+        self._start(config)
+        self._finish_start()
+
+    @classmethod
+    def start_many(cls, configs: Sequence[EngineConfig]) -> list[AsyncLLM]:
+        """One AsyncLLM per config, their engine cores started at once and then awaited: data-parallel
+        cores that step together meet at their rendezvous while they load (see data_parallel_configs)."""
+        llms: list[AsyncLLM] = []
+        try:
+            for config in configs:
+                llm = cls.__new__(cls)
+                llm._start(config)
+                llms.append(llm)
+            for llm in llms:
+                llm._finish_start()
+        except BaseException:
+            for llm in llms:
+                llm._core.close()
+            raise
+        return llms
+
+    def _start(self, config: EngineConfig) -> None:
         if config.model is None:
             config = config.replace(model=resolve_model_path(None))
         self.config = config
         check_engine_config(config)
         self._core = EngineCoreClient(config)   # the core loads the model while we load the tokenizer
+
+    def _finish_start(self) -> None:
+        config = self.config
         try:
             source = tokenizer_source(config)
             tokenizer = load_tokenizer(source) if source is not None else None

@@ -237,6 +237,15 @@ class Engine:
         """KV copies in flight or queued: an idle engine keeps stepping (copies only) until they land."""
         return self.scheduler.has_pending_copies()
 
+    @property
+    def steps_with_others(self) -> bool:
+        """Data-parallel engine cores share this one's world (expert parallelism across them)."""
+        return self.runner.steps_with_others
+
+    def agree_to_step(self, has_work: bool, stopping: bool = False) -> tuple[bool, bool]:
+        """(step now?, stop now?): this core's own answer, or the answer of every core it steps with."""
+        return self.runner.agree_to_step(has_work, stopping)
+
     def _output_tokens_of(self, req_id: int) -> list[int]:
         return self.scheduler.output_token_ids(req_id)
 
@@ -259,6 +268,7 @@ class Engine:
         overlap = self.config.async_scheduling and not self.runner.needs_host_tokens()
         if self._in_flight is not None and not overlap:
             done, self._in_flight = self._in_flight, None   # a grammar needs step N's token first
+            self.runner.step_without_plan()                 # cores stepping together still meet
             return self._complete(done)
         plan = self.scheduler.next_plan()
         launched = (plan, self._guard.launch(plan))   # a failure costs the plan's requests, not the core

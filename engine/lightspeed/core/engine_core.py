@@ -32,6 +32,7 @@ log = logging.getLogger("lightspeed.core")
 STATS_INTERVAL_S = 0.05
 IDLE_POLL_MS = 1000
 COPY_POLL_MS = 1  # idle but KV copies or grammar compilations in flight: look at them this often
+LOCKSTEP_POLL_MS = 2  # idle, but data-parallel cores that step together wait on each other this long
 MAX_DRAIN = 256   # client messages taken per loop iteration
 
 
@@ -40,24 +41,30 @@ class EngineCore:
         self.engine, self.input, self.output = engine, input_sock, output_sock
         self.running = True
         self._last_stats = 0.0
+        self._last_idle = 0.0  # last idle stats report and parent check
         self._parent = os.getppid()
 
     def run(self) -> None:
         """The step loop. Each iteration: take new requests/aborts, run one plan, send its outputs."""
         engine = self.engine
-        while self.running:
+        idle_ms = LOCKSTEP_POLL_MS if engine.steps_with_others else IDLE_POLL_MS
+        while True:
             copying = engine.has_pending_copies()
             waiting = copying or engine.has_pending_grammars()  # look again soon, without spinning
-            wait_ms = 0 if engine.has_work() else COPY_POLL_MS if waiting else IDLE_POLL_MS
+            wait_ms = 0 if engine.has_work() else COPY_POLL_MS if waiting else idle_ms
             rejected = self._drain_inputs(wait_ms)
             engine.admit_compiled()
-            if engine.has_work() or copying:
+            # Data-parallel cores that step together all step when any has work, and stop together.
+            step, stop = engine.agree_to_step(engine.has_work() or copying, stopping=not self.running)
+            if step:
                 outputs = self._with_stats(engine.step())    # launch N+1 -> collect N -> advance N
                 if outputs.request_ids or outputs.finished or outputs.stats is not None:
                     self._send(outputs)
             errors = engine.take_errors(rejected)
             if errors is not None:
                 self._send(errors)
+            if stop:
+                break
         engine.drain_copies()
 
     def _drain_inputs(self, wait_ms: int) -> dict[str, str]:
@@ -65,7 +72,8 @@ class EngineCore:
         high-water mark then makes the client wait: back-pressure instead of an unbounded queue)."""
         errors: dict[str, str] = {}
         if wait_ms and not self.input.poll(wait_ms):
-            if wait_ms == IDLE_POLL_MS:
+            if wait_ms >= LOCKSTEP_POLL_MS and time.monotonic() - self._last_idle >= IDLE_POLL_MS / 1000:
+                self._last_idle = time.monotonic()
                 self._check_parent()
                 self._send(m.StepOutputs([], [], stats=self.engine.stats()))
             return errors

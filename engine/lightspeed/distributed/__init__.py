@@ -4,6 +4,6 @@ packet broadcast, rank 0's `DriverRunner` and the other ranks' worker loop (see 
 from .driver import DriverRunner
 from .launch import EngineRanks, start_ranks
 from .ranks import Ranks
-from .topology import Topology
+from .topology import Topology, data_parallel_configs
 
-__all__ = ["DriverRunner", "EngineRanks", "Ranks", "Topology", "start_ranks"]
+__all__ = ["DriverRunner", "EngineRanks", "Ranks", "Topology", "data_parallel_configs", "start_ranks"]

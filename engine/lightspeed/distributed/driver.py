@@ -89,6 +89,7 @@ class DriverRunner:
         self.copier = AckingCopier(runner.kv_cache.copier)
         runner.kv_cache.copier = self.copier  # the engine polls it there
         self._lockstep = ranks.topology.lockstep
+        self._last_step_id = 0
         self._closed = False
 
     def __getattr__(self, name):  # add_request, remove_request, needs_host_tokens, kv_cache, ...
@@ -98,7 +99,26 @@ class DriverRunner:
     def rank_pids(self) -> list[int]:
         return self.ranks.processes.pids
 
+    @property
+    def steps_with_others(self) -> bool:
+        return self._lockstep
+
+    def agree_to_step(self, has_work: bool, stopping: bool) -> tuple[bool, bool]:
+        if not self._lockstep:
+            return has_work, stopping
+        work, stop = self.ranks.cores_max([int(has_work), int(stopping)])
+        return bool(work), bool(stop)
+
+    def step_without_plan(self) -> None:
+        """The engine collects without launching (a grammar waits for its token): the cores that step
+        together still agree on this step, and this one runs the dummy forward if another runs tokens."""
+        if self._lockstep:
+            pad_to = self.ranks.cores_max([0])[0]
+            if pad_to:
+                self._dummy_step(_DummyPlan(self._last_step_id), pad_to)
+
     def launch(self, plan) -> LaunchedStep:
+        self._last_step_id = int(plan.step_id)
         try:
             return self._launch(plan)
         except RuntimeError as exc:
@@ -137,7 +157,7 @@ class DriverRunner:
         """This core has no tokens but another has: run the one-token forward (and this plan's copies)."""
         dummy = _DummyPlan(int(plan.step_id))
         dummy.write_back, dummy.load_back = plan.write_back, plan.load_back
-        dummy.forward_waits_for_copies = plan.forward_waits_for_copies
+        dummy.forward_waits_for_copies = bool(plan.forward_waits_for_copies)
         inputs = self.runner.inputs
         packet = inputs.pack(dummy, acks=self.copier.take_acks(), pad_to=pad_to, min_words=FIRST_WORDS)
         self.ranks.send_packet(packet)

@@ -12,6 +12,7 @@ ranks only: `lightspeed serve ... --node-rank n`).
 
 from __future__ import annotations
 
+import socket
 from dataclasses import dataclass
 
 from ..config import EngineConfig
@@ -73,7 +74,7 @@ class Topology:
         tp, dp = config.tensor_parallel_size, config.data_parallel_size
         dp_rank = config.data_parallel_rank or 0
         ep = config.expert_parallel_ranks if is_moe else 1
-        lockstep = ep == tp * dp and dp > 1
+        lockstep = ep == tp * dp and dp > 1  # as in data_parallel_configs
         nnodes = config.nnodes or ENVS.nnodes or 1
         node_rank = config.node_rank if config.node_rank is not None else ENVS.node_rank or 0
         port = config.master_port if config.master_port is not None else ENVS.master_port
@@ -103,3 +104,27 @@ class Topology:
                                  f"{nnodes} nodes put one on another node: use fewer data-parallel cores per node")
         if self.lockstep and self.master_port is None:
             raise ValueError("data-parallel cores that step together need one --master-port (the server sets it)")
+
+
+def data_parallel_configs(config: EngineConfig) -> list[EngineConfig]:
+    """One `EngineConfig` per data-parallel engine core of `config` (its `data_parallel_rank` set):
+    what a front end starts, one `AsyncLLM` each. Cores that step together (a MoE model with
+    expert parallelism across them) share one rendezvous port, picked here when none is given."""
+    dp = config.data_parallel_size
+    if dp == 1:
+        return [config.replace(data_parallel_rank=0)]
+    from ..loader import read_model_config
+    from ..runner.factory import load_format_of
+
+    is_moe = read_model_config(config.model, load_format_of(config)).is_moe
+    port = config.master_port if config.master_port is not None else ENVS.master_port
+    steps_together = is_moe and config.expert_parallel_ranks == config.tensor_parallel_size * dp
+    if steps_together and port is None:
+        port = free_port()
+    return [config.replace(data_parallel_rank=d, master_port=port) for d in range(dp)]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -164,6 +164,14 @@ class ModelRunner:
         """Token ids int64 [S] of the latest launched step, on the device (deferred inputs read them)."""
         return self._prev_sampled
 
+    steps_with_others = False  # one engine core; see distributed.DriverRunner
+
+    def agree_to_step(self, has_work: bool, stopping: bool) -> tuple[bool, bool]:
+        return has_work, stopping
+
+    def step_without_plan(self) -> None:
+        """An engine step that launches nothing (one rank: nothing to do)."""
+
     def shutdown(self) -> None:
         """Release what the runner holds beyond memory (nothing on one rank; see distributed.DriverRunner)."""
 

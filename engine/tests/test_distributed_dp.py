@@ -1,0 +1,51 @@
+"""Data-parallel attention with expert parallelism across the cores (TP 2 x DP 2, EP 4 over one gloo
+world of 4 ranks): two engine cores, each with its own scheduler and requests, step together through
+one expert-parallel MoE (an idle core runs a dummy forward), and produce the greedy tokens of one
+core on one rank."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from conftest_models import hf_reference_model
+from lightspeed import AsyncLLM, EngineConfig, SamplingParams, data_parallel_configs
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
+PROMPTS = {"a": list(range(3, 30)), "b": list(range(40, 52)), "c": [9, 8, 7, 6, 5, 4, 3]}
+
+
+async def _generate(core: AsyncLLM, name: str) -> list[int]:
+    out = None
+    async for out in core.generate({"prompt_token_ids": PROMPTS[name]}, GREEDY, request_id=name):
+        pass
+    return list(out.outputs[0].token_ids)
+
+
+async def _serve(cores: list[AsyncLLM]) -> dict[str, list[int]]:
+    first, second = cores[0], cores[-1]
+    a, b = await asyncio.gather(_generate(first, "a"), _generate(second, "b"))
+    return {"a": a, "b": b, "c": await _generate(first, "c")}  # the other core idles (dummy steps)
+
+
+def test_data_parallel_expert_parallel_cores_match_one_core(tmp_path, default_model_path):
+    hf_reference_model("tiny-qwen3-moe", seed=5).save_pretrained(tmp_path)
+    base = EngineConfig(model=str(tmp_path), tokenizer=default_model_path, kv_cache_memory="8MiB",
+                        host_cache_memory="1MiB", max_num_seqs=4, max_model_len=128, num_threads=1)
+    with pytest.raises(ValueError, match="data_parallel_size > 1"):
+        AsyncLLM(config=base.replace(data_parallel_size=2))
+    one = AsyncLLM(config=base)
+    try:
+        want = asyncio.run(_serve([one]))
+    finally:
+        one.shutdown()
+    configs = data_parallel_configs(base.replace(tensor_parallel_size=2, data_parallel_size=2,
+                                                 enable_expert_parallel=True))
+    assert [c.data_parallel_rank for c in configs] == [0, 1] and configs[0].master_port == configs[1].master_port
+    cores = AsyncLLM.start_many(configs)  # the cores rendezvous with each other while they load
+    try:
+        assert all(len(core.engine_info.rank_pids) == 1 for core in cores)
+        assert asyncio.run(_serve(cores)) == want
+    finally:
+        for core in cores:
+            core.shutdown()
