@@ -16,10 +16,8 @@ PROMPTS = {"a": list(range(3, 30)), "b": list(range(40, 52)), "c": [9, 8, 7, 6, 
 
 
 async def _generate(core: AsyncLLM, name: str) -> list[int]:
-    out = None
-    async for out in core.generate({"prompt_token_ids": PROMPTS[name]}, GREEDY, request_id=name):
-        pass
-    return list(out.outputs[0].token_ids)
+    outputs = [out async for out in core.generate({"prompt_token_ids": PROMPTS[name]}, GREEDY, request_id=name)]
+    return list(outputs[-1].outputs[0].token_ids)
 
 
 async def _serve(cores: list[AsyncLLM]) -> dict[str, list[int]]:
