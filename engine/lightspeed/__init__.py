@@ -3,7 +3,7 @@
 Public API (see engine/README.md): LLM, AsyncLLM, SamplingParams, StructuredOutputParams,
 RequestOutput, CompletionOutput, Logprob, RequestOutputKind, EngineConfig, engine_arg_specs,
 EngineDeadError, RequestFailedError, default_model, load_tokenizer, apply_chat_template, data_parallel_configs,
-__version__.
+run_node, __version__.
 
 Names are imported lazily, so `import lightspeed.runner` (e.g. on a GPU box driving the runner
 in-process) does not pull in the ZMQ client stack.
@@ -33,12 +33,13 @@ _EXPORTS = {
     "load_tokenizer": "lightspeed.frontend.tokenizer",
     "apply_chat_template": "lightspeed.frontend.tokenizer",
     "data_parallel_configs": "lightspeed.distributed.topology",
+    "run_node": "lightspeed.distributed.node",
 }
 
 __all__ = [
     "LLM", "AsyncLLM", "SamplingParams", "StructuredOutputParams", "RequestOutputKind", "RequestOutput",
     "CompletionOutput", "Logprob", "EngineConfig", "engine_arg_specs", "EngineDeadError", "RequestFailedError",
-    "default_model", "load_tokenizer", "apply_chat_template", "data_parallel_configs", "__version__",
+    "default_model", "load_tokenizer", "apply_chat_template", "data_parallel_configs", "run_node", "__version__",
 ]
 assert set(__all__) == {*_EXPORTS, "__version__"}
 
@@ -49,6 +50,7 @@ if TYPE_CHECKING:
     from .api.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputParams
     from .config import EngineConfig, engine_arg_specs
     from .core.errors import EngineDeadError, RequestFailedError
+    from .distributed.node import run_node
     from .distributed.topology import data_parallel_configs
     from .frontend.tokenizer import apply_chat_template, load_tokenizer
     from .model_files import default_model

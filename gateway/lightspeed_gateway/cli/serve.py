@@ -1,4 +1,6 @@
-"""`lightspeed serve [MODEL]`: the OpenAI-compatible server over one engine.
+"""`lightspeed serve [MODEL]`: the OpenAI-compatible server over one engine (or several
+data-parallel engine cores behind a cache-aware router; on a node other than 0 of a multi-node
+engine, that node's ranks only).
 
 Flags: every `lightspeed.EngineConfig` field and every `ServerConfig` field, generated (see args.py),
 plus vLLM's spellings (compat.py). The engine loads before the HTTP server starts, so a start-up
@@ -79,6 +81,15 @@ def run(args: argparse.Namespace) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for warning in compat.compat_warnings(args):
         print(f"lightspeed serve: warning: {warning}", file=sys.stderr, flush=True)
+    from lightspeed import default_model, run_node
+
+    try:  # a node other than 0 of a multi-node engine runs its ranks only, no server
+        code = run_node(engine_config.replace(model=engine_config.model or default_model()))
+    except ValueError as e:
+        print(f"lightspeed serve: error: {e}", file=sys.stderr)
+        return 2
+    if code is not None:
+        return code
     return serve(server_config, engine_config)
 
 
@@ -91,7 +102,12 @@ def serve(server_config: ServerConfig, engine_config, make_engine=None) -> int:
     from lightspeed import AsyncLLM
 
     if make_engine is None:
-        make_engine = lambda path: AsyncLLM(config=engine_config.replace(model=path))  # noqa: E731
+        if engine_config.data_parallel_size > 1:  # several engine cores behind the cache-aware router
+            from lightspeed_gateway.server.data_parallel import DataParallelEngine
+
+            make_engine = lambda path: DataParallelEngine.start(engine_config.replace(model=path))  # noqa: E731
+        else:
+            make_engine = lambda path: AsyncLLM(config=engine_config.replace(model=path))  # noqa: E731
     # uvicorn handles SIGINT/SIGTERM (graceful stop, then the lifespan stops the engine core) and
     # re-raises the signal afterwards; by then shutdown is complete, so exit 0 instead of dying by it.
     signal.signal(signal.SIGTERM, lambda signum, frame: None)

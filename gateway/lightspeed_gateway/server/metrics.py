@@ -14,7 +14,8 @@ _TOKEN_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.
 
 
 class EngineStatsCollector:
-    """Reads the engine's stats snapshot at scrape time: gauges and the engine's own counters."""
+    """Reads the engine's stats snapshot at scrape time: gauges and the engine's own counters, one
+    series per engine core (label `engine`, its data-parallel rank, as vLLM labels them)."""
 
     def __init__(self, read_stats: Callable[[], Any], model_name: str) -> None:
         self._read_stats = read_stats
@@ -22,69 +23,88 @@ class EngineStatsCollector:
 
     def collect(self):
         stats = self._read_stats()
-        if not stats or "num_running" not in stats:
+        if not stats:
+            return
+        ranks = stats.get("ranks") or [stats]
+        ranks = [(str(r.get("dp_rank", i)), r) for i, r in enumerate(ranks) if "num_running" in r]
+        if not ranks:
             return  # no snapshot from the core yet: no number beats a wrong zero
-        labels = (["model_name"], [self._model])
+        labels = ["model_name", "engine"]
 
-        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
-            family = GaugeMetricFamily(name, doc, labels=labels[0])
-            family.add_metric(labels[1], float(value))
-            return family
+        def family(kind, name: str, doc: str, key: str):
+            metric = kind(name, doc, labels=labels)
+            for engine, snap in ranks:
+                metric.add_metric([self._model, engine], float(snap.get(key) or 0))
+            return metric
 
-        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
-            family = CounterMetricFamily(name, doc, labels=labels[0])
-            family.add_metric(labels[1], float(value))
-            return family
+        gauge, counter = GaugeMetricFamily, CounterMetricFamily
+        yield family(gauge, "lightspeed:num_requests_running", "Requests prefilling or decoding in the engine.",
+                     "num_running")
+        yield family(gauge, "lightspeed:num_requests_waiting", "Requests waiting for the scheduler.", "num_waiting")
+        yield family(gauge, "lightspeed:num_requests_retracted", "Requests swapped out under memory pressure.",
+                     "num_retracted")
+        yield family(gauge, "lightspeed:kv_cache_usage_perc", "Fraction of device KV-cache pages held by requests "
+                     "(0..1); cached prefix pages no request holds are reusable and count as free.", "kv_usage")
+        yield family(gauge, "lightspeed:kv_cache_free_pages", "Free device KV-cache pages.", "free_device_pages")
+        yield family(gauge, "lightspeed:kv_cache_cached_pages", "Device KV-cache pages holding prefix-cache entries "
+                     "(shared by running requests or kept for reuse).", "cached_device_pages")
+        yield family(counter, "lightspeed:prefix_cache_hit_tokens", "Prompt tokens served from the prefix cache.",
+                     "prefix_hit_tokens")
+        yield family(counter, "lightspeed:prefix_cache_query_tokens", "Prompt tokens looked up in the prefix cache.",
+                     "prefix_query_tokens")
+        yield family(counter, "lightspeed:engine_steps", "Engine steps run.", "num_steps")
+        yield from self._tiers(ranks, family, labels)
+        if any("num_routed_requests" in snap for _, snap in ranks):
+            yield family(counter, "lightspeed:data_parallel_routed_requests",
+                         "Requests the router sent to each data-parallel engine core.", "num_routed_requests")
+        loads = [(engine, snap["expert_load"]) for engine, snap in ranks if snap.get("expert_load")]
+        if loads:
+            experts = CounterMetricFamily("lightspeed:moe_expert_tokens",
+                                          "Tokens routed to each MoE expert (summed over layers).",
+                                          labels=[*labels, "expert"])
+            for engine, load in loads:
+                for expert, count in enumerate(load):
+                    experts.add_metric([self._model, engine, str(expert)], float(count))
+            yield experts
+        yield from self._gateway(stats)
 
-        get = lambda name: stats.get(name) or 0  # noqa: E731
-        yield gauge("lightspeed:num_requests_running", "Requests prefilling or decoding in the engine.",
-                    get("num_running"))
-        yield gauge("lightspeed:num_requests_waiting", "Requests waiting for the scheduler.", get("num_waiting"))
-        yield gauge("lightspeed:num_requests_retracted", "Requests swapped out under memory pressure.",
-                    get("num_retracted"))
-        yield gauge("lightspeed:kv_cache_usage_perc", "Fraction of device KV-cache pages held by requests (0..1); "
-                    "cached prefix pages no request holds are reusable and count as free.", get("kv_usage"))
-        yield gauge("lightspeed:kv_cache_free_pages", "Free device KV-cache pages.", get("free_device_pages"))
-        yield gauge("lightspeed:kv_cache_cached_pages", "Device KV-cache pages holding prefix-cache entries "
-                    "(shared by running requests or kept for reuse).", get("cached_device_pages"))
-        yield counter("lightspeed:prefix_cache_hit_tokens", "Prompt tokens served from the prefix cache.",
-                      get("prefix_hit_tokens"))
-        yield counter("lightspeed:prefix_cache_query_tokens", "Prompt tokens looked up in the prefix cache.",
-                      get("prefix_query_tokens"))
-        yield counter("lightspeed:engine_steps", "Engine steps run.", get("num_steps"))
-        yield counter("lightspeed:engine_restarts", "Times the supervisor restarted a dead engine core.",
-                      get("engine_restarts"))
-        yield gauge("lightspeed:gateway_inflight_requests", "Engine streams the gateway is reading.",
-                    get("gateway_inflight_requests"))
-        yield gauge("lightspeed:gateway_waiting_sequences", "Admitted sequences without their first token.",
-                    get("gateway_waiting_sequences"))
-        yield gauge("lightspeed:gateway_tasks", "asyncio tasks alive in the gateway.", get("gateway_tasks"))
-        yield from self._tiers(get, labels)
+    def _gateway(self, stats: dict):
+        """The gateway's own series (one per server, whatever the number of engine cores)."""
+        for kind, name, doc, key in (
+                (CounterMetricFamily, "lightspeed:engine_restarts", "Times the supervisor restarted a dead engine "
+                 "core.", "engine_restarts"),
+                (GaugeMetricFamily, "lightspeed:gateway_inflight_requests", "Engine streams the gateway is reading.",
+                 "gateway_inflight_requests"),
+                (GaugeMetricFamily, "lightspeed:gateway_waiting_sequences", "Admitted sequences without their first "
+                 "token.", "gateway_waiting_sequences"),
+                (GaugeMetricFamily, "lightspeed:gateway_tasks", "asyncio tasks alive in the gateway.", "gateway_tasks")):
+            metric = kind(name, doc, labels=["model_name"])
+            metric.add_metric([self._model], float(stats.get(key) or 0))
+            yield metric
 
-    @staticmethod
-    def _tiers(get, labels):
-        """Per KV tier (device, host pinned memory, disk): prefix hits and bytes moved."""
+    def _tiers(self, ranks, family, labels):
+        """Per KV tier (device, host pinned memory, disk) and engine core: prefix hits and bytes moved."""
         hits = CounterMetricFamily("lightspeed:prefix_cache_hit_tokens_by_tier",
                                    "Prompt tokens served from the prefix cache, by the KV tier they came from.",
-                                   labels=[*labels[0], "tier"])
-        for tier in ("device", "host", "disk"):
-            hits.add_metric([*labels[1], tier], float(get(f"{tier}_hit_tokens")))
-        yield hits
+                                   labels=[*labels, "tier"])
         moved = CounterMetricFamily("lightspeed:kv_tier_bytes",
                                     "KV bytes written to / read from the host and disk tiers.",
-                                    labels=[*labels[0], "tier", "direction"])
-        for tier in ("host", "disk"):
-            for direction in ("written", "read"):
-                moved.add_metric([*labels[1], tier, direction], float(get(f"{tier}_bytes_{direction}")))
+                                    labels=[*labels, "tier", "direction"])
+        for engine, snap in ranks:
+            for tier in ("device", "host", "disk"):
+                hits.add_metric([self._model, engine, tier], float(snap.get(f"{tier}_hit_tokens") or 0))
+            for tier in ("host", "disk"):
+                for direction in ("written", "read"):
+                    moved.add_metric([self._model, engine, tier, direction],
+                                     float(snap.get(f"{tier}_bytes_{direction}") or 0))
+        yield hits
         yield moved
-        for name, doc in (("disk_read_failures", "Disk KV records that failed their checks (recomputed)."),
-                          ("disk_write_errors", "Disk KV writes that failed (the first one stops disk writes).")):
-            family = CounterMetricFamily(f"lightspeed:kv_{name}", doc, labels=labels[0])
-            family.add_metric(labels[1], float(get(name)))
-            yield family
-        pages = GaugeMetricFamily("lightspeed:kv_cache_disk_pages", "Prefix-cache pages on disk.", labels=labels[0])
-        pages.add_metric(labels[1], float(get("cached_disk_pages")))
-        yield pages
+        yield family(CounterMetricFamily, "lightspeed:kv_disk_read_failures",
+                     "Disk KV records that failed their checks (recomputed).", "disk_read_failures")
+        yield family(CounterMetricFamily, "lightspeed:kv_disk_write_errors",
+                     "Disk KV writes that failed (the first one stops disk writes).", "disk_write_errors")
+        yield family(GaugeMetricFamily, "lightspeed:kv_cache_disk_pages", "Prefix-cache pages on disk.",
+                     "cached_disk_pages")
 
 
 class GatewayMetrics:
