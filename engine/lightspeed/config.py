@@ -121,7 +121,8 @@ class EngineConfig:
                                           "the tensor-parallel size (each data-parallel core holds every expert) "
                                           "or tensor x data parallel size (default; data-parallel attention: "
                                           "the cores step together and exchange tokens by all-to-all, e.g. "
-                                          "attention TP 4 with MoE EP 8 is -tp 4 -dp 2).")
+                                          "attention TP 4 with MoE EP 8 is --tensor-parallel-size 4 "
+                                          "--data-parallel-size 2).")
     enable_sequence_parallel: bool = _f(False, "Shard the residual stream by tokens over the tensor-parallel ranks: "
                                         "reduce-scatter + all-gather around the norms instead of all-reduce (with "
                                         "expert parallelism the experts then exchange tokens by all-to-all).")

@@ -17,7 +17,8 @@ from lightspeed_gateway.config import ServerConfig
 VLLM_FLAGS = ["--host", "--port", "--api-key", "--served-model-name", "--max-model-len", "--max-num-seqs",
               "--max-num-batched-tokens", "--gpu-memory-utilization", "--kv-cache-dtype", "--dtype", "--load-format",
               "--tensor-parallel-size", "--tool-call-parser", "--reasoning-parser", "--chat-template", "--seed",
-              "--log-level", "--max-request-body-bytes", "--max-waiting-requests"]
+              "--log-level", "--max-request-body-bytes", "--max-waiting-requests", "--data-parallel-size",
+              "--enable-expert-parallel", "--nnodes", "--node-rank", "--master-addr", "--master-port"]
 
 
 def _help() -> str:
