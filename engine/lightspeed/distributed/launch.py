@@ -174,6 +174,8 @@ def start_ranks(config: EngineConfig, topology: Topology,
     before this process exits."""
     rank = topology.leader
     device = rank_device(config, topology, rank)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # before NCCL creates this rank's communicators
     timeout = ENVS.distributed_timeout_s
     from datetime import timedelta
 

@@ -212,21 +212,9 @@ def _build(config: EngineConfig, ranks, output_tokens_of, load_tokenizer) -> Bui
                          device=device, engine_seed=config.seed, load_tokenizer=load_tokenizer,
                          output_tokens_of=output_tokens_of, max_logit_bias=config.max_logit_bias,
                          max_stop_ids=max_stop_ids, grammar_cache_size=config.grammar_cache_size)
-    # After the KV cache exists: the graphs bake in its addresses. Every rank captures the same sizes
-    # in the same order (their collectives are captured too); data-parallel cores stepping together
-    # run eagerly (their steps would have to agree on one graph size).
-    batch_sizes = config.cuda_graph_batch_sizes()
-    if ranks is not None and ranks.topology.lockstep:
-        batch_sizes = []
-    graph_args = dict(batch_sizes=batch_sizes, max_model_len=max_model_len, vocab_size=model_config.vocab_size,
-                      device=device)
-    if device.type == "cuda":
-        runner.graphs = build_cuda_graph_runner(model, kv_cache, **graph_args)
-    elif ranks is None:  # native CPU graphs replay kernels only: no gloo collective inside
-        quantized = quantization in ("int8", "int4", "gguf")
-        runner.graphs = build_cpu_graph_runner(model, kv_cache, quantized=quantized, **graph_args)
-    if ranks is not None and batch_sizes and not ranks.agree_all(runner.graphs is not None):
-        runner.graphs = None  # one rank failed to capture: all run eagerly, or their collectives would diverge
+    # After the KV cache exists: the graphs bake in its addresses.
+    runner.graphs = _graphs(config, ranks, model, kv_cache, max_model_len, model_config.vocab_size, device,
+                            quantized=quantization in ("int8", "int4", "gguf"))
     if ranks is not None and ranks.is_leader:
         from ..distributed import DriverRunner
 
@@ -261,6 +249,23 @@ def build_disk_tier(config: EngineConfig, host_pool, model_config, kv_dtype: tor
         fs = os.statvfs(config.disk_cache_dir)
         size = fs.f_bavail * fs.f_frsize // 2
     return DiskKVTier(host_pool, config.disk_cache_dir, size, kv_fingerprint(parts), config.page_size)
+
+
+def _graphs(config: EngineConfig, ranks, model, kv_cache, max_model_len: int, vocab_size: int,
+            device: torch.device, quantized: bool):
+    """Decode graphs, or None. Every rank captures the same sizes in the same order (their collectives
+    are captured too); data-parallel cores stepping together run eagerly (their steps would have to
+    agree on one graph size); native CPU graphs replay kernels only, so several ranks run eagerly."""
+    batch_sizes = config.cuda_graph_batch_sizes()
+    if ranks is not None and ranks.topology.lockstep:
+        batch_sizes = []
+    args = dict(batch_sizes=batch_sizes, max_model_len=max_model_len, vocab_size=vocab_size, device=device)
+    if device.type != "cuda":
+        return build_cpu_graph_runner(model, kv_cache, quantized=quantized, **args) if ranks is None else None
+    graphs = build_cuda_graph_runner(model, kv_cache, **args)
+    if ranks is not None and batch_sizes and not ranks.agree_all(graphs is not None):
+        return None  # one rank failed to capture: all run eagerly, or their collectives would diverge
+    return graphs
 
 
 def default_host_cache_bytes(device: torch.device, device_pool_bytes: int) -> int:
