@@ -10,6 +10,7 @@ import asyncio
 import pytest
 from conftest_models import hf_reference_model
 from lightspeed import AsyncLLM, EngineConfig, SamplingParams, data_parallel_configs
+from lightspeed.frontend.tokenizer import byte_level_tokenizer
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
 PROMPTS = {"a": list(range(3, 30)), "b": list(range(40, 52)), "c": [9, 8, 7, 6, 5, 4, 3]}
@@ -26,9 +27,10 @@ async def _serve(cores: list[AsyncLLM]) -> dict[str, list[int]]:
     return {"a": a, "b": b, "c": await _generate(first, "c")}  # the other core idles (dummy steps)
 
 
-def test_data_parallel_expert_parallel_cores_match_one_core(tmp_path, default_model_path):
+def test_data_parallel_expert_parallel_cores_match_one_core(tmp_path):
     hf_reference_model("tiny-qwen3-moe", seed=5).save_pretrained(tmp_path)
-    base = EngineConfig(model=str(tmp_path), tokenizer=default_model_path, kv_cache_memory="8MiB",
+    byte_level_tokenizer(256).save_pretrained(tmp_path)  # the model's 256 ids
+    base = EngineConfig(model=str(tmp_path), kv_cache_memory="8MiB",
                         host_cache_memory="1MiB", max_num_seqs=4, max_model_len=128, num_threads=1)
     with pytest.raises(ValueError, match="data_parallel_size > 1"):
         AsyncLLM(config=base.replace(data_parallel_size=2))

@@ -13,6 +13,7 @@ from conftest_models import hf_reference_model
 from engine_driver import make_engine, run_until_idle, submit
 from lightspeed import AsyncLLM, EngineConfig, SamplingParams, data_parallel_configs
 from lightspeed.core.messages import SamplingSpec
+from lightspeed.frontend.tokenizer import byte_level_tokenizer
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")]
 
@@ -62,9 +63,10 @@ def test_nccl_engine_matches_one_gpu_with_cuda_graphs(model_dirs, preset, parall
         engine.shutdown()
 
 
-def test_nccl_data_parallel_expert_parallel_cores(model_dirs, default_model_path):
+def test_nccl_data_parallel_expert_parallel_cores(model_dirs):
     """DP 2 x TP 1 with EP 2: the two cores step together over one NCCL world (eagerly)."""
-    base = EngineConfig(model=model_dirs["tiny-qwen3-moe"], tokenizer=default_model_path, **SETTINGS)
+    byte_level_tokenizer(256).save_pretrained(model_dirs["tiny-qwen3-moe"])
+    base = EngineConfig(model=model_dirs["tiny-qwen3-moe"], **SETTINGS)
     prompts = {"a": SYSTEM[:40], "b": SYSTEM[5:30]}
     params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 
