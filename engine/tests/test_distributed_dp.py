@@ -9,10 +9,13 @@ import asyncio
 
 import pytest
 from conftest_models import hf_reference_model
+from engine_driver import make_engine, run_until_idle, submit
 from lightspeed import AsyncLLM, EngineConfig, SamplingParams, data_parallel_configs
+from lightspeed.core.messages import SamplingSpec
 from lightspeed.frontend.tokenizer import byte_level_tokenizer
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
+SETTINGS = dict(kv_cache_memory="8MiB", host_cache_memory="1MiB", max_num_seqs=4, max_model_len=128, num_threads=1)
 PROMPTS = {"a": list(range(3, 30)), "b": list(range(40, 52)), "c": [9, 8, 7, 6, 5, 4, 3]}
 
 
@@ -30,15 +33,13 @@ async def _serve(cores: list[AsyncLLM]) -> dict[str, list[int]]:
 def test_data_parallel_expert_parallel_cores_match_one_core(tmp_path):
     hf_reference_model("tiny-qwen3-moe", seed=5).save_pretrained(tmp_path)
     byte_level_tokenizer(256).save_pretrained(tmp_path)  # the model's 256 ids
-    base = EngineConfig(model=str(tmp_path), kv_cache_memory="8MiB",
-                        host_cache_memory="1MiB", max_num_seqs=4, max_model_len=128, num_threads=1)
+    base = EngineConfig(model=str(tmp_path), **SETTINGS)
     with pytest.raises(ValueError, match="data_parallel_size > 1"):
         AsyncLLM(config=base.replace(data_parallel_size=2))
-    one = AsyncLLM(config=base)
-    try:
-        want = asyncio.run(_serve([one]))
-    finally:
-        one.shutdown()
+    one = make_engine(str(tmp_path), load_format="auto", **SETTINGS)  # in process: one core, one rank
+    for name, prompt in PROMPTS.items():
+        submit(one, name, prompt, SamplingSpec(max_tokens=GREEDY.max_tokens, temperature=0.0, ignore_eos=True))
+    want = run_until_idle(one).tokens
     configs = data_parallel_configs(base.replace(tensor_parallel_size=2, data_parallel_size=2,
                                                  enable_expert_parallel=True))
     assert [c.data_parallel_rank for c in configs] == [0, 1] and configs[0].master_port == configs[1].master_port
