@@ -24,6 +24,7 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "log_level": ("--uvicorn-log-level",),
     "log_requests": ("--enable-log-requests",),
     "tensor_parallel_size": ("-tp",),
+    "data_parallel_size": ("-dp",),
     "quantization": ("-q",),
 }
 
@@ -55,7 +56,7 @@ IGNORED: tuple[CompatFlag, ...] = (
     CompatFlag("--swap-space", True, "the host KV tier is sized by --host-cache-memory"),
     CompatFlag("--max-seq-len-to-capture", True, "CUDA graphs are sized by --cuda-graph-max-batch-size"),
     CompatFlag("--distributed-executor-backend", True, "one engine core process per server"),
-    CompatFlag("--disable-custom-all-reduce", False, "tensor parallelism is not in this version"),
+    CompatFlag("--disable-custom-all-reduce", False, "tensor-parallel all-reduces are torch.distributed's (NCCL)"),
     CompatFlag("--generation-config", True, "generation_config.json beside the model is always read"),
     CompatFlag("--chat-template-content-format", True, "message content is always rendered as text"),
 )
@@ -65,7 +66,6 @@ UNSUPPORTED: tuple[CompatFlag, ...] = (
     CompatFlag("--enable-lora", False, "LoRA adapters are not supported"),
     CompatFlag("--lora-modules", True, "LoRA adapters are not supported"),
     CompatFlag("--pipeline-parallel-size", True, "pipeline parallelism is not supported"),
-    CompatFlag("--data-parallel-size", True, "data parallelism is not in this version"),
 )
 
 IGNORED_DEST = "_vllm_ignored"
