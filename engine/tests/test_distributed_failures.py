@@ -47,3 +47,28 @@ def test_killing_a_rank_stops_the_engine_with_a_clear_error():
     finally:
         llm.shutdown()
 
+
+
+def test_a_failed_step_of_two_ranks_is_fatal_and_stops_them(monkeypatch):
+    """One rank carries on after a failed step (test_engine_faults.py); two cannot: the other rank is
+    left inside the step's collectives, so the error ends the core (the supervisor restarts it)."""
+    from engine_driver import make_engine, submit
+    from lightspeed.core.faults import FatalEngineError, is_fatal
+    from lightspeed.core.messages import SamplingSpec
+
+    engine = make_engine("tiny-qwen3-moe", tensor_parallel_size=2, enable_expert_parallel=True, max_num_seqs=4,
+                         max_model_len=128, num_threads=1)
+    ranks = engine.runner.rank_pids
+    try:
+        submit(engine, "a", list(range(3, 20)), SamplingSpec(max_tokens=4, temperature=0.0, ignore_eos=True))
+
+        def broken(plan):  # rank 0 fails after the step packet went out
+            raise RuntimeError("injected fault in rank 0's forward")
+
+        monkeypatch.setattr(engine.runner.runner, "launch", broken)
+        with pytest.raises(FatalEngineError, match=r"a step of 2 ranks failed on rank 0 \(RuntimeError\).*injected fault") as failed:
+            engine.step()
+        assert is_fatal(failed.value)
+    finally:
+        engine.runner.shutdown(graceful=False)
+    assert all(_gone(pid, timeout=10) for pid in ranks)

@@ -398,7 +398,8 @@ class AsyncLLM:
                 self._fail_seq(engine_id, RequestFailedError(error), "error")
         elif isinstance(msg, m.EngineFailure):
             log.error("engine core failed:\n%s", msg.message)  # the traceback is for the log only
-            raise EngineDeadError("the engine core failed (see the log)")
+            raise EngineDeadError(f"the engine core failed: {msg.reason} (see the log)" if msg.reason
+                                  else "the engine core failed (see the log)")
 
     def _fail_seq(self, engine_id: str, error: BaseException, reason: str | None = None) -> None:
         entry = self._seqs.get(engine_id)

@@ -26,6 +26,7 @@ import zmq
 from ..config import EngineConfig
 from . import messages as m
 from .engine import Engine
+from .faults import FatalEngineError
 
 log = logging.getLogger("lightspeed.core")
 
@@ -152,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         sock = ctx.socket(zmq.PUSH)
         sock.setsockopt(zmq.LINGER, 2000)
         sock.connect(args.output)
-        sock.send(m.encoder.encode(m.EngineFailure(message)))
+        sock.send(m.encoder.encode(m.EngineFailure(message, reason=message)))
         sock.close()
 
     engine = None
@@ -167,11 +168,12 @@ def main(argv: list[str] | None = None) -> int:
         output_sock.send(m.encoder.encode(engine.ready_message()))
         EngineCore(engine, input_sock, output_sock).run()
         engine.shutdown()
-    except BaseException:
-        output_sock.send(m.encoder.encode(m.EngineFailure(traceback.format_exc())))
+    except BaseException as error:
+        reason = error.reason if isinstance(error, FatalEngineError) else ""
+        output_sock.send(m.encoder.encode(m.EngineFailure(traceback.format_exc(), reason=reason)))
         log.error("engine core failed:\n%s", traceback.format_exc())
         if engine is not None:
-            engine.runner.shutdown()
+            engine.runner.shutdown(graceful=False)  # its ranks may be stuck in a collective: stop them now
         return 1
     finally:
         input_sock.close(linger=0)

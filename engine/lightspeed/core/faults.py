@@ -11,7 +11,9 @@ smallest thing it belongs to:
   first), and the loop carries on. A step that keeps failing is no longer one batch's problem: after
   `max_consecutive` failed steps in a row the error is treated as fatal;
 - a fatal error (the device is lost: CUDA errors leave the context unusable; the scheduler's own
-  invariants) ends the core, which reports `EngineFailure`; the gateway's supervisor restarts it.
+  invariants; any failure of a step that several tensor/expert-parallel ranks run, a dead rank
+  included: `FatalEngineError`) ends the core, which reports `EngineFailure`; the gateway's
+  supervisor restarts it (with fresh ranks: the old ones die with their core).
 
 A request that fails finishes with reason "error"; its client gets the message (never a traceback,
 which goes to the log).
@@ -34,9 +36,19 @@ _FATAL_MARKERS = ("CUDA error", "CUDA driver", "cudaError", "CUBLAS_STATUS", "CU
                   "NCCL", "device-side assert", "illegal memory access", "ECC error", "HIP error")
 
 
+class FatalEngineError(RuntimeError):
+    """An error after which the engine core cannot serve anyone, whatever its words: e.g. a step of
+    several ranks that failed on one of them leaves the others inside that step's collectives, so
+    no later step would line up with theirs. `reason`: one line for the client (no internals)."""
+
+    def __init__(self, message: str, reason: str = ""):
+        super().__init__(message)
+        self.reason = reason
+
+
 def is_fatal(error: BaseException) -> bool:
     """True when `error` leaves the engine unable to serve anyone (then the core exits)."""
-    if not isinstance(error, Exception):  # KeyboardInterrupt, SystemExit, GeneratorExit
+    if not isinstance(error, Exception) or isinstance(error, FatalEngineError):  # also KeyboardInterrupt
         return True
     if isinstance(error, torch.OutOfMemoryError):  # the allocator recovers: fail the step, not the core
         return False

@@ -130,6 +130,7 @@ class Ready(msgspec.Struct, tag="ready", frozen=True):
 class EngineFailure(msgspec.Struct, tag="failure", frozen=True):
     message: str                    # the exception that killed the core, with its traceback (for the log)
     user_error: bool = False        # a bad configuration or model at start-up: message is the one-line reason
+    reason: str = ""                # one line the client may show (no traceback), e.g. which rank died
 
 
 CoreMessage = Ready | StepOutputs | RequestErrors | EngineFailure

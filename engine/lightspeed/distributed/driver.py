@@ -16,6 +16,11 @@ When data-parallel engine cores share one world (expert parallelism across them)
 every step: the cores agree each step on the most tokens any of them runs (`pad_to`, the size of
 the token shards the MoE layers exchange), and a core with nothing to do runs a one-token dummy
 forward that writes no KV.
+
+Failures: a step that fails on rank 0 leaves the other ranks inside (or waiting for) its
+collectives, so no later step could line up with theirs; a dead rank fails the next collective.
+Either is a `FatalEngineError` (naming the rank that died, if one did): the core exits, its ranks
+are stopped (and die with it in any case), and the gateway's supervisor starts a fresh core.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import logging
 import numpy as np
 import torch
 
+from ..core.faults import FatalEngineError
 from ..runner.inputs import stop_packet
 from ..runner.model_runner import LaunchedStep, ModelRunner
 from .launch import EngineRanks
@@ -106,23 +112,40 @@ class DriverRunner:
     def agree_to_step(self, has_work: bool, stopping: bool) -> tuple[bool, bool]:
         if not self._lockstep:
             return has_work, stopping
-        work, stop = self.ranks.cores_max([int(has_work), int(stopping)])
+        try:
+            work, stop = self.ranks.cores_max([int(has_work), int(stopping)])
+        except Exception as exc:
+            raise self._fatal(exc) from exc
         return bool(work), bool(stop)
 
     def step_without_plan(self) -> None:
         """The engine collects without launching (a grammar waits for its token): the cores that step
         together still agree on this step, and this one runs the dummy forward if another runs tokens."""
-        if self._lockstep:
+        if not self._lockstep:
+            return
+        try:
             pad_to = self.ranks.cores_max([0])[0]
             if pad_to:
                 self._dummy_step(_DummyPlan(self._last_step_id), pad_to)
+        except Exception as exc:
+            raise self._fatal(exc) from exc
 
     def launch(self, plan) -> LaunchedStep:
         self._last_step_id = int(plan.step_id)
         try:
             return self._launch(plan)
-        except RuntimeError as exc:
-            raise self.ranks.failure(exc) from exc
+        except Exception as exc:
+            raise self._fatal(exc) from exc
+
+    def _fatal(self, exc: Exception) -> FatalEngineError:
+        if isinstance(exc, FatalEngineError):
+            return exc
+        died = self.ranks.processes.diagnose()  # which rank died, if one did
+        world = self.ranks.topology.world_size
+        reason = (f"tensor/expert-parallel {died}" if died is not None
+                  else f"a step of {world} ranks failed on rank {self.ranks.rank} ({type(exc).__name__})")
+        return FatalEngineError(f"{reason}; the engine stopped (its ranks cannot line up again): "
+                                f"{type(exc).__name__}: {exc}", reason=reason)
 
     def _launch(self, plan) -> LaunchedStep:
         num_tokens = plan.input_ids.shape[0]
@@ -168,18 +191,19 @@ class DriverRunner:
     def collect(self, launched: LaunchedStep):
         try:
             return self.runner.collect(launched)
-        except RuntimeError as exc:
-            raise self.ranks.failure(exc) from exc
+        except Exception as exc:
+            raise self._fatal(exc) from exc
 
     def execute(self, plan):
         return self.collect(self.launch(plan))
 
-    def shutdown(self) -> None:
-        """Tell the other ranks to stop, wait for them, leave the world (idempotent)."""
+    def shutdown(self, graceful: bool = True) -> None:
+        """Tell the other ranks to stop, wait for them, leave the world (idempotent). Not graceful
+        (after a failure: they may be stuck in a collective): terminate them at once."""
         if self._closed:
             return
         self._closed = True
-        graceful = self.ranks.processes.dead() is None
+        graceful = graceful and self.ranks.processes.dead() is None
         if graceful:
             try:
                 self.ranks.send_packet(stop_packet(torch.zeros(FIRST_WORDS, dtype=torch.int32)))

@@ -159,13 +159,6 @@ class EngineRanks(Ranks):
         self.processes.stop(graceful=graceful)
         super().close()
 
-    def failure(self, exc: BaseException) -> BaseException:
-        """The error to raise for a collective that failed: names the rank that died, if one did."""
-        why = self.processes.diagnose()
-        if why is None:
-            return exc
-        return RuntimeError(f"tensor/expert-parallel {why}; the engine stopped ({type(exc).__name__}: {exc})")
-
 
 def start_ranks(config: EngineConfig, topology: Topology,
                 on_failure: Callable[[str], None] | None = None) -> EngineRanks:

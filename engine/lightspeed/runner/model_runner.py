@@ -172,7 +172,7 @@ class ModelRunner:
     def step_without_plan(self) -> None:
         """An engine step that launches nothing (one rank: nothing to do)."""
 
-    def shutdown(self) -> None:
+    def shutdown(self, graceful: bool = True) -> None:
         """Release what the runner holds beyond memory (nothing on one rank; see distributed.DriverRunner)."""
 
     def execute(self, plan) -> StepResult:

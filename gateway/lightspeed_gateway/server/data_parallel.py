@@ -10,10 +10,15 @@ longest cached prefix of its prompt, unless that core is overloaded against the 
 (`session_id`, from `prompt_cache_key` or Anthropic's `metadata.user_id`) sticks a conversation to
 its core even before its prefix reaches a full page. The copy is approximate (an engine may have
 evicted a page it lists), so a wrong guess costs a recomputed prefix, never a wrong answer.
+
+When one core dies the gateway's supervisor restarts them all (`restart`): cores that step
+together share one world and only meet again at a fresh rendezvous, and the gateway has already
+failed every request in flight. The router's copy of their caches starts empty again.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Sequence
@@ -216,6 +221,16 @@ class DataParallelEngine:
             if values:
                 total[key] = sum(values)
         return total
+
+    async def restart(self) -> None:
+        """Start every core again, at once (AsyncLLM.restart each: same config and tokenizer); raises
+        if one cannot start (the supervisor then tries again, all of them)."""
+        results = await asyncio.gather(*(core.restart() for core in self.cores), return_exceptions=True)
+        info = self.engine_info = self.cores[0].engine_info
+        self.router = CacheAwareRouter(len(self.cores), info.page_size, info.num_device_pages + info.num_host_pages)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            raise errors[0]
 
     def shutdown(self) -> None:
         for core in self.cores:
