@@ -149,12 +149,16 @@ def main(argv: list[str] | None = None) -> int:
     output_sock.connect(args.output)
     output_sock.setsockopt(zmq.LINGER, 2000)
 
-    def report_rank_failure(message: str) -> None:  # the watchdog's thread: a socket of its own
-        sock = ctx.socket(zmq.PUSH)
+    def report_rank_failure(message: str) -> None:
+        """On the watchdog's thread, just before the process exits: a context of its own, whose term()
+        waits (up to the linger) until the message is out."""
+        own = zmq.Context()
+        sock = own.socket(zmq.PUSH)
         sock.setsockopt(zmq.LINGER, 2000)
         sock.connect(args.output)
         sock.send(m.encoder.encode(m.EngineFailure(message, reason=message)))
         sock.close()
+        own.term()
 
     engine = None
     try:
