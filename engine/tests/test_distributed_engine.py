@@ -87,7 +87,9 @@ def test_parallel_engine_matches_one_rank(case, model_dirs):
 @pytest.mark.slow
 def test_smollm2_at_tp2_matches_one_rank(default_model_path):
     """The default model itself (9 query / 3 KV heads split 6 + 3 / 2 + 1), real weights."""
-    settings = dict(load_format="auto", kv_cache_memory="32MiB", host_cache_memory="4MiB", num_threads=1)
+    # quantization="none": several ranks load weights unquantised (weight-only layers are one-rank only)
+    settings = dict(load_format="auto", quantization="none", kv_cache_memory="32MiB", host_cache_memory="4MiB",
+                    num_threads=1)
     one_tokens, one_logprobs = _conversation(make_engine(default_model_path, **settings))
     engine = make_engine(default_model_path, tensor_parallel_size=2, **settings)
     try:
