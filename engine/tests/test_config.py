@@ -66,3 +66,12 @@ def test_expert_parallel_ranks():
     both = EngineConfig(tensor_parallel_size=2, data_parallel_size=2, enable_expert_parallel=True)
     assert both.expert_parallel_ranks == 4
     assert both.replace(expert_parallel_size=2).expert_parallel_ranks == 2
+
+
+def test_weight_only_quantisation_is_one_rank_only():
+    import torch
+    from lightspeed.runner.factory import resolve_quantization
+
+    assert resolve_quantization("auto", torch.device("cpu"), "gguf", None, parallel=True) == "none"
+    with pytest.raises(ValueError, match="several tensor/expert-parallel ranks"):
+        resolve_quantization("int8", torch.device("cpu"), "auto", None, parallel=True)
