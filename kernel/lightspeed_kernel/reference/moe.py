@@ -54,6 +54,34 @@ def moe_topk(
     return weights, ids.to(torch.int32)
 
 
+def _activation(name: str):
+    if name == "silu":
+        return silu_and_mul
+    if name == "gelu":
+        return gelu_and_mul
+    raise ValueError(f"activation must be 'silu' or 'gelu', got {name!r}")
+
+
+def _route(x: torch.Tensor, num_experts: int, topk_weights: torch.Tensor, topk_ids: torch.Tensor, expert_mlp):
+    """sum_k w_k * expert_mlp(e_k, x[tokens of e_k]) in fp32, one expert at a time -> [T, H] fp32."""
+    num_tokens, top_k = topk_ids.shape
+    out = torch.zeros(num_tokens, x.shape[1], dtype=torch.float32, device=x.device)
+    # Ids < 0 name no expert of this rank (expert parallelism): they sort first and are skipped.
+    flat_ids = topk_ids.reshape(-1).long().clamp(min=-1)
+    order = torch.argsort(flat_ids, stable=True)
+    counts = torch.bincount(flat_ids + 1, minlength=num_experts + 1).tolist()
+    start = counts[0]
+    for expert, count in enumerate(counts[1:]):
+        if count == 0:
+            continue
+        picks = order[start : start + count]
+        start += count
+        tokens = picks // top_k
+        expert_out = expert_mlp(expert, x[tokens]).float()  # [n, H]
+        out.index_add_(0, tokens, expert_out * topk_weights.reshape(-1)[picks, None].float())
+    return out
+
+
 @reference("moe", "fused_experts")
 def fused_experts(
     x: torch.Tensor,
@@ -66,29 +94,12 @@ def fused_experts(
 ) -> torch.Tensor:
     # x: [T, H]; w13: [E, 2I, H] (gate rows then up rows); w2: [E, H, I];
     # topk_weights: [T, k]; topk_ids: [T, k] -> [T, H] = sum_k w_k * w2_e(act(gate) * up)
-    if activation == "silu":
-        act = silu_and_mul
-    elif activation == "gelu":
-        act = gelu_and_mul
-    else:
-        raise ValueError(f"activation must be 'silu' or 'gelu', got {activation!r}")
-    num_tokens, top_k = topk_ids.shape
-    out = torch.zeros(num_tokens, x.shape[1], dtype=torch.float32, device=x.device)
-    # Ids < 0 name no expert of this rank (expert parallelism): they sort first and are skipped.
-    flat_ids = topk_ids.reshape(-1).long().clamp(min=-1)
-    order = torch.argsort(flat_ids, stable=True)
-    counts = torch.bincount(flat_ids + 1, minlength=w13.shape[0] + 1).tolist()
-    start = counts[0]
-    for expert, count in enumerate(counts[1:]):
-        if count == 0:
-            continue
-        picks = order[start : start + count]
-        start += count
-        tokens = picks // top_k
-        hidden = act(x[tokens] @ w13[expert].t())  # [n, I] in x's dtype
-        expert_out = (hidden @ w2[expert].t()).float()  # [n, H]
-        out.index_add_(0, tokens, expert_out * topk_weights.reshape(-1)[picks, None].float())
-    return out.to(x.dtype)
+    act = _activation(activation)
+
+    def mlp(e: int, xs: torch.Tensor) -> torch.Tensor:
+        return act(xs @ w13[e].t()) @ w2[e].t()  # hidden [n, I] in x's dtype
+
+    return _route(x, w13.shape[0], topk_weights, topk_ids, mlp).to(x.dtype)
 
 
 def _fp8_block_matmul(a: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
@@ -116,26 +127,10 @@ def fused_experts_fp8(
     # w2: e4m3 [E, H, I] with w2_scale [E, ceil(H/128), ceil(I/128)] -> [T, H] in x's dtype.
     # Activations are quantised per token and 128 columns before each GEMM (DeepSeek-V3's recipe);
     # each GEMM output is rounded to x's dtype, as in `fused_experts`.
-    if activation == "silu":
-        act = silu_and_mul
-    elif activation == "gelu":
-        act = gelu_and_mul
-    else:
-        raise ValueError(f"activation must be 'silu' or 'gelu', got {activation!r}")
-    num_tokens, top_k = topk_ids.shape
-    out = torch.zeros(num_tokens, x.shape[1], dtype=torch.float32, device=x.device)
-    # Ids < 0 name no expert of this rank (expert parallelism): they sort first and are skipped.
-    flat_ids = topk_ids.reshape(-1).long().clamp(min=-1)
-    order = torch.argsort(flat_ids, stable=True)
-    counts = torch.bincount(flat_ids + 1, minlength=w13.shape[0] + 1).tolist()
-    start = counts[0]
-    for expert, count in enumerate(counts[1:]):
-        if count == 0:
-            continue
-        picks = order[start : start + count]
-        start += count
-        tokens = picks // top_k
-        hidden = act(_fp8_block_matmul(x[tokens], w13[expert], w13_scale[expert], x.dtype))  # [n, I]
-        expert_out = _fp8_block_matmul(hidden, w2[expert], w2_scale[expert], x.dtype).float()  # [n, H]
-        out.index_add_(0, tokens, expert_out * topk_weights.reshape(-1)[picks, None].float())
-    return out.to(x.dtype)
+    act = _activation(activation)
+
+    def mlp(e: int, xs: torch.Tensor) -> torch.Tensor:
+        hidden = act(_fp8_block_matmul(xs, w13[e], w13_scale[e], x.dtype))  # [n, I]
+        return _fp8_block_matmul(hidden, w2[e], w2_scale[e], x.dtype)
+
+    return _route(x, w13.shape[0], topk_weights, topk_ids, mlp).to(x.dtype)
