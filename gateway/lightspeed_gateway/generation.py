@@ -87,7 +87,7 @@ class Generation:
         outputs = self.state.engine.generate(self.prompt_ids, self.params, self.request_id, self.timing,
                                              session=self.session)
         try:
-            self._outputs = await (first_then_rest(outputs, raw) if raw is not None else _started(outputs))
+            self._outputs = await first_then_rest(outputs, raw)
         except ENGINE_ERRORS as e:
             raise engine_api_error(e) from None
 
@@ -121,22 +121,3 @@ class Generation:
         except ENGINE_ERRORS as e:
             raise engine_api_error(e) from None
         return whole
-
-
-
-async def _started(stream: AsyncIterator[Any]) -> AsyncIterator[Any]:
-    """`stream` with its first item already awaited (so engine rejections raise here)."""
-    iterator = stream.__aiter__()
-    try:
-        first = await iterator.__anext__()
-    except StopAsyncIteration:
-        first = None
-
-    async def chained() -> AsyncIterator[Any]:
-        if first is None:
-            return
-        yield first
-        async for item in iterator:
-            yield item
-
-    return chained()

@@ -24,8 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .copier import make_copier
-from .pool import _pin, _unpin
+from .pool import KVCache, _pin, _unpin
 
 MLA_LATENT_DIM, MLA_ROPE_DIM = 512, 64
 MLA_ROW = MLA_LATENT_DIM + MLA_ROPE_DIM
@@ -113,20 +112,10 @@ class MLAKVPool:
         return MLAKVPool(self.layout, num_pages, "cpu", pin_memory=self.device.type == "cuda", zero_all=False)
 
 
-class MLAKVCache:
-    """The device pool, the optional host pool under it, and the copier between them (`KVCache`'s
-    interface; `num_host_pages=0` switches the host tier off)."""
+class MLAKVCache(KVCache):
+    """`KVCache` over MLA pools: the device pool, the optional host pool under it, and the copier."""
 
-    def __init__(self, layout: MLALayout, num_device_pages: int, num_host_pages: int, device: torch.device | str):
-        self.layout = layout
-        self.device_pool = MLAKVPool(layout, num_device_pages, device)
-        self.host_pool = self.device_pool.host_mirror(num_host_pages) if num_host_pages else None
-        self.copier = make_copier(self.device_pool, self.host_pool, self.device_pool.device)
-        self.disk = None  # the disk tier under the host pool (kv.disk.DiskKVTier), when configured
-
-    @property
-    def kv_caches(self):
-        return self.device_pool.kv_caches
+    pool_class = MLAKVPool
 
 
 def kv_layout_for(model_config, page_size: int, kv_dtype: torch.dtype, tp_size: int = 1, tp_rank: int = 0):

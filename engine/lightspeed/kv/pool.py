@@ -114,9 +114,11 @@ class KVCache:
     `num_host_pages=0` switches the host tier off: no host memory, and plans never copy.
     """
 
-    def __init__(self, layout: KVLayout, num_device_pages: int, num_host_pages: int, device: torch.device | str):
+    pool_class = KVPool  # MLAKVCache: the same tiers over MLA latent pools
+
+    def __init__(self, layout, num_device_pages: int, num_host_pages: int, device: torch.device | str):
         self.layout = layout
-        self.device_pool = KVPool(layout, num_device_pages, device)
+        self.device_pool = self.pool_class(layout, num_device_pages, device)
         self.host_pool = self.device_pool.host_mirror(num_host_pages) if num_host_pages else None
         self.copier = make_copier(self.device_pool, self.host_pool, self.device_pool.device)
         self.disk = None  # the disk tier under the host pool (kv.disk.DiskKVTier), when configured

@@ -365,12 +365,14 @@ async def merge_streams(streams: list[AsyncIterator[Any]]) -> AsyncIterator[tupl
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-async def first_then_rest(stream: AsyncIterator[Any], request: Request) -> AsyncIterator[Any]:
+async def first_then_rest(stream: AsyncIterator[Any], request: Request | None) -> AsyncIterator[Any]:
     """Wait for a stream's first item before the response starts, so a request the engine rejects
-    (or an engine that is down) still gets a proper status code instead of an error event after 200."""
+    (or an engine that is down) still gets a proper status code instead of an error event after 200.
+    With the HTTP `request`, a client that goes away during that wait cancels it."""
     iterator = stream.__aiter__()
+    first_item = iterator.__anext__()
     try:
-        first = await cancel_on_disconnect(request, iterator.__anext__())
+        first = await (cancel_on_disconnect(request, first_item) if request is not None else first_item)
     except StopAsyncIteration:
         first = None
 
