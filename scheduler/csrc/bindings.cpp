@@ -31,7 +31,8 @@ struct PlanBuffer {
 enum Field : int {
   kReqIds, kReqSlots, kInputIds, kPositions, kQueryStartLoc, kSeqLens, kCachedLens, kPageTable,
   kSlotMapping, kLogitsIndices, kSampleBatchRows, kDeferredMask, kDeferredSrc, kLoadBack, kWriteBack,
-  kDiskWrite, kDiskWriteKeys, kDiskWriteTokens, kDiskRead, kDiskReadKeys, kDiskReadTokens, kNumFields
+  kDiskWrite, kDiskWriteKeys, kDiskWriteTokens, kDiskRead, kDiskReadKeys, kDiskReadTokens, kAppendedCounts,
+  kNumFields
 };
 
 // Python's Plan: one per buffer. Creating a numpy view costs about a microsecond, so views are
@@ -75,8 +76,8 @@ struct PyScheduler {
       plans[i].buffer = nb::cast(PlanBuffer{core.plan_buffer(i)});
     }
   }
-  PyPlan& next_plan() {
-    Plan& plan = core.next_plan();
+  PyPlan& next_plan(const lightspeed::DraftInput& drafts) {
+    Plan& plan = core.next_plan(drafts);
     return plans[&plan == plans[0].plan ? 0 : 1];
   }
 };
@@ -151,11 +152,12 @@ NB_MODULE(_core, m) {
              int32_t max_num_seqs, int32_t max_num_batched_tokens, int32_t chunked_prefill_size,
              int32_t max_model_len, std::string policy, bool enable_prefix_cache, int32_t max_num_draft_tokens,
              bool async_copies, int32_t max_write_through_pages, int32_t num_disk_pages,
-             int32_t max_disk_write_pages) {
+             int32_t max_disk_write_pages, int32_t num_lookahead_tokens) {
             SchedulerConfig config{page_size,     num_device_pages, num_host_pages,      max_num_seqs,
                                    max_num_batched_tokens, chunked_prefill_size, max_model_len, std::move(policy),
                                    enable_prefix_cache, max_num_draft_tokens, async_copies,
-                                   max_write_through_pages, num_disk_pages, max_disk_write_pages};
+                                   max_write_through_pages, num_disk_pages, max_disk_write_pages,
+                                   num_lookahead_tokens};
             config.validate();
             new (self) SchedulerConfig(std::move(config));
           },
@@ -163,7 +165,7 @@ NB_MODULE(_core, m) {
           "max_num_seqs"_a = 256, "max_num_batched_tokens"_a = 8192, "chunked_prefill_size"_a = 2048,
           "max_model_len"_a = 32768, "policy"_a = "decode_first", "enable_prefix_cache"_a = true,
           "max_num_draft_tokens"_a = 15, "async_copies"_a = false, "max_write_through_pages"_a = 256,
-          "num_disk_pages"_a = 0, "max_disk_write_pages"_a = 64)
+          "num_disk_pages"_a = 0, "max_disk_write_pages"_a = 64, "num_lookahead_tokens"_a = 0)
       .def_ro("page_size", &SchedulerConfig::page_size, "Tokens per KV page.")
       .def_ro("num_device_pages", &SchedulerConfig::num_device_pages,
               "Device KV pool size in pages, padding page 0 included.")
@@ -188,6 +190,8 @@ NB_MODULE(_core, m) {
               "Disk tier size in page slots, slot 0 included (never used); 0: no disk tier. Needs a host tier.")
       .def_ro("max_disk_write_pages", &SchedulerConfig::max_disk_write_pages,
               "Most host pages being written to disk at once (bounds disk write bytes in flight).")
+      .def_ro("num_lookahead_tokens", &SchedulerConfig::num_lookahead_tokens,
+              "KV tokens decode rows reserve past their last position (a device draft model writes there).")
       .def("__repr__", [](const SchedulerConfig& c) {
         return "SchedulerConfig(page_size=" + std::to_string(c.page_size) +
                ", num_device_pages=" + std::to_string(c.num_device_pages) +
@@ -201,7 +205,8 @@ NB_MODULE(_core, m) {
                ", async_copies=" + (c.async_copies ? "True" : "False") +
                ", max_write_through_pages=" + std::to_string(c.max_write_through_pages) +
                ", num_disk_pages=" + std::to_string(c.num_disk_pages) +
-               ", max_disk_write_pages=" + std::to_string(c.max_disk_write_pages) + ")";
+               ", max_disk_write_pages=" + std::to_string(c.max_disk_write_pages) +
+               ", num_lookahead_tokens=" + std::to_string(c.num_lookahead_tokens) + ")";
       });
 
   nb::class_<RequestSpec>(m, "RequestSpec", "What a request asks for. Checked by Scheduler.submit().")
@@ -277,7 +282,8 @@ NB_MODULE(_core, m) {
       .def_prop_ro("input_ids",
                    [](PyPlan& p) { return p.view(kInputIds, p.plan->input_ids.data(), p.plan->num_tokens); },
                    LS_ARRAY_SIG("input_ids", "numpy.int32"),
-                   "int32[T]: input tokens; 0 where deferred_input_mask or a draft slot.")
+                   "int32[T]: input tokens; at a draft slot the drafter's token (0 when none was given); "
+                   "0 where deferred_input_mask.")
       .def_prop_ro("positions",
                    [](PyPlan& p) { return p.view(kPositions, p.plan->positions.data(), p.plan->num_tokens); },
                    LS_ARRAY_SIG("positions", "numpy.int64"), "int64[T]: position of each token in its sequence.")
@@ -332,6 +338,13 @@ NB_MODULE(_core, m) {
                    },
                    LS_ARRAY_SIG("load_back", "numpy.int32"),
                    "int32[N, 2]: (host page, device page) copies, after every earlier plan's forward.")
+      .def_prop_ro("appended_counts",
+                   [](PyPlan& p) {
+                     return p.view(kAppendedCounts, p.plan->appended_counts.data(), p.plan->num_rows);
+                   },
+                   LS_ARRAY_SIG("appended_counts", "numpy.int32"),
+                   "int32[B]: output tokens advance() appended per row (its first ones; 0 for a row void "
+                   "because its request finished or was aborted). Valid after advance(plan).")
       .def_prop_ro("write_back",
                    [](PyPlan& p) {
                      return p.view(kWriteBack, p.plan->write_back.data(), p.plan->write_back.size() / 2, 2);
@@ -384,8 +397,31 @@ NB_MODULE(_core, m) {
       .def("abort", [](PyScheduler& s, int64_t req_id) { s.core.abort(req_id); }, "req_id"_a,
            "Frees everything the request holds now. The next advance() lists it as (req_id, 'abort'). "
            "ValueError if the id is unknown or already finished.")
-      .def("next_plan", &PyScheduler::next_plan, nb::rv_policy::reference_internal,
-           "Builds the next step. May be called once while one plan is in flight (overlap).")
+      .def(
+          "next_plan",
+          [](PyScheduler& s, nb::handle num_draft_tokens, nb::handle draft_token_ids) -> PyPlan& {
+            lightspeed::DraftInput drafts;
+            std::vector<int32_t> counts_scratch;
+            Int32Array counts_array;
+            TokenMatrix tokens_array;
+            if (!num_draft_tokens.is_none())
+              drafts.counts = as_int32(num_draft_tokens, "num_draft_tokens", counts_scratch, counts_array);
+            if (!draft_token_ids.is_none()) {
+              if (!nb::try_cast(draft_token_ids, tokens_array, /*convert=*/false))
+                throw nb::type_error("draft_token_ids must be a C-contiguous int32 array [max_num_seqs, width]");
+              drafts.tokens = {tokens_array.data(), tokens_array.shape(0) * tokens_array.shape(1)};
+              drafts.width = static_cast<int32_t>(tokens_array.shape(1));
+            }
+            return s.next_plan(drafts);
+          },
+          "num_draft_tokens"_a = nb::none(), "draft_token_ids"_a = nb::none(), nb::rv_policy::reference_internal,
+          nb::sig("def next_plan(self, num_draft_tokens: " LS_IDS " | None = None, draft_token_ids: "
+                  "numpy.typing.NDArray[numpy.int32] | None = None) -> Plan"),
+          "Builds the next step. May be called once while one plan is in flight (overlap). "
+          "num_draft_tokens: int32[max_num_seqs], draft tokens wanted this step per slot (default: "
+          "each request's RequestSpec.num_draft_tokens); draft_token_ids: int32[max_num_seqs, width], "
+          "the drafts by slot, copied into input_ids at each decode row's draft slots (default: 0 "
+          "there, for a drafter that fills them on the device). ValueError on malformed drafts.")
       .def(
           "advance",
           [](PyScheduler& s, PyPlan& plan, nb::handle sampled_token_ids, nb::handle accepted_counts) {

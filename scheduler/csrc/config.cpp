@@ -35,6 +35,8 @@ void SchedulerConfig::validate() const {
   require(max_model_len >= 1, "max_model_len must be >= 1, got " + std::to_string(max_model_len));
   require(max_num_draft_tokens >= 0 && max_num_draft_tokens <= 64,
           "max_num_draft_tokens must be in [0, 64], got " + std::to_string(max_num_draft_tokens));
+  require(num_lookahead_tokens >= 0 && num_lookahead_tokens <= 64,
+          "num_lookahead_tokens must be in [0, 64], got " + std::to_string(num_lookahead_tokens));
   require(policy == "decode_first" || policy == "prefill_first",
           "unknown policy '" + policy + "' (expected 'decode_first' or 'prefill_first')");
 }
@@ -44,8 +46,9 @@ Policy SchedulerConfig::parsed_policy() const {
 }
 
 int32_t SchedulerConfig::max_pages_per_seq() const {
-  // KV is written for at most max_model_len tokens plus the draft tail of one speculative step.
-  return (max_model_len + max_num_draft_tokens + page_size - 1) / page_size + 1;
+  // KV is written for at most max_model_len tokens plus the draft tail of one speculative step
+  // (draft slots and lookahead stop at max_model_len; the margin is kept for safety).
+  return (max_model_len + max_num_draft_tokens + num_lookahead_tokens + page_size - 1) / page_size + 1;
 }
 
 }  // namespace lightspeed

@@ -35,6 +35,9 @@ struct SchedulerConfig {
   // Most host pages being written to disk at once (unacknowledged): bounds the disk write bytes in
   // flight, so background writes never hold a disk read back for long.
   int32_t max_disk_write_pages = 64;
+  // Decode rows also reserve KV pages (and page-table entries) this many tokens past their last
+  // position: a draft model run on the device after the step writes its own layer's KV there.
+  int32_t num_lookahead_tokens = 0;
 
   // Throws std::invalid_argument with a message naming the bad field.
   void validate() const;

@@ -35,6 +35,7 @@ Plan::Plan(const SchedulerConfig& config) {
     disk_read_keys.reserve(reads);
     disk_read_tokens.reserve(reads * config.page_size);
   }
+  appended_counts.resize(rows_cap);
   rows.resize(rows_cap);
   row_pages.resize(rows_cap);
   table_row_owner.assign(rows_cap, -1);

@@ -17,6 +17,10 @@ struct PlanRow {
   int32_t sample_begin = 0;  // first index into the sampled-token array
   int32_t num_samples = 0;   // 0 (prefill chunk mid-prompt), 1, or 1 + draft tokens
   uint32_t page_epoch = 0;   // the request's page_epoch when the row was built
+  int32_t lookahead = 0;     // KV tokens reserved past the row (page-table entries included)
+  // The row follows a speculative row still in flight: kv_start (and so positions, slots and
+  // seq_len) assume that row accepts all its drafts; the true start is lower by what it rejects.
+  bool provisional = false;
 };
 
 struct Plan {
@@ -61,6 +65,7 @@ struct Plan {
   std::vector<int32_t> disk_read;          // [R, 2] (disk slot, host page)
   std::vector<uint64_t> disk_read_keys;    // [R] the key the record must carry
   std::vector<int32_t> disk_read_tokens;   // [R, page_size] the tokens the record must carry
+  std::vector<int32_t> appended_counts;    // [B] tokens advance() appended per row (0: void row)
 
   // Scheduler-side bookkeeping, not exported.
   std::vector<PlanRow> rows;                       // [B]

@@ -19,7 +19,7 @@ struct Request {
   std::vector<int32_t> stop_token_ids;
   bool ignore_eos = false;
   int32_t priority = 0;
-  int32_t num_draft_tokens = 0;
+  int32_t num_draft_tokens = 0;  // drafts per decode step when next_plan() is given no per-step counts
   int32_t retention = 0;  // RequestSpec::retention, applied to the cache nodes it touches
   uint64_t arrival = 0;  // submit order; ties in priority go to the earlier arrival
 
@@ -36,6 +36,13 @@ struct Request {
   int64_t last_sample_step = -1;
   int32_t last_sample_index = -1;
   int64_t scheduled_step = -1;  // latest plan with a row for this request
+  // Speculative rows under overlap. The latest row's draft count: while that row is in flight the
+  // KV end (kv_len) counts every draft as accepted, and a row planned behind it starts there
+  // (provisionally; the engine shifts it on the device by the drafts the in-flight row rejects).
+  int32_t last_row_drafts = 0;
+  // Drafts the previous row rejected, set by its advance() while a later row is in flight: that
+  // row's true kv_start is its planned one minus this (consumed by its advance()).
+  int32_t pending_shift = 0;
   // Bumped whenever the device page list changes other than by appending (dedup swap, truncation,
   // retraction, readmission): plan page-table rows are reused only while it is unchanged.
   uint32_t page_epoch = 0;

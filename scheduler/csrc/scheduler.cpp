@@ -94,6 +94,7 @@ int64_t Scheduler::submit(const RequestSpec& spec) {
   r.pending_samples = 0;
   r.last_sample_step = r.scheduled_step = -1;
   r.last_sample_index = -1;
+  r.last_row_drafts = r.pending_shift = 0;
   r.page_epoch = 0;
   r.copy_step = -1;
   r.state = fsm::Waiting{};

@@ -35,6 +35,18 @@
 
 namespace lightspeed {
 
+// The drafter's proposals for one step, indexed by request slot (Plan.req_slots).
+struct DraftInput {
+  // [max_num_seqs]: draft tokens wanted this step per slot, in [0, max_num_draft_tokens]. Empty:
+  // each request's RequestSpec.num_draft_tokens. The plan may grant fewer (max_model_len, the
+  // output limit); a decode row's draft count is its token count minus one.
+  std::span<const int32_t> counts;
+  // [max_num_seqs, width] row-major: the draft token ids, copied into input_ids at the row's draft
+  // slots. Empty: input_ids hold 0 there (a device drafter fills them).
+  std::span<const int32_t> tokens;
+  int32_t width = 0;
+};
+
 struct FinishedRequest {
   int64_t req_id;
   fsm::FinishReason reason;
@@ -73,10 +85,12 @@ class Scheduler {
   int64_t submit(const RequestSpec& spec);
   // Frees everything the request holds now; the next advance() reports it with reason "abort".
   void abort(int64_t req_id);
-  Plan& next_plan();
+  // Throws std::invalid_argument when `drafts` is malformed (nothing changes then).
+  Plan& next_plan(const DraftInput& drafts = {});
   // Consumes the oldest in-flight plan. `sampled` has one token per sampled position; for a
   // speculative decode row, accepted_counts[row] (1..k+1) of its k+1 samples are kept. An empty
-  // accepted_counts means 1 everywhere. Returns requests that finished (valid until the next call).
+  // accepted_counts means 1 everywhere. Returns requests that finished (valid until the next call);
+  // plan.appended_counts then holds the tokens each row appended.
   const std::vector<FinishedRequest>& advance(Plan& plan, std::span<const int32_t> sampled,
                                               std::span<const int32_t> accepted_counts = {});
   // With async_copies: the copies of plan `step_id` (plan.has_copies) have landed. Any order.
@@ -156,7 +170,8 @@ class Scheduler {
   void recycle(int32_t record);
 
   // --- scheduler_plan.cpp: building a plan
-  void schedule_decodes(Plan& plan, Budget& budget);
+  void validate_drafts(const DraftInput& drafts) const;
+  void schedule_decodes(Plan& plan, Budget& budget, const DraftInput& drafts);
   void schedule_prefills(Plan& plan, Budget& budget);
   bool schedule_chunk(Plan& plan, Budget& budget, int32_t record);
   void readmit_retracted(Plan& plan);
@@ -172,7 +187,8 @@ class Scheduler {
   void retract(Plan& plan, int32_t record);
   bool ensure_device_free(int32_t pages, bool for_copy);
   void emit_row(Plan& plan, Request& r, const kv::PageList& pages, int32_t kv_start, int32_t num_tokens,
-                int32_t num_samples);
+                int32_t num_samples, const int32_t* draft_tokens = nullptr, int32_t lookahead = 0,
+                bool provisional = false);
   void finalize(Plan& plan);
   void queue_write_through(int32_t node);
   void emit_write_through(Plan& plan);
@@ -189,7 +205,8 @@ class Scheduler {
   void validate_advance(const Plan& plan, std::span<const int32_t> sampled,
                         std::span<const int32_t> accepted_counts) const;
   void complete_batch(size_t index);
-  void apply_row(const Plan& plan, int32_t row, std::span<const int32_t> sampled, int32_t accepted);
+  void apply_row(Plan& plan, int32_t row, std::span<const int32_t> sampled, int32_t accepted);
+  void settle_kv(const Plan& plan, const PlanRow& info, Request& r, int32_t accepted);
   bool append_token(Request& r, int32_t token, fsm::FinishReason* reason) const;
   void finish(int32_t record, fsm::FinishReason reason);
   void insert_into_cache(Request& r, kv::PageList& pages, int32_t num_valid_tokens);

@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "fsm/transitions.h"
 #include "scheduler.h"
@@ -69,8 +70,9 @@ void Scheduler::validate_advance(const Plan& plan, std::span<const int32_t> samp
   }
 }
 
-void Scheduler::apply_row(const Plan& plan, int32_t row, std::span<const int32_t> sampled, int32_t accepted) {
+void Scheduler::apply_row(Plan& plan, int32_t row, std::span<const int32_t> sampled, int32_t accepted) {
   const PlanRow& info = plan.rows[row];
+  plan.appended_counts[row] = 0;
   const int32_t record = slot_record_[plan.req_slots[row]];
   // A request that finished or was aborted after this plan was built loses its row.
   if (record < 0 || records_[record].req_id != plan.req_ids[row]) return;
@@ -86,20 +88,35 @@ void Scheduler::apply_row(const Plan& plan, int32_t row, std::span<const int32_t
   --r.pending_samples;
   fsm::FinishReason reason = fsm::FinishReason::kStop;
   bool done = false;
-  for (int32_t j = 0; j < accepted && !done; ++j) done = append_token(r, sampled[info.sample_begin + j], &reason);
-  if (auto* decoding = std::get_if<fsm::Decoding>(&r.state)) {
-    if (info.num_samples > 1) {
-      // Speculative: KV of the accepted prefix stays; the rejected draft tail's pages go back.
-      decoding->kv_len = info.kv_start + accepted;
-      const auto keep = static_cast<size_t>(ceil_div(decoding->kv_len, page_size_));
-      if (decoding->device_pages.size() > keep) {
-        decoding->device_pages.truncate(keep);
-        ++r.page_epoch;
-      }
-    }
+  int32_t appended = 0;
+  while (appended < accepted && !done) done = append_token(r, sampled[info.sample_begin + appended++], &reason);
+  plan.appended_counts[row] = appended;
+  settle_kv(plan, info, r, accepted);
+  if (auto* decoding = std::get_if<fsm::Decoding>(&r.state))
     if (row >= plan.num_decodes) insert_into_cache(r, decoding->device_pages, kv_end);  // prompt completed
-  }
   if (done) finish(record, reason);
+}
+
+// The KV of a row's accepted prefix stays; its rejected draft tail is void. With a later row in
+// flight (overlap), that row was planned as if this one accepted everything: the request's KV end
+// moves down by the rejected drafts now, and that row's advance() learns its true start from
+// pending_shift. Pages are given back only once no later row needs them.
+void Scheduler::settle_kv(const Plan& plan, const PlanRow& info, Request& r, int32_t accepted) {
+  const int32_t shift = info.provisional ? std::exchange(r.pending_shift, 0) : 0;
+  auto* decoding = std::get_if<fsm::Decoding>(&r.state);
+  if (decoding == nullptr || info.num_samples <= 1) return;  // retracted meanwhile (it saved only known KV)
+  const int32_t rejected = info.num_samples - accepted;
+  if (r.scheduled_step > plan.step_id) {
+    decoding->kv_len -= rejected;
+    r.pending_shift = rejected;
+    return;
+  }
+  decoding->kv_len = info.kv_start - shift + accepted;
+  const auto keep = static_cast<size_t>(ceil_div(decoding->kv_len, page_size_));
+  if (decoding->device_pages.size() > keep) {
+    decoding->device_pages.truncate(keep);
+    ++r.page_epoch;
+  }
 }
 
 bool Scheduler::append_token(Request& r, int32_t token, fsm::FinishReason* reason) const {

@@ -8,6 +8,14 @@
 // the lowest-priority, latest-arrived running request not yet placed in this plan (possibly
 // itself). Prefills never retract decodes: they shrink their chunk or wait. The prefill-first
 // policy runs a step of prefill chunks whenever there is one to run, and decodes otherwise.
+//
+// Design note (speculative rows under overlap). A decode row may carry k draft tokens, k chosen
+// per step by the drafter (DraftInput). While its row of step N is in flight the request's KV
+// end counts all of N's drafts as accepted, and its row in step N+1 is planned from there
+// (PlanRow::provisional): pages are reserved for that worst case, and the engine moves the row's
+// positions, slots, seq_len and deferred input down on the device by the drafts N rejected. So a
+// speculative request keeps a row every step; advance(N) learns the shift and advance(N+1)
+// applies it to the scheduler's own bookkeeping.
 #include <algorithm>
 #include <cassert>
 #include <stdexcept>
@@ -33,9 +41,34 @@ kv::PageList& device_pages_of(fsm::RequestState& state) {
 }
 }  // namespace
 
-Plan& Scheduler::next_plan() {
+void Scheduler::validate_drafts(const DraftInput& drafts) const {
+  auto bad = [](const std::string& message) { throw std::invalid_argument("next_plan(): " + message); };
+  const auto slots = static_cast<size_t>(config_.max_num_seqs);
+  if (drafts.counts.empty()) {
+    if (!drafts.tokens.empty()) bad("draft token ids need draft counts");
+    return;
+  }
+  if (drafts.counts.size() != slots)
+    bad("expected " + std::to_string(slots) + " draft counts (one per slot), got " +
+        std::to_string(drafts.counts.size()));
+  int32_t widest = 0;
+  for (int32_t count : drafts.counts) {
+    if (count < 0 || count > config_.max_num_draft_tokens)
+      bad("draft count " + std::to_string(count) + " is outside [0, " +
+          std::to_string(config_.max_num_draft_tokens) + "]");
+    widest = std::max(widest, count);
+  }
+  if (drafts.tokens.empty()) return;
+  if (drafts.width < widest || drafts.tokens.size() != slots * static_cast<size_t>(drafts.width))
+    bad("draft token ids must be [" + std::to_string(slots) + ", width >= " + std::to_string(widest) + "]");
+  for (int32_t token : drafts.tokens)
+    if (token < 0) bad("negative draft token id " + std::to_string(token));
+}
+
+Plan& Scheduler::next_plan(const DraftInput& drafts) {
   if (num_in_flight_ >= 2)
     throw std::invalid_argument("next_plan(): two plans are in flight; advance() the older one first");
+  validate_drafts(drafts);
   Plan& plan = *plans_[next_step_ % 2];
   plan.reset(next_step_++);
   device_.begin_quarantine();
@@ -45,9 +78,9 @@ Plan& Scheduler::next_plan() {
   Budget budget{config_.max_num_batched_tokens, config_.max_num_seqs};
   if (policy_ == Policy::kPrefillFirst) {
     schedule_prefills(plan, budget);
-    if (plan.num_rows == 0) schedule_decodes(plan, budget);
+    if (plan.num_rows == 0) schedule_decodes(plan, budget, drafts);
   } else {
-    schedule_decodes(plan, budget);
+    schedule_decodes(plan, budget, drafts);
     schedule_prefills(plan, budget);
   }
   device_.end_quarantine();
@@ -58,8 +91,9 @@ Plan& Scheduler::next_plan() {
   return plan;
 }
 
-void Scheduler::schedule_decodes(Plan& plan, Budget& budget) {
+void Scheduler::schedule_decodes(Plan& plan, Budget& budget, const DraftInput& drafts) {
   const int64_t in_flight_step = plan.step_id - 1;  // the plan whose samples may still be pending
+  const int32_t max_len = config_.max_model_len;
   // A snapshot: retraction reorders running_ while we walk it.
   order_.assign(running_.begin(), running_.end());
   for (const int32_t record : order_) {
@@ -68,22 +102,32 @@ void Scheduler::schedule_decodes(Plan& plan, Budget& budget) {
     if (decoding == nullptr) continue;  // prefilling, or retracted by an earlier row
     const auto known = static_cast<int32_t>(r.tokens.size());
     const bool deferred = decoding->kv_len >= known;
+    int32_t outputs_before = r.num_output_tokens();
     if (deferred) {
-      // Overlap: the input is the in-flight plan's sample. Speculative rows need the real token
-      // to draft from; a request sure to hit its length limit with that sample runs no more.
-      const bool hits_limit = r.num_output_tokens() + 1 >= r.max_new_tokens || known + 1 >= config_.max_model_len;
-      if (decoding->kv_len > known || r.last_sample_step != in_flight_step || r.num_draft_tokens > 0 ||
-          hits_limit)
+      // Overlap: the input is the in-flight plan's (last) sample, and kv_len counts all of that
+      // row's drafts as accepted. A request sure to hit a limit with one more token runs no more.
+      const bool hits_limit = r.num_output_tokens() + 1 >= r.max_new_tokens || known + 1 >= max_len;
+      if (decoding->kv_len != known + r.last_row_drafts || r.last_sample_step != in_flight_step || hits_limit ||
+          decoding->kv_len >= max_len)
         continue;
+      outputs_before += 1 + r.last_row_drafts;
     }
-    // Draft slots stop at max_model_len: positions past it do not exist for the model.
-    const int32_t drafts = deferred ? 0 : std::min(r.num_draft_tokens, config_.max_model_len - decoding->kv_len - 1);
-    const int32_t num_tokens = 1 + std::max(drafts, 0);
+    const int32_t wanted = drafts.counts.empty() ? r.num_draft_tokens : drafts.counts[r.slot];
+    // Draft slots stop at max_model_len (positions past it do not exist for the model) and where
+    // the output limit would end the request even if every draft were accepted.
+    const int32_t num_drafts =
+        std::max(0, std::min({wanted, max_len - decoding->kv_len - 1, r.max_new_tokens - outputs_before - 1}));
+    const int32_t num_tokens = 1 + num_drafts;
     if (num_tokens > budget.tokens || budget.rows == 0) break;
-    if (!grow_pages(plan, record, decoding->device_pages, decoding->kv_len + num_tokens, true)) continue;
+    const int32_t kv_end = decoding->kv_len + num_tokens;
+    const int32_t lookahead = std::max(0, std::min(config_.num_lookahead_tokens, max_len - kv_end));
+    if (!grow_pages(plan, record, decoding->device_pages, kv_end + lookahead, true)) continue;
     const int32_t kv_start = decoding->kv_len;
-    decoding->kv_len += num_tokens;
-    emit_row(plan, r, decoding->device_pages, kv_start, num_tokens, num_tokens);
+    decoding->kv_len = kv_end;
+    const int32_t* draft_tokens =
+        drafts.tokens.empty() ? nullptr : drafts.tokens.data() + static_cast<size_t>(r.slot) * drafts.width;
+    emit_row(plan, r, decoding->device_pages, kv_start, num_tokens, num_tokens, draft_tokens, lookahead,
+             deferred && r.last_row_drafts > 0);
     ++plan.num_decodes;
     plan.num_decode_tokens += num_tokens;
     budget.tokens -= num_tokens;
@@ -168,13 +212,15 @@ void Scheduler::retract(Plan& plan, int32_t record) {
   ++num_retractions_;
   ++r.page_epoch;
   kv::PageList& pages = device_pages_of(r.state);
-  const int32_t kv_len = std::visit(
-      [](const auto& s) -> int32_t {
-        if constexpr (requires { s.kv_len; }) return s.kv_len;
-        else if constexpr (requires { s.num_computed; }) return s.num_computed;
-        else return 0;
-      },
-      r.state);
+  // Only KV of known tokens is sure to be valid: a row in flight may still reject its drafts.
+  const int32_t kv_len = std::min(static_cast<int32_t>(r.tokens.size()),
+                                  std::visit(
+                                      [](const auto& s) -> int32_t {
+                                        if constexpr (requires { s.kv_len; }) return s.kv_len;
+                                        else if constexpr (requires { s.num_computed; }) return s.num_computed;
+                                        else return 0;
+                                      },
+                                      r.state));
   const int32_t num_pages = ceil_div(kv_len, page_size_);
   if (kv_len > 0 && host_.num_free() < num_pages) cache_.evict_host(num_pages - host_.num_free());
   if (kv_len > 0 && host_.num_free() >= num_pages) {
@@ -201,7 +247,7 @@ void Scheduler::retract(Plan& plan, int32_t record) {
   }
   // No room on host: drop the KV, but leave its full pages to the prefix cache so that the
   // recompute may still hit them.
-  insert_into_cache(r, pages, std::min(kv_len, static_cast<int32_t>(r.tokens.size())));
+  insert_into_cache(r, pages, kv_len);
   r.cache_path.clear();
   std::visit(
       [&](auto&& s) {
@@ -340,7 +386,7 @@ void Scheduler::start(Plan& plan, Budget& budget, int32_t record, prefix::MatchR
 }
 
 void Scheduler::emit_row(Plan& plan, Request& r, const kv::PageList& pages, int32_t kv_start, int32_t num_tokens,
-                         int32_t num_samples) {
+                         int32_t num_samples, const int32_t* draft_tokens, int32_t lookahead, bool provisional) {
   const int32_t row = plan.num_rows++;
   const int32_t first_token = plan.num_tokens;
   const int32_t first_sample = plan.num_samples;
@@ -356,10 +402,12 @@ void Scheduler::emit_row(Plan& plan, Request& r, const kv::PageList& pages, int3
     const int32_t t = first_token + j;
     plan.positions[t] = pos;
     plan.slot_mapping[t] = static_cast<int64_t>(page_ids[pos / page_size_]) * page_size_ + pos % page_size_;
-    // Unknown inputs: the first is the in-flight plan's sample (overlap); later ones are draft slots.
+    // Unknown inputs: the first is the in-flight plan's sample (overlap); later ones are draft
+    // slots, which hold the drafter's tokens in order (row token j holds draft j - 1).
     const bool known_input = pos < known;
     const bool deferred = !known_input && j == 0;
-    plan.input_ids[t] = known_input ? r.tokens[pos] : 0;
+    const int32_t draft = !known_input && j > 0 && draft_tokens != nullptr ? draft_tokens[j - 1] : 0;
+    plan.input_ids[t] = known_input ? r.tokens[pos] : draft;
     plan.deferred_input_mask[t] = deferred;
     plan.deferred_src_index[t] = deferred ? r.last_sample_index : -1;
   }
@@ -367,12 +415,13 @@ void Scheduler::emit_row(Plan& plan, Request& r, const kv::PageList& pages, int3
     plan.logits_indices[first_sample + j] = first_token + num_tokens - num_samples + j;
     plan.sample_batch_rows[first_sample + j] = row;
   }
-  plan.rows[row] = PlanRow{kv_start, num_tokens, first_sample, num_samples, r.page_epoch};
+  plan.rows[row] = PlanRow{kv_start, num_tokens, first_sample, num_samples, r.page_epoch, lookahead, provisional};
   plan.row_pages[row] = &pages;
   plan.num_tokens += num_tokens;
   plan.num_samples += num_samples;
   plan.max_query_len = std::max(plan.max_query_len, num_tokens);
   r.scheduled_step = plan.step_id;
+  r.last_row_drafts = std::max(0, num_samples - 1);
   if (num_samples > 0) {
     ++r.pending_samples;
     r.last_sample_step = plan.step_id;
@@ -386,15 +435,20 @@ void Scheduler::emit_row(Plan& plan, Request& r, const kv::PageList& pages, int3
 void Scheduler::finalize(Plan& plan) {
   const int32_t num_rows = plan.num_rows;
   plan.query_start_loc[num_rows] = plan.num_tokens;
+  // A row's table covers its KV after this step plus its lookahead (pages it holds for them).
+  auto row_width = [&](int32_t b) {
+    const auto held = static_cast<int32_t>(plan.row_pages[b]->size());
+    return std::min(held, ceil_div(plan.seq_lens[b] + plan.rows[b].lookahead, page_size_));
+  };
   int32_t width = 0;
-  for (int32_t b = 0; b < num_rows; ++b) width = std::max(width, ceil_div(plan.seq_lens[b], page_size_));
+  for (int32_t b = 0; b < num_rows; ++b) width = std::max(width, row_width(b));
   plan.pages_per_row = width;
   if (width != plan.table_width) {
     std::fill(plan.table_row_owner.begin(), plan.table_row_owner.end(), -1);
     plan.table_width = width;
   }
   for (int32_t b = 0; b < num_rows; ++b) {
-    const int32_t n = ceil_div(plan.seq_lens[b], page_size_);
+    const int32_t n = row_width(b);
     int32_t* row = plan.page_table.data() + static_cast<size_t>(b) * width;
     const int32_t* src = plan.row_pages[b]->pages().data();
     const bool reuse = plan.table_row_owner[b] == plan.req_ids[b] && plan.table_row_epoch[b] == plan.rows[b].page_epoch;

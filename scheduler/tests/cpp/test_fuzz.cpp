@@ -1,6 +1,7 @@
-// Property test: random submits, aborts, plans and advances (both protocols, speculative rows,
-// cache-op acknowledgements, disk ops that fail, disk writes stopped, disk records restored from
-// the previous episode) over random configs. After every event the scheduler recounts every page
+// Property test: random submits, aborts, plans and advances (both protocols, speculative rows with
+// per-step draft counts and provisional rows behind in-flight ones, lookahead pages, cache-op
+// acknowledgements, disk ops that fail, disk writes stopped, disk records restored from the
+// previous episode) over random configs. After every event the scheduler recounts every page
 // reference (free + owned = total on each tier, each reference has exactly one owner, finished
 // requests own nothing). Every plan is checked against the copies and disk ops still in flight: no
 // forward reads a page being loaded, no host page or disk slot is written while another op reads
@@ -32,6 +33,7 @@ int64_t event_budget() {
 // Paths the random walk must have taken, so that a green run means something.
 struct Coverage {
   int64_t retractions = 0, load_backs = 0, write_backs = 0, deferred_rows = 0, speculative_rows = 0;
+  int64_t provisional_rows = 0, shifted_rows = 0, drafter_plans = 0;  // per-step drafts under overlap
   int64_t aborts = 0, prefix_hits = 0, finished = 0;
   int64_t late_acks = 0, aborts_mid_copy = 0;  // async_copies: acks after advance(), aborts while loading
   int64_t disk_writes = 0, disk_reads = 0, disk_hits = 0, failed_reads = 0, failed_writes = 0, restored = 0;
@@ -66,6 +68,10 @@ struct Episode {
   // Device pages that copies not yet acknowledged write (load_back destinations) or read
   // (write_back sources), per step: no forward may read the former or overwrite either.
   std::map<int64_t, std::set<int32_t>> loading_pages, copied_out_pages;
+  // Drafts a request's previous row rejected while its next row was in flight (that row's shift).
+  std::map<int64_t, int32_t> pending_shift;
+  std::vector<int32_t> draft_counts, draft_tokens;  // the drafter of the latest plan, by slot
+  int32_t draft_width = 0;
   int64_t events = 0;
   int32_t next_rid = 0;
 
@@ -255,12 +261,65 @@ struct Episode {
       accepted.push_back(uniform(1, plan.rows[b].num_samples));
       speculative |= plan.rows[b].num_samples > 1;
     }
+    check_true_starts(plan, accepted);
     const auto& finished = s.advance(plan, sampled, speculative || uniform(0, 1) ? accepted : std::vector<int32_t>{});
     coverage.finished += static_cast<int64_t>(finished.size());
+    for (int32_t b = 0; b < plan.num_decodes; ++b)
+      ASSERT_LE(plan.appended_counts[b], accepted[b]);
     for (const auto& f : finished) {
       ASSERT_EQ(live.erase(f.req_id), 1u) << "reported twice or unknown";
       ASSERT_EQ(aborted.erase(f.req_id), f.reason == fsm::FinishReason::kAbort ? 1u : 0u);
     }
+  }
+
+  // Whatever the shifts, a decode row's true start (planned start minus the drafts its in-flight
+  // predecessor rejected) is the request's known length minus one when the row is advanced.
+  void check_true_starts(const Plan& plan, const std::vector<int32_t>& accepted) {
+    const Plan* newer = in_flight.empty() ? nullptr : in_flight.front();
+    for (int32_t b = 0; b < plan.num_decodes; ++b) {
+      const int64_t id = plan.req_ids[b];
+      int32_t shift = 0;
+      if (auto it = pending_shift.find(id); it != pending_shift.end()) {
+        if (plan.rows[b].provisional) shift = it->second;
+        pending_shift.erase(it);
+      }
+      coverage.shifted_rows += shift > 0;
+      if (!live.count(id) || aborted.count(id)) continue;
+      const auto st = s.request_stats(id);
+      const std::string state = st.state;
+      if (state == "finished") continue;  // finished by an earlier advance: the row is void
+      ASSERT_EQ(plan.rows[b].kv_start - shift, st.num_prompt_tokens + st.num_output_tokens - 1)
+          << "request " << id << " row " << b << " of step " << plan.step_id;
+      if (newer != nullptr && row_of_request(*newer, id) >= 0 && plan.rows[b].num_samples > 1)
+        pending_shift[id] = plan.rows[b].num_samples - accepted[b];
+    }
+  }
+
+  static int32_t row_of_request(const Plan& plan, int64_t id) {
+    for (int32_t b = 0; b < plan.num_rows; ++b)
+      if (plan.req_ids[b] == id) return b;
+    return -1;
+  }
+
+  // Half the plans take per-step draft counts (and, mostly, tokens) from a random drafter.
+  DraftInput random_drafts() {
+    const auto& config = s.config();
+    if (config.max_num_draft_tokens == 0 || uniform(0, 1) == 0) {
+      draft_counts.clear();
+      draft_tokens.clear();
+      return {};
+    }
+    draft_width = config.max_num_draft_tokens;
+    draft_counts.assign(config.max_num_seqs, 0);
+    for (auto& count : draft_counts) count = uniform(0, config.max_num_draft_tokens);
+    draft_tokens.assign(static_cast<size_t>(config.max_num_seqs) * draft_width, 0);
+    for (auto& token : draft_tokens) token = uniform(0, 10);
+    ++coverage.drafter_plans;
+    if (uniform(0, 3) == 0) {
+      draft_tokens.clear();  // a device drafter: 0 at the draft slots
+      return DraftInput{draft_counts, {}, 0};
+    }
+    return DraftInput{draft_counts, draft_tokens, draft_width};
   }
 
   // Every plan agrees with itself: the page table (filled incrementally) maps each token to the
@@ -273,10 +332,18 @@ struct Episode {
     for (int32_t b = 0; b < plan.num_rows; ++b) {
       const int32_t begin = plan.query_start_loc[b], end = plan.query_start_loc[b + 1];
       ASSERT_EQ(end - begin, plan.seq_lens[b] - plan.cached_lens[b]);
-      const int32_t used = (plan.seq_lens[b] + ps - 1) / ps;
+      const int32_t used = (plan.seq_lens[b] + plan.rows[b].lookahead + ps - 1) / ps;
+      ASSERT_LE(plan.seq_lens[b] + plan.rows[b].lookahead, s.config().max_model_len);
+      if (b >= plan.num_decodes) ASSERT_EQ(plan.rows[b].lookahead, 0);
       for (int32_t p = 0; p < plan.pages_per_row; ++p) {
         const int32_t page = plan.page_table[b * plan.pages_per_row + p];
         ASSERT_EQ(page == 0, p >= used) << "row " << b << " page " << p;
+      }
+      if (b < plan.num_decodes && !draft_counts.empty()) {
+        ASSERT_LE(end - begin - 1, draft_counts[plan.req_slots[b]]) << "more drafts than the drafter asked for";
+        for (int32_t j = 1; j < end - begin; ++j)
+          ASSERT_EQ(plan.input_ids[begin + j],
+                    draft_tokens.empty() ? 0 : draft_tokens[plan.req_slots[b] * draft_width + j - 1]);
       }
       for (int32_t t = begin; t < end; ++t) {
         const int64_t pos = plan.positions[t];
@@ -334,7 +401,7 @@ struct Episode {
       ++coverage.writes_stopped;
     } else if (in_flight.empty() || (overlap && in_flight.size() < 2)) {
       const int32_t previous_samples = in_flight.empty() ? 0 : in_flight.back()->num_samples;
-      Plan& plan = s.next_plan();
+      Plan& plan = s.next_plan(random_drafts());
       check_plan(plan, previous_samples);
       check_copy_hazards(plan);
       check_io_hazards(plan);
@@ -346,7 +413,10 @@ struct Episode {
       coverage.load_backs += static_cast<int64_t>(plan.load_back.size() / 2);
       coverage.write_backs += static_cast<int64_t>(plan.write_back.size() / 2);
       for (int32_t t = 0; t < plan.num_tokens; ++t) coverage.deferred_rows += plan.deferred_input_mask[t];
-      for (int32_t b = 0; b < plan.num_decodes; ++b) coverage.speculative_rows += plan.rows[b].num_samples > 1;
+      for (int32_t b = 0; b < plan.num_decodes; ++b) {
+        coverage.speculative_rows += plan.rows[b].num_samples > 1;
+        coverage.provisional_rows += plan.rows[b].provisional;
+      }
     } else {
       advance_oldest();
     }
@@ -402,6 +472,7 @@ SchedulerConfig random_config(std::mt19937_64& rng) {
   config.max_num_draft_tokens = pick(0, 1) ? pick(1, 3) : 0;
   config.async_copies = pick(0, 1) == 1;
   config.max_write_through_pages = pick(1, 16);
+  config.num_lookahead_tokens = pick(0, 2) == 0 ? pick(1, 4) : 0;
   if (pick(0, 9) == 0) config.num_host_pages = 0;  // host tier off
   if (config.num_host_pages > 0 && pick(0, 1) == 0) {
     config.num_disk_pages = pick(2, 64);
@@ -448,6 +519,9 @@ TEST(Fuzz, RandomEventsKeepEveryInvariant) {
               static_cast<long long>(coverage.disk_reads), static_cast<long long>(coverage.failed_reads),
               static_cast<long long>(coverage.disk_hits), static_cast<long long>(coverage.restored),
               static_cast<long long>(coverage.aborts_mid_read), static_cast<long long>(coverage.writes_stopped));
+  std::printf("fuzz: %lld plans with per-step drafts, %lld provisional rows, %lld of them shifted\n",
+              static_cast<long long>(coverage.drafter_plans), static_cast<long long>(coverage.provisional_rows),
+              static_cast<long long>(coverage.shifted_rows));
   EXPECT_GT(coverage.retractions, 0);
   EXPECT_GT(coverage.load_backs, 0);
   EXPECT_GT(coverage.write_backs, 0);
@@ -465,4 +539,7 @@ TEST(Fuzz, RandomEventsKeepEveryInvariant) {
   EXPECT_GT(coverage.restored, 0);
   EXPECT_GT(coverage.aborts_mid_read, 0);
   EXPECT_GT(coverage.writes_stopped, 0);
+  EXPECT_GT(coverage.drafter_plans, 0);
+  EXPECT_GT(coverage.provisional_rows, 0);
+  EXPECT_GT(coverage.shifted_rows, 0);
 }
