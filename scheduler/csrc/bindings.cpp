@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "config.h"
+#include "draft/proposer.h"
 #include "scheduler.h"
 
 namespace nb = nanobind;
@@ -103,6 +104,18 @@ nb::object restore_disk_pages(Scheduler& s, Int32Array slots, UInt64Array keys, 
   auto* accepted = new std::vector<uint8_t>(s.restore_disk_pages(records));
   nb::capsule owner(accepted, [](void* p) noexcept { delete static_cast<std::vector<uint8_t>*>(p); });
   return nb::cast(nb::ndarray<nb::numpy, bool, nb::ndim<1>>(reinterpret_cast<bool*>(accepted->data()), {n}, owner));
+}
+
+using MutInt32Array = nb::ndarray<int32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+using MutInt32Matrix = nb::ndarray<int32_t, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
+
+// A [rows, width] int32 matrix as a span and its width (rows must match).
+std::span<const int32_t> as_matrix(nb::handle obj, const char* name, size_t rows, int32_t& width, TokenMatrix& array) {
+  if (!nb::try_cast(obj, array, /*convert=*/false) || array.shape(0) != rows)
+    throw nb::type_error((std::string(name) + " must be a C-contiguous int32 array [" + std::to_string(rows) +
+                          ", width]").c_str());
+  width = static_cast<int32_t>(array.shape(1));
+  return {array.data(), array.shape(0) * array.shape(1)};
 }
 
 // Token ids from an int32 array (zero-copy), an int64 array (checked copy: no silent wrapping),
@@ -547,4 +560,80 @@ NB_MODULE(_core, m) {
       .def_prop_ro("num_unfinished", [](const PyScheduler& s) { return s.core.num_unfinished(); }, "Live requests plus unreported aborts.")
       .def("check_invariants", [](const PyScheduler& s) { s.core.check_invariants(); },
            "Recounts every page reference; raises RuntimeError on a broken invariant (tests, O(pages)).");
+
+  nb::class_<lightspeed::draft::DraftProposer>(
+      m, "DraftProposer",
+      "CPU drafter for speculative decoding: prompt lookup ('ngram') over a request's own tokens, or "
+      "suffix matching ('suffix') that also searches the outputs of recent finished requests of the "
+      "same group (conversation). Per-slot state; draft length adapts to acceptance. Not thread-safe.")
+      .def(
+          "__init__",
+          [](lightspeed::draft::DraftProposer* self, std::string method, int32_t max_num_seqs,
+             int32_t num_speculative_tokens, int32_t min_match, int32_t max_match, int32_t max_cached_requests,
+             double max_spec_factor, double min_token_prob) {
+            new (self) lightspeed::draft::DraftProposer(lightspeed::draft::ProposerConfig{
+                std::move(method), max_num_seqs, num_speculative_tokens, min_match, max_match, max_cached_requests,
+                max_spec_factor, min_token_prob});
+          },
+          nb::kw_only(), "method"_a = "ngram", "max_num_seqs"_a = 256, "num_speculative_tokens"_a = 3,
+          "min_match"_a = 3, "max_match"_a = 8, "max_cached_requests"_a = 1000, "max_spec_factor"_a = 1.0,
+          "min_token_prob"_a = 0.1)
+      .def(
+          "start",
+          [](lightspeed::draft::DraftProposer& p, int32_t slot, nb::handle token_ids, int32_t num_prompt_tokens,
+             int64_t group) { p.start(slot, int32_vector(token_ids, "token_ids"), num_prompt_tokens, group); },
+          "slot"_a, "token_ids"_a, "num_prompt_tokens"_a, "group"_a = -1,
+          nb::sig("def start(self, slot: int, token_ids: " LS_IDS ", num_prompt_tokens: int, group: int = -1) -> None"),
+          "Binds a slot to a request: its tokens so far (prompt, then outputs), how many are prompt, its "
+          "group (-1: none).")
+      .def(
+          "commit",
+          [](lightspeed::draft::DraftProposer& p, nb::handle slots, nb::handle token_ids) {
+            std::vector<int32_t> a, b;
+            Int32Array x, y;
+            p.commit(as_int32(slots, "slots", a, x), as_int32(token_ids, "token_ids", b, y));
+          },
+          "slots"_a, "token_ids"_a,
+          nb::sig("def commit(self, slots: " LS_IDS ", token_ids: " LS_IDS ") -> None"),
+          "Appends accepted tokens: token_ids[i] to slots[i], in order.")
+      .def(
+          "observe",
+          [](lightspeed::draft::DraftProposer& p, nb::handle slots, nb::handle drafted, nb::handle accepted) {
+            std::vector<int32_t> a, b, c;
+            Int32Array x, y, z;
+            p.observe(as_int32(slots, "slots", a, x), as_int32(drafted, "drafted", b, y),
+                      as_int32(accepted, "accepted", c, z));
+          },
+          "slots"_a, "drafted"_a, "accepted"_a,
+          nb::sig("def observe(self, slots: " LS_IDS ", drafted: " LS_IDS ", accepted: " LS_IDS ") -> None"),
+          "Acceptance history: slots[i] proposed drafted[i] drafts and accepted[i] of them.")
+      .def("release", &lightspeed::draft::DraftProposer::release, "slot"_a,
+           "The slot's request finished; with 'suffix' its outputs join its group's cached requests.")
+      .def(
+          "propose",
+          [](const lightspeed::draft::DraftProposer& p, nb::handle slots, nb::handle extra, nb::handle pending_counts,
+             nb::handle pending_tokens, MutInt32Matrix out_tokens, MutInt32Array out_counts) {
+            std::vector<int32_t> a, b, c;
+            Int32Array x, y, z;
+            TokenMatrix pending_array;
+            auto slot_ids = as_int32(slots, "slots", a, x);
+            int32_t pending_width = 0;
+            auto pending = as_matrix(pending_tokens, "pending_tokens", slot_ids.size(), pending_width, pending_array);
+            if (out_tokens.shape(0) != slot_ids.size() || out_counts.shape(0) != slot_ids.size())
+              throw nb::value_error("out_tokens and out_counts need one row per slot");
+            p.propose(slot_ids, as_int32(extra, "extra", b, y), as_int32(pending_counts, "pending_counts", c, z),
+                      pending, pending_width, {out_tokens.data(), out_tokens.shape(0) * out_tokens.shape(1)},
+                      static_cast<int32_t>(out_tokens.shape(1)), {out_counts.data(), out_counts.shape(0)});
+          },
+          "slots"_a, "extra"_a, "pending_counts"_a, "pending_tokens"_a, "out_tokens"_a, "out_counts"_a,
+          nb::sig("def propose(self, slots: " LS_IDS ", extra: " LS_IDS ", pending_counts: " LS_IDS
+                  ", pending_tokens: numpy.typing.NDArray[numpy.int32], out_tokens: numpy.typing.NDArray[numpy.int32], "
+                  "out_counts: numpy.typing.NDArray[numpy.int32]) -> None"),
+          "For each slots[i]: a continuation of its tokens followed by its first pending_counts[i] "
+          "pending_tokens (drafts of its row in flight), at most its draft length + extra[i] tokens "
+          "(extra 1: the first stands for an in-flight sample). Fills out_tokens[i, :n] and out_counts[i] = n.")
+      .def("draft_length", &lightspeed::draft::DraftProposer::draft_length, "slot"_a,
+           "The slot's current draft length (adapted to its acceptance).")
+      .def_prop_ro("num_cached_requests", &lightspeed::draft::DraftProposer::num_cached_requests,
+                   "Finished requests kept for suffix matching.");
 }

@@ -1,5 +1,8 @@
 """The Python contract other packages code against: names, dtypes, shapes, batch order."""
 
+import tomllib
+from pathlib import Path
+
 import lightspeed_scheduler
 import numpy as np
 import pytest
@@ -9,8 +12,10 @@ from conftest import make_scheduler, samples, spec
 
 
 def test_public_names():
-    assert set(lightspeed_scheduler.__all__) >= {"Scheduler", "SchedulerConfig", "RequestSpec", "Plan"}
-    assert lightspeed_scheduler.__version__ == "0.1.0"
+    assert set(lightspeed_scheduler.__all__) >= {"Scheduler", "SchedulerConfig", "RequestSpec", "Plan",
+                                                 "DraftProposer"}
+    pyproject = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    assert lightspeed_scheduler.__version__ == pyproject["project"]["version"]
 
 
 def test_config_is_keyword_only_and_frozen():
