@@ -18,6 +18,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from .spec.config import SpeculativeConfig
+
 _SIZE_UNITS = {
     "": 1, "b": 1,
     "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3, "t": 1000**4, "tb": 1000**4,
@@ -148,12 +150,18 @@ class EngineConfig:
                                 "step N (off: each step is collected before the next is planned, for debugging).")
     enforce_eager: bool = _f(False, "Disable CUDA graphs (and on CPU the native graphs of decode steps): run "
                              "every step eagerly.")
+    speculative_config: SpeculativeConfig | None = _f(
+        None, 'Speculative decoding, as JSON with vLLM\'s keys: {"method": "ngram" | "suffix" | "mtp" | "eagle3", '
+        '"num_speculative_tokens": k (1..15), "model": draft folder (eagle3), "prompt_lookup_min/max" (ngram), '
+        '"suffix_decoding_*" (suffix)}. Outputs are exactly those without it (greedy: token for token; '
+        'sampled: the same distribution, and the same tokens for a seed).')
     cuda_graph_max_batch_size: int = _f(256, "Largest decode batch replayed from a CUDA graph (capped by "
                                         "--max-num-seqs); graphs are captured at startup for padded sizes "
                                         "1, 2, 4, 8, 16, 24, 32, then every 16 up to it. Larger batches run eagerly.")
 
     def __post_init__(self) -> None:
         # Normalise CLI-edge strings into typed values (still immutable afterwards).
+        object.__setattr__(self, "speculative_config", SpeculativeConfig.parse(self.speculative_config))
         for name in _BYTE_SIZES:
             value = getattr(self, name)
             if value is not None:
@@ -224,6 +232,9 @@ class EngineConfig:
         if tp > 1 and self.disk_cache_dir is not None:
             raise ValueError("disk_cache_dir with tensor_parallel_size > 1: the disk KV tier reads and writes "
                              "rank 0's host pool only in this version (each rank holds its own KV shard)")
+        if self.speculative_config is not None and (tp > 1 or self.expert_parallel_ranks > 1):
+            raise ValueError("speculative_config with several tensor/expert-parallel ranks: speculative decoding "
+                             "runs on one rank in this version (data-parallel cores of one rank each may use it)")
         if (tp > 1 or dp > 1) and self.device.startswith("cuda:"):
             raise ValueError(f"device={self.device!r}: with several ranks each takes its own GPU (use cuda or auto)")
 

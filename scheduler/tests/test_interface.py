@@ -1,11 +1,11 @@
 """The Python contract other packages code against: names, dtypes, shapes, batch order."""
 
-import tomllib
 from pathlib import Path
 
 import lightspeed_scheduler
 import numpy as np
 import pytest
+import tomllib
 from lightspeed_scheduler import Plan, RequestSpec, Scheduler, SchedulerConfig
 
 from conftest import make_scheduler, samples, spec

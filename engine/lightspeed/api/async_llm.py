@@ -422,13 +422,18 @@ class AsyncLLM:
             self._stats = msg.stats
         seqs, live = self._seqs, []
         cached, by_tier = msg.num_cached_tokens or {}, msg.cached_tokens_by_tier or {}
+        # With speculative decoding a request's several tokens of one step come in a row: they
+        # are decoded as one push and appended in order.
         for engine_id, token in zip(msg.request_ids, msg.token_ids, strict=True):
+            if live and live[-1][0] == engine_id:
+                live[-1][1].append(token)
+                continue
             entry = seqs.get(engine_id)
             if entry is None or entry[1].finish_reason is not None:
                 continue  # aborted, released by its consumer, or stopped by a stop string
             if engine_id in cached:
                 entry[0].note_cached(cached[engine_id], by_tier.get(engine_id))
-            live.append((engine_id, token, *entry))
+            live.append((engine_id, [token], *entry))
         decoded = [x for x in live if x[3].detok is not None]
         lps, stopped = msg.logprobs or {}, []
         try:
@@ -440,12 +445,12 @@ class AsyncLLM:
                                "error")
                 stopped.append(engine_id)
             live, texts = [x for x in live if x[3].detok is None], iter(())
-        for engine_id, token, group, seq in live:
+        for engine_id, tokens, group, seq in live:
             text = next(texts) if seq.detok is not None else None
             if seq.finish_reason is not None:
                 continue  # aborted while the step was being decoded
             try:
-                if seq.append(token, lps.get(engine_id), text):
+                if _append_step(seq, tokens, lps.get(engine_id), text):
                     stopped.append(engine_id)   # a stop string: the core still thinks it runs
             except Exception as e:  # this request fails, delivery goes on
                 log.error("request %s failed while its output was processed", engine_id, exc_info=e)
@@ -461,6 +466,15 @@ class AsyncLLM:
                 entry[0].touch(entry[1].index)
         if stopped:
             self._abort_in_core([e for e in stopped if e not in (msg.finished or {})])
+
+
+def _append_step(seq, tokens: list[int], logprobs: list | None, text: str | None) -> bool:
+    """Append one step's tokens of a request (several with speculative decoding) with their
+    logprobs; the step's text goes with its last token. True when a stop string ended it."""
+    logprobs = logprobs or [None] * len(tokens)
+    for token, logprob in zip(tokens[:-1], logprobs, strict=False):
+        seq.append(token, logprob, "" if text is not None else None)
+    return seq.append(tokens[-1], logprobs[len(tokens) - 1] if len(logprobs) >= len(tokens) else None, text)
 
 
 _SEND_RETRY_S = 0.005  # how often a send retries while the core's input queue is full

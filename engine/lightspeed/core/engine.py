@@ -58,6 +58,7 @@ class Engine:
         self.runner, self.model_config, self.max_model_len = built.runner, built.model_config, built.max_model_len
         self.built = built
         self.vocab_size = built.model_config.vocab_size
+        spec = self.runner.spec  # speculative decoding: drafts per step and the KV they need
         self.scheduler = Scheduler(SchedulerConfig(
             page_size=config.page_size, num_device_pages=built.num_device_pages,
             num_host_pages=built.num_host_pages, max_num_seqs=config.max_num_seqs,
@@ -65,7 +66,9 @@ class Engine:
             chunked_prefill_size=config.chunked_prefill_size, max_model_len=self.max_model_len,
             policy=config.policy, enable_prefix_cache=config.enable_prefix_cache, async_copies=True,
             max_write_through_pages=built.max_write_through_pages, num_disk_pages=built.num_disk_pages,
-            max_disk_write_pages=built.max_disk_write_pages))
+            max_disk_write_pages=built.max_disk_write_pages,
+            max_num_draft_tokens=spec.k if spec is not None else 0,
+            num_lookahead_tokens=spec.lookahead if spec is not None else 0))
         self.disk = self.runner.kv_cache.disk  # kv.disk.DiskKVTier, or None
         self._disk_writes_stopped = False
         if self.disk is not None:
@@ -178,7 +181,7 @@ class Engine:
         except ValueError as e:
             return str(e)
         try:
-            self.runner.add_request(req_id, spec, prompt, grammar)
+            self.runner.add_request(req_id, spec, prompt, grammar, msg.session_id)
         except BaseException:
             self.scheduler.abort(req_id)
             raise
@@ -270,7 +273,7 @@ class Engine:
             done, self._in_flight = self._in_flight, None   # a grammar needs step N's token first
             self.runner.step_without_plan()                 # cores stepping together still meet
             return self._complete(done)
-        plan = self.scheduler.next_plan()
+        plan = self.scheduler.next_plan(**self.runner.draft_args())
         launched = (plan, self._guard.launch(plan))   # a failure costs the plan's requests, not the core
         if overlap and plan.num_reqs:
             done, self._in_flight = self._in_flight, launched
@@ -293,17 +296,23 @@ class Engine:
         plan, launched = done
         result = self.runner.collect(launched)
         names = self._names
-        # Rows of requests that finished or were aborted after this plan was built are void.
-        rows = [i for i, r in enumerate(result.req_ids.tolist()) if r in names]
-        req_ids = result.req_ids[rows] if len(rows) != len(result.req_ids) else result.req_ids
+        finished = self.scheduler.advance(plan, result.tokens, result.accepted_counts)
+        # A row's output is its first appended_counts samples: 1 per decode, up to k + 1 with k
+        # drafts, 0 for a row whose request finished or was aborted after the plan was built.
+        sample_rows = plan.sample_batch_rows
+        per_row = np.bincount(sample_rows, minlength=plan.num_reqs)
+        position = np.arange(sample_rows.shape[0]) - (np.cumsum(per_row) - per_row)[sample_rows]
+        kept = position < plan.appended_counts[sample_rows]
+        rows = [i for i, r in zip(np.nonzero(kept)[0].tolist(), result.req_ids[kept].tolist(), strict=True)
+                if r in names]
+        req_ids = result.req_ids[rows]
         cached, by_tier = self._first_token_cached(req_ids.tolist())
-        finished = self.scheduler.advance(plan, result.tokens)
         self._num_steps += 1
         self._num_generated += len(rows)
         self._num_prefill_tokens += plan.num_tokens - plan.num_decode_tokens
         out_names = [names[r] for r in req_ids.tolist()]
         tokens = result.tokens[rows].tolist()
-        logprobs = self._logprobs(result, names) if result.logprob_rows is not None else None
+        logprobs = self._logprobs(result, names, kept) if result.logprob_rows is not None else None
         done_names = None
         if finished:
             done_names = {names[r]: reason for r, reason in finished if r in names}
@@ -312,15 +321,16 @@ class Engine:
         return m.StepOutputs(out_names, tokens, logprobs, cached, done_names, cached_tokens_by_tier=by_tier)
 
     @staticmethod
-    def _logprobs(result, names: dict[int, str]) -> dict[str, m.TokenLogprobs]:
-        logprobs = {}
+    def _logprobs(result, names: dict[int, str], kept: np.ndarray) -> dict[str, list[m.TokenLogprobs]]:
+        logprobs: dict[str, list[m.TokenLogprobs]] = {}
         for i, row in enumerate(result.logprob_rows.tolist()):
             name = names.get(int(result.req_ids[row]))
-            if name is None:
+            if name is None or not kept[row]:
                 continue
             n = int(result.top_n[i])
-            logprobs[name] = m.TokenLogprobs(float(result.token_logprobs[i]), int(result.ranks[i]),
-                                             result.top_ids[i, :n].tolist(), result.top_logprobs[i, :n].tolist())
+            logprobs.setdefault(name, []).append(m.TokenLogprobs(
+                float(result.token_logprobs[i]), int(result.ranks[i]), result.top_ids[i, :n].tolist(),
+                result.top_logprobs[i, :n].tolist()))
         return logprobs
 
     def shutdown(self) -> None:
@@ -388,7 +398,8 @@ class Engine:
             prefix_query_tokens=int(s["prefix_query_tokens"]), num_steps=self._num_steps,
             num_generated_tokens=self._num_generated, timestamp=time.time(),
             cached_device_pages=int(s["cached_device_pages"]), num_prefill_tokens=self._num_prefill_tokens,
-            expert_load=self.runner.expert_load_counts(), **self._tier_stats(s))
+            expert_load=self.runner.expert_load_counts(), **self._tier_stats(s),
+            **self._spec_stats())
 
     def _tier_stats(self, s: dict) -> dict[str, int]:
         copier, page_bytes = self.runner.kv_cache.copier, self.runner.kv_cache.layout.bytes_per_page
@@ -399,6 +410,15 @@ class Engine:
                     disk_bytes_written=disk.bytes_written if disk else 0, disk_bytes_read=disk.bytes_read if disk else 0,
                     disk_read_failures=disk.read_failures if disk else 0,
                     disk_write_errors=disk.write_errors if disk else 0, cached_disk_pages=int(s["cached_disk_pages"]))
+
+    def _spec_stats(self) -> dict:
+        spec = self.runner.spec
+        if spec is None:
+            return {}
+        st = spec.stats
+        return dict(spec_num_drafts=st.num_drafts, spec_num_draft_tokens=st.num_draft_tokens,
+                    spec_num_accepted_tokens=st.num_accepted_tokens,
+                    spec_acceptance_lengths=list(st.acceptance_lengths))
 
     def ready_message(self) -> m.Ready:
         b = self.built

@@ -110,4 +110,8 @@ class StepGuard:
         self._fail(req_ids, request_error_message(error))
         # The rows of aborted requests are void in advance(): any token will do for them.
         sampled = plan.req_ids[plan.sample_batch_rows].astype(np.int64)
-        return LaunchedStep(int(plan.step_id), sampled, torch.zeros(len(sampled), dtype=torch.int32))
+        # Speculative decode rows (several samples) need an accepted count each: one will do.
+        nd = int(plan.num_decodes)
+        accepted = np.ones(nd, np.int32) if nd and int(plan.num_decode_tokens) > nd else None
+        return LaunchedStep(int(plan.step_id), sampled, torch.zeros(len(sampled), dtype=torch.int32),
+                            accepted_counts=accepted)

@@ -81,6 +81,11 @@ class EngineStats(msgspec.Struct, frozen=True):
     disk_write_errors: int = 0      # writes that did not happen (the first one stops disk writes)
     cached_disk_pages: int = 0      # prefix-cache pages on disk
     expert_load: list[int] | None = None  # MoE models: tokens routed to each expert so far (all layers)
+    # Speculative decoding (0 / empty without it), cumulative.
+    spec_num_drafts: int = 0                 # decode rows that carried drafts
+    spec_num_draft_tokens: int = 0           # draft tokens verified
+    spec_num_accepted_tokens: int = 0        # of those, accepted
+    spec_acceptance_lengths: list[int] = []  # [n]: rows with drafts that kept n tokens (n = 1..k+1)
 
 
 class TokenLogprobs(msgspec.Struct, array_like=True, frozen=True):
@@ -95,9 +100,11 @@ class TokenLogprobs(msgspec.Struct, array_like=True, frozen=True):
 class StepOutputs(msgspec.Struct, tag="outputs", frozen=True):
     """What one engine step produced, columnar: entry i of each list belongs to request_ids[i]."""
 
-    request_ids: list[str]                              # requests that sampled a token this step
-    token_ids: list[int]                                # the token each sampled
-    logprobs: dict[str, TokenLogprobs] | None = None    # only for requests that asked
+    # Entry i: request_ids[i] got token_ids[i]. With speculative decoding a request may appear
+    # several times in one step, its tokens in order.
+    request_ids: list[str]                              # requests that got a token this step
+    token_ids: list[int]                                # the token
+    logprobs: dict[str, list[TokenLogprobs]] | None = None  # per request that asked: one per token, in order
     num_cached_tokens: dict[str, int] | None = None     # set on a request's first token
     finished: dict[str, str] | None = None              # request id -> "stop" | "length" | "abort"
     stats: EngineStats | None = None                    # at most every stats interval

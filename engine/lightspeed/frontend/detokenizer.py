@@ -75,14 +75,14 @@ class StepDetokenizer:
         self._tokenizer = tokenizer
         self._executor = executor
 
-    async def decode(self, detoks: list[IncrementalDetokenizer], tokens: list[int]) -> list[str]:
-        """New text per sequence (`detoks[i]` gets `tokens[i]`), in order."""
+    async def decode(self, detoks: list[IncrementalDetokenizer], tokens: list[int] | list[list[int]]) -> list[str]:
+        """New text per sequence (`detoks[i]` gets `tokens[i]`: one id, or a list of them), in order."""
         groups: dict[bool, list[int]] = {}
         windows: dict[bool, list[list[int]]] = {}
         for i, (detok, token) in enumerate(zip(detoks, tokens, strict=True)):
             flag = detok.skip_special_tokens
             groups.setdefault(flag, []).append(i)
-            windows.setdefault(flag, []).extend(detok.push([token]))
+            windows.setdefault(flag, []).extend(detok.push(token if isinstance(token, list) else [token]))
 
         def run(batch: bool) -> dict[bool, list[str]]:
             return {flag: decode_windows(self._tokenizer, w, flag, batch) for flag, w in windows.items()}

@@ -167,6 +167,10 @@ def _build(config: EngineConfig, ranks, output_tokens_of, load_tokenizer) -> Bui
     # MLA models: one latent row per token; others: this rank's KV heads
     layout = kv_layout_for(model_config, config.page_size, kv_dtype, *((attention.tp_size, attention.tp_rank)
                                                                         if attention is not None else ()))
+    spec_config = config.speculative_config
+    if spec_config is not None and spec_config.on_device:
+        # A draft model (MTP block, EAGLE-3 layer) caches into one more layer of the same pool.
+        layout = dataclasses.replace(layout, num_layers=layout.num_layers + 1)
     # Activations + logits of the largest step, and the per-request sampling tables (pre-sized for
     # every sequence), stay outside the KV budget on GPU.
     max_stop_ids = config.max_stop_token_ids + MAX_EOS_TOKEN_IDS
@@ -212,6 +216,12 @@ def _build(config: EngineConfig, ranks, output_tokens_of, load_tokenizer) -> Bui
                          device=device, engine_seed=config.seed, load_tokenizer=load_tokenizer,
                          output_tokens_of=output_tokens_of, max_logit_bias=config.max_logit_bias,
                          max_stop_ids=max_stop_ids, grammar_cache_size=config.grammar_cache_size)
+    from ..spec.decoder import build_spec_decoder
+
+    runner.spec = build_spec_decoder(spec_config, model=model, model_config=model_config,
+                                     max_num_seqs=config.max_num_seqs, device=device, page_size=config.page_size,
+                                     kv_cache=kv_cache, model_path=config.model, load_format=load_format,
+                                     max_model_len=max_model_len, seed=config.seed)
     # After the KV cache exists: the graphs bake in its addresses.
     runner.graphs = _graphs(config, ranks, model, kv_cache, max_model_len, model_config.vocab_size, device,
                             quantized=quantization in ("int8", "int4", "gguf"))

@@ -17,6 +17,10 @@ aborts the request. Copies go first, so a plan whose launch fails still hands it
 
 The forward is eager, or replayed from CUDA graphs for decode-only steps when a `CudaGraphRunner`
 is plugged in (`graphs`, set by the factory on GPU; see cuda_graph.py). Sampling is always eager.
+
+Speculative decoding plugs in as `spec` (a `lightspeed.spec.SpecDecoder`, set by the factory): it
+supplies the plan's drafts, fixes speculative rows' inputs on the device, and its SpecStep
+verifies the drafts in the sampler, after every sampling transform (lightspeed/spec/step.py).
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ import torch
 
 if TYPE_CHECKING:  # the runner never needs msgspec at run time (GPU benchmarks drive it directly)
     from ..core.messages import SamplingSpec
+    from ..spec.decoder import SpecDecoder, SpecLaunch
+    from ..spec.step import SpecStep
     from .cuda_graph import CudaGraphRunner
 
 from ..kv import KVCache
@@ -49,6 +55,9 @@ class LaunchedStep:
     ready: torch.cuda.Event | None = None     # recorded after the host copies (None on CPU: done)
     structured_rows: np.ndarray | None = None
     logprobs: tuple | None = None             # (rows, top_n, token_lp, ranks, top_ids, top_lp) on the host
+    sample_slots: np.ndarray | None = None    # int64 [S]: the state row of each sample
+    spec: SpecLaunch | None = None            # speculative decoding: what collect() verifies against
+    accepted_counts: np.ndarray | None = None  # int32 [num_decodes], fixed: a stand-in for a failed launch
 
 
 @dataclass
@@ -61,6 +70,7 @@ class StepResult:
     top_ids: np.ndarray | None = None         # int64 [R, n]
     top_logprobs: np.ndarray | None = None    # fp32 [R, n]
     top_n: np.ndarray | None = None           # int64 [R]: how many of the top entries each row asked for
+    accepted_counts: np.ndarray | None = None  # int32 [num_decodes]: tokens each decode row keeps (spec)
 
 
 class ModelRunner:
@@ -78,23 +88,33 @@ class ModelRunner:
         self._failures: list[tuple[int, BaseException]] = []  # (request id, error) of per-request failures
         self.inputs = InputBuilder(device)
         self._slot_owner = np.full(max_num_seqs, -1, dtype=np.int64)  # req id bound to each state row
-        self._requests: dict[int, tuple[SamplingSpec, list[int]]] = {}
+        self._requests: dict[int, tuple[SamplingSpec, list[int], str | None]] = {}
+        self._slot_of: dict[int, int] = {}
         self._output_tokens_of = output_tokens_of
         self._prev_sampled: torch.Tensor | None = None
         self.graphs: CudaGraphRunner | None = None  # decode steps it can run are replayed, the rest eager
         self.expert_load = ExpertLoad(model, device)
+        self.spec: SpecDecoder | None = None        # speculative decoding (None: off)
+        self._hidden: torch.Tensor | None = None    # the last eager forward's hidden states (device drafters)
 
     # -- request lifecycle ---------------------------------------------------------------------
-    def add_request(self, req_id: int, spec: SamplingSpec, prompt_ids: list[int], grammar: Any = None) -> None:
+    def add_request(self, req_id: int, spec: SamplingSpec, prompt_ids: list[int], grammar: Any = None,
+                    session_id: str | None = None) -> None:
         """Register a request's sampling state (bound to a row when first scheduled); `grammar` is its
-        compiled grammar (`structured.compile(...)`'s result) when it asks for structured output."""
+        compiled grammar (`structured.compile(...)`'s result) when it asks for structured output.
+        session_id: its conversation (speculative suffix drafting matches within it)."""
         if spec.structured_kind is not None:
             self.structured.start(req_id, grammar)
-        self._requests[req_id] = (spec, prompt_ids)
+        self._requests[req_id] = (spec, prompt_ids, session_id)
 
     def remove_request(self, req_id: int) -> None:
         self._requests.pop(req_id, None)
         self.structured.remove(req_id)
+        slot = self._slot_of.pop(req_id, None)
+        if slot is not None and self._slot_owner[slot] == req_id:
+            self._slot_owner[slot] = -1  # rows of it still in flight are void
+            if self.spec is not None:
+                self.spec.release(slot)
 
     def take_failures(self) -> list[tuple[int, BaseException]]:
         """(request id, error) of requests whose own state failed since the last call; the engine fails them."""
@@ -106,13 +126,18 @@ class ModelRunner:
         for row in new_rows.tolist():  # only requests entering (or re-entering) the batch
             req_id, slot = int(plan.req_ids[row]), int(plan.req_slots[row])
             self._slot_owner[slot] = req_id
+            self._slot_of[req_id] = slot
             try:
-                spec, prompt = self._requests[req_id]
+                spec, prompt, session_id = self._requests[req_id]
                 # A retracted request coming back keeps its RNG counter and penalty counts.
                 done = self._output_tokens_of(req_id) if self._output_tokens_of else []
                 self.sampling.bind(slot, req_id, spec, prompt, done)
+                if self.spec is not None:
+                    self.spec.bind(slot, spec, prompt, done, session_id)
             except Exception as e:
                 self.sampling.unbind(slot)
+                if self.spec is not None:
+                    self.spec.release(slot)  # no drafts for a row that fails (idempotent)
                 self._failures.append((req_id, e))
 
     # -- one step ------------------------------------------------------------------------------
@@ -120,6 +145,10 @@ class ModelRunner:
         """True while a grammar-constrained request is live: its next bitmask needs the previous
         token on the host, so the engine collects each step before launching the next."""
         return bool(self.structured.matchers)
+
+    def draft_args(self) -> dict:
+        """Keyword arguments of the scheduler's next_plan(): this step's drafts (none without spec)."""
+        return self.spec.plan_args() if self.spec is not None else {}
 
     @torch.inference_mode()
     def launch(self, plan) -> LaunchedStep:
@@ -133,15 +162,19 @@ class ModelRunner:
         if plan.input_ids.shape[0] == 0:
             return LaunchedStep(int(plan.step_id), np.empty(0, np.int64), torch.empty(0, dtype=torch.int32))
         t = self.inputs.build(plan, self._prev_sampled)
+        step, spec_launch = self.spec.prepare(plan, t, self._prev_sampled) if self.spec is not None else (None, None)
         logits = self.forward(plan, t)
-        return self._sample(plan, logits, t)
+        return self._sample(plan, logits, t, step, spec_launch)
 
     def collect(self, launched: LaunchedStep) -> StepResult:
         """Wait for a launched step's tokens (its event, nothing else) and return them."""
         if launched.ready is not None:
             launched.ready.synchronize()
         h_tokens = launched.tokens.numpy()
-        result = StepResult(h_tokens, launched.req_ids)
+        result = StepResult(h_tokens, launched.req_ids, accepted_counts=launched.accepted_counts)
+        if launched.spec is not None:
+            owned = self._slot_owner[launched.sample_slots] == launched.req_ids
+            result.accepted_counts = self.spec.collect(launched.spec, launched.sample_slots, h_tokens, owned)
         if launched.structured_rows is not None:
             self.structured.accept(launched.req_ids, launched.structured_rows, h_tokens)
         if launched.logprobs is not None:
@@ -196,22 +229,36 @@ class ModelRunner:
             num_decode_tokens=int(plan.num_decode_tokens), max_query_len=int(plan.max_query_len),
             kv_caches=pool.kv_caches, k_scale=pool.k_scale, v_scale=pool.v_scale)
         hidden = self.model(t.input_ids, t.positions, meta)
+        if self.spec is not None and self.spec.needs_hidden:
+            self._hidden = hidden
         return self.model.compute_logits(hidden[t.logits_indices]).float()
 
-    def _sample(self, plan, logits: torch.Tensor, t: StepTensors) -> LaunchedStep:
+    def _sample(self, plan, logits: torch.Tensor, t: StepTensors, step: SpecStep | None = None,
+                spec_launch: SpecLaunch | None = None) -> LaunchedStep:
         s, slots, h_slots = self.sampling, t.sample_slots, t.h_sample_slots
         asked = s.h_logprobs[h_slots]
         logprob_rows = np.nonzero(asked >= 0)[0]
         raw = logits[upload(logprob_rows, self.device)] if logprob_rows.size else None
-        logits = s.process_logits(logits, slots, h_slots)
+        sample_pos = step.sample_pos if step is not None else None
+        draft_counts = None
+        if step is not None and s.h_penalties[h_slots].any():
+            draft_counts = step.draft_counts(plan, t.input_ids, logits.shape[0], logits.shape[1])
+        logits = s.process_logits(logits, slots, h_slots, sample_pos, draft_counts)
         structured_rows = np.nonzero(s.h_structured[h_slots])[0]
         if structured_rows.size:
             self.structured.apply(logits, t.h_sample_req_ids, structured_rows)
-        tokens = s.sample(logits, slots, h_slots)
-        s.record(tokens, slots, h_slots)
+        tokens = s.sample(logits, slots, h_slots, sample_pos)
+        accepted = keep = None
+        if step is not None:
+            accepted, keep = step.verify(tokens, t.input_ids)
+        s.record(tokens, slots, h_slots, keep)
         self._prev_sampled = tokens
+        if self.spec is not None:
+            self.spec.after_sample(plan, t, step, spec_launch, tokens, accepted, self._hidden)
+            self._hidden = None
         launched = LaunchedStep(int(plan.step_id), t.h_sample_req_ids, _to_host(tokens.to(torch.int32)),
-                                structured_rows=structured_rows if structured_rows.size else None)
+                                structured_rows=structured_rows if structured_rows.size else None,
+                                sample_slots=h_slots, spec=spec_launch)
         if raw is not None:
             launched.logprobs = self._logprobs(raw, tokens, logprob_rows, asked[logprob_rows])
         if self.device.type == "cuda":

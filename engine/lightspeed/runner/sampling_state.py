@@ -57,12 +57,12 @@ class SamplingState:
         self.presence = torch.zeros(n, dtype=torch.float32, device=dev)
         self.frequency = torch.zeros(n, dtype=torch.float32, device=dev)
         self.repetition = torch.ones(n, dtype=torch.float32, device=dev)
+        self.min_tokens = torch.zeros(n, dtype=torch.int64, device=dev)
         # Host mirrors that pick code paths.
         self.h_greedy = np.ones(n, dtype=bool)
         self.h_penalties = np.zeros(n, dtype=bool)
         self.h_bias = np.zeros(n, dtype=bool)
         self.h_min_tokens = np.zeros(n, dtype=np.int64)
-        self.h_num_outputs = np.zeros(n, dtype=np.int64)
         self.h_logprobs = np.full(n, -1, dtype=np.int64)  # top-n asked; -1 = none
         self.h_structured = np.zeros(n, dtype=bool)
         # Pre-sized tables (see the module note).
@@ -85,7 +85,6 @@ class SamplingState:
         self.seeds[slot] = spec.seed if spec.seed is not None else derive_seed(self.engine_seed, req_id)
         self.offsets[slot] = num_outputs
         self.h_greedy[slot] = spec.temperature == 0.0
-        self.h_num_outputs[slot] = num_outputs
         self.h_logprobs[slot] = -1 if spec.logprobs is None else spec.logprobs
         self.h_structured[slot] = spec.structured_kind is not None
         self._bind_penalties(slot, spec, prompt_ids, output_ids)
@@ -128,6 +127,7 @@ class SamplingState:
 
     def _bind_min_tokens(self, slot: int, spec: SamplingSpec) -> None:
         self.h_min_tokens[slot] = spec.min_tokens
+        self.min_tokens[slot] = spec.min_tokens
         if spec.min_tokens <= 0:
             return
         banned = sorted(set(spec.stop_token_ids) | (set() if spec.ignore_eos else set(spec.eos_token_ids)))
@@ -138,39 +138,57 @@ class SamplingState:
             self.stop_ids[slot, : len(banned)] = upload(np.asarray(banned, np.int64), self.device)
 
     # -- per step ------------------------------------------------------------------------------
-    def process_logits(self, logits: torch.Tensor, slots: torch.Tensor, h_slots: np.ndarray) -> torch.Tensor:
-        """Penalties, logit bias and min_tokens masking on logits [S, V] fp32 (in place)."""
+    def process_logits(self, logits: torch.Tensor, slots: torch.Tensor, h_slots: np.ndarray,
+                       sample_pos: torch.Tensor | None = None, draft_counts: torch.Tensor | None = None) -> torch.Tensor:
+        """Penalties, logit bias and min_tokens masking on logits [S, V] fp32 (in place).
+
+        Speculative rows: sample_pos [S] is each sample's position in its row (the tokens it comes
+        after that are not generated yet, as min_tokens counts them) and draft_counts [S, V] int32
+        the drafts before it, which penalties count as generated."""
         if self.h_penalties[h_slots].any():
             from lightspeed_kernel import ops
 
-            ops.apply_penalties(logits, self.output_counts[slots], self.prompt_mask[slots],
+            counts = self.output_counts[slots]
+            if draft_counts is not None:
+                counts = counts + draft_counts
+            ops.apply_penalties(logits, counts, self.prompt_mask[slots],
                                 self.presence[slots], self.frequency[slots], self.repetition[slots])
         if self.h_bias[h_slots].any():
             width = self._bias_width
             logits.scatter_add_(1, self.bias_ids[slots, :width], self.bias_vals[slots, :width])
-        blocked = self.h_num_outputs[h_slots] < self.h_min_tokens[h_slots]
-        if blocked.any():
-            rows = upload(np.nonzero(blocked)[0], logits.device)
-            ids = self.stop_ids[slots[rows]]                             # [R, K], -1 = pad
+        with_min = self.h_min_tokens[h_slots] > 0
+        if with_min.any():
+            rows = upload(np.nonzero(with_min)[0], logits.device)
+            row_slots = slots[rows]
+            # Outputs so far: the RNG counter (on the device, current even under overlap).
+            produced = self.offsets[row_slots] + (sample_pos[rows] if sample_pos is not None else 0)
+            blocked = produced < self.min_tokens[row_slots]               # [R]
+            ids = self.stop_ids[row_slots]                                 # [R, K], -1 = pad
             # No boolean indexing: its data-dependent shape would make the host wait for the GPU.
-            # Banned ids take -inf, padding +inf, and a min-reduction leaves the rest untouched.
-            ban = torch.where(ids >= 0, float("-inf"), float("inf"))
+            # Banned ids of blocked rows take -inf, the rest +inf, and a min-reduction leaves the
+            # other logits untouched.
+            ban = torch.where((ids >= 0) & blocked[:, None], float("-inf"), float("inf"))
             logits[rows] = logits[rows].scatter_reduce_(1, ids.clamp(min=0), ban, reduce="amin")
         return logits
 
-    def sample(self, logits: torch.Tensor, slots: torch.Tensor, h_slots: np.ndarray) -> torch.Tensor:
-        """Token ids int64 [S]: argmax when every row is greedy, else the batched seeded sampler."""
+    def sample(self, logits: torch.Tensor, slots: torch.Tensor, h_slots: np.ndarray,
+               sample_pos: torch.Tensor | None = None) -> torch.Tensor:
+        """Token ids int64 [S]: argmax when every row is greedy, else the batched seeded sampler.
+        A speculative row's position j draws with RNG counter (outputs so far + j): the draw the
+        engine would make there without speculation."""
         if self.h_greedy[h_slots].all():
             return logits.argmax(dim=-1)
         from lightspeed_kernel import ops
 
+        offsets = self.offsets[slots] if sample_pos is None else self.offsets[slots] + sample_pos
         return ops.sample(logits, self.temperature[slots], self.top_k[slots], self.top_p[slots],
-                          self.min_p[slots], self.seeds[slots], self.offsets[slots])
+                          self.min_p[slots], self.seeds[slots], offsets)
 
-    def record(self, tokens: torch.Tensor, slots: torch.Tensor, h_slots: np.ndarray) -> None:
-        """Advance RNG counters and penalty counts after sampling `tokens` [S] for `slots` [S]."""
-        self.offsets.index_add_(0, slots, torch.ones_like(slots))
-        np.add.at(self.h_num_outputs, h_slots, 1)
+    def record(self, tokens: torch.Tensor, slots: torch.Tensor, h_slots: np.ndarray,
+               keep: torch.Tensor | None = None) -> None:
+        """Advance RNG counters and penalty counts after sampling `tokens` [S] for `slots` [S];
+        keep [S] (speculative steps): only the accepted samples count."""
+        weight = torch.ones_like(slots) if keep is None else keep.to(slots.dtype)
+        self.offsets.index_add_(0, slots, weight)
         if self.h_penalties[h_slots].any():
-            self.output_counts.index_put_((slots, tokens), torch.ones_like(tokens, dtype=torch.int32),
-                                          accumulate=True)
+            self.output_counts.index_put_((slots, tokens), weight.to(torch.int32), accumulate=True)
