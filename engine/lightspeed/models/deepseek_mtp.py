@@ -49,11 +49,16 @@ class DeepseekMTP(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, previous_hidden: torch.Tensor,
                 meta: AttentionMetadata) -> torch.Tensor:
+        return self.draft(input_ids, positions, previous_hidden, meta)[0]
+
+    def draft(self, input_ids: torch.Tensor, positions: torch.Tensor, previous_hidden: torch.Tensor,
+              meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+        """(normed hidden [T, H] for compute_logits, pre-norm hidden [T, H]): chained drafting feeds
+        the pre-norm state back as the next step's previous_hidden, as vLLM's MTP proposer does."""
         embeds = self._main[0].model.embed_tokens(input_ids)
         x = self.eh_proj(torch.cat([self.enorm(embeds), self.hnorm(previous_hidden)], dim=-1))
         x, residual = self.mtp_block(positions, x, None, meta)
-        hidden, _ = self.shared_head_norm(x, residual)
-        return hidden
+        return self.shared_head_norm(x, residual)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self._main[0].compute_logits(hidden)

@@ -108,7 +108,13 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    """Embedding, decoder layers, final norm: `(input_ids [T], positions [T], meta) -> [T, H]`."""
+    """Embedding, decoder layers, final norm: `(input_ids [T], positions [T], meta) -> [T, H]`.
+
+    `aux_hidden_layers`: layers whose input hidden states a forward keeps, concatenated, in
+    `aux_hidden_states` [T, n·H] (an EAGLE-3 draft head reads them); empty by default."""
+
+    aux_hidden_layers: tuple[int, ...] = ()
+    aux_hidden_states: torch.Tensor | None = None
 
     def __init__(self, config: ModelConfig, parallel: ParallelLayout, layer_cls: type[LlamaDecoderLayer]):
         super().__init__()
@@ -124,8 +130,12 @@ class LlamaModel(nn.Module):
         self.tokens.start(input_ids.shape[0], meta.slot_mapping)
         hidden = self.embed_tokens(input_ids)
         residual = None
-        for layer in self.layers:
+        aux = []
+        for i, layer in enumerate(self.layers):
+            if i in self.aux_hidden_layers:
+                aux.append(hidden if residual is None else hidden + residual)
             hidden, residual = layer(positions, hidden, residual, meta)
+        self.aux_hidden_states = torch.cat(aux, dim=-1) if aux else None
         hidden, _ = self.norm(hidden, residual)
         return hidden
 

@@ -222,6 +222,8 @@ def _build(config: EngineConfig, ranks, output_tokens_of, load_tokenizer) -> Bui
                                      max_num_seqs=config.max_num_seqs, device=device, page_size=config.page_size,
                                      kv_cache=kv_cache, model_path=config.model, load_format=load_format,
                                      max_model_len=max_model_len, seed=config.seed)
+    if runner.spec is not None and runner.spec.drafter.on_device:
+        runner.spec.drafter.token_at = runner.known_token
     # After the KV cache exists: the graphs bake in its addresses.
     runner.graphs = _graphs(config, ranks, model, kv_cache, max_model_len, model_config.vocab_size, device,
                             quantized=quantization in ("int8", "int4", "gguf"))

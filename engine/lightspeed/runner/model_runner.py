@@ -146,6 +146,13 @@ class ModelRunner:
         token on the host, so the engine collects each step before launching the next."""
         return bool(self.structured.matchers)
 
+    def known_token(self, req_id: int, position: int) -> int:
+        """Token `position` of a request's known sequence (prompt, then accepted outputs)."""
+        prompt = self._requests[req_id][1]
+        if position < len(prompt):
+            return int(prompt[position])
+        return int(self._output_tokens_of(req_id)[position - len(prompt)])
+
     def draft_args(self) -> dict:
         """Keyword arguments of the scheduler's next_plan(): this step's drafts (none without spec)."""
         return self.spec.plan_args() if self.spec is not None else {}
@@ -214,7 +221,7 @@ class ModelRunner:
 
     def forward(self, plan, t: StepTensors) -> torch.Tensor:
         """Logits fp32 [S, V] at the plan's sampled positions."""
-        if self.graphs is not None and self.graphs.can_run(plan):
+        if self.graphs is not None and self.graphs.can_run(plan) and not (self.spec is not None and self.spec.needs_hidden):
             return self.graphs.forward(plan, t)
         return self.forward_eager(plan, t)
 
