@@ -37,7 +37,8 @@ def load_eagle3(path: str | Path, target: nn.Module, *, load_format: str = "auto
                          f"differs from the target's ({main.num_key_value_heads} x {main.head_dim}), which the "
                          f"shared KV pool needs")
     layers = main.num_hidden_layers
-    aux = config.aux_layers or (2, layers // 2, layers - 3)
+    # vLLM's default, clamped so that shallow (test) targets have the three layers too.
+    aux = config.aux_layers or (min(2, layers - 1), layers // 2, max(layers - 3, 0))
     if len(aux) != 3 or not all(0 <= i < layers for i in aux):
         raise ValueError(f"EAGLE-3 head {path}: needs three target layers in [0, {layers}), got {aux}")
     weight = target.model.embed_tokens.weight

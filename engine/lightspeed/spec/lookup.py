@@ -6,6 +6,10 @@ its guess of that row's last sample, and the in-flight row's drafts count as par
 (spec/inputs.py checks the guess on the device). After a step is collected its accepted tokens
 are committed and its acceptance observed (the proposer adapts each slot's draft length); a
 provisional row that is now known to fail its chain check stops counting as context.
+A row drafted behind an in-flight speculative row is only worth it when that row accepts all
+its drafts; so a slot chains drafts that way only while its last verified row accepted all of
+its drafts (copying), and otherwise drafts every other step (behind a row without drafts, where
+only the guess must hold).
 All per-slot state lives in numpy arrays indexed by slot: no Python loop over requests.
 """
 
@@ -53,6 +57,7 @@ class LookupDrafter:
         self._pending_counts = np.zeros(n, dtype=np.int32)
         self._pending_tokens = np.zeros((n, k), dtype=np.int32)
         self._pending_guess = np.full(n, -1, dtype=np.int64)
+        self._all_accepted = np.zeros(n, dtype=bool)  # the slot's last verified drafts were all accepted
         self._out_tokens = np.zeros((n, k + 1), dtype=np.int32)
         self._out_counts = np.zeros(n, dtype=np.int32)
 
@@ -78,7 +83,10 @@ class LookupDrafter:
         out, out_counts = self._out_tokens[:m], self._out_counts[:m]
         self.proposer.propose(slots, extra, pending, self._pending_tokens[slots], out, out_counts)
         guessed = extra > 0
-        self.counts[slots] = np.where(guessed, np.maximum(out_counts - 1, 0), out_counts)
+        counts = np.where(guessed, np.maximum(out_counts - 1, 0), out_counts)
+        # Behind an in-flight speculative row, drafts pay only if it accepts everything.
+        counts[(pending > 0) & ~self._all_accepted[slots]] = 0
+        self.counts[slots] = counts
         self.guess[slots] = np.where(guessed & (out_counts > 0), out[:, 0], -1)
         self.tokens[slots] = np.where(guessed[:, None], out[:, 1:], out[:, :-1])
 
@@ -112,6 +120,8 @@ class LookupDrafter:
         plan. row_*: per sampling row, its slot, whether drafts were rejected, its last kept token."""
         self.proposer.commit(commit_slots, commit_tokens)
         self.proposer.observe(decode_slots, drafted, accepted_drafts)
+        verified = drafted > 0
+        self._all_accepted[decode_slots[verified]] = accepted_drafts[verified] >= drafted[verified]
         self._collected_step = max(self._collected_step, step_id)
         if self._latest_step != step_id + 1:
             return

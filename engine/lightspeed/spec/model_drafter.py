@@ -122,7 +122,9 @@ class ModelDrafter:
             page = page_table.gather(1, page_index.clamp(max=width - 1)[:, None])[:, 0]
             valid = (page_index < width) & (position < self.max_model_len) & (page > 0)
             slots = torch.where(valid, page * ps + position % ps, torch.full_like(position, -1))
-            meta = self._meta(qsl, (pos + 1).to(torch.int32), page_table.to(torch.int32), slots, num, num, 1)
+            # Keys past the row's page-table entries do not exist for the kernels: attend to fewer.
+            seq_lens = torch.clamp(pos + 1, max=width * ps).to(torch.int32)
+            meta = self._meta(qsl, seq_lens, page_table.to(torch.int32), slots, num, num, 1)
             normed, feature = self._step(draft, pos, feature, meta)
             draft = self.head.compute_logits(normed).argmax(dim=-1)
             drafts.append(draft)
