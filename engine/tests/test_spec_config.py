@@ -69,8 +69,9 @@ def test_eagle3_head_loads_its_checkpoint(tiny_model_dir, tmp_path):
 
     saved = load_file(str(folder / "model.safetensors"))
     assert torch.equal(head.fc.weight, saved["fc.weight"])
-    q, k = head.midlayer.self_attn.qkv_proj.weight.split([config.num_attention_heads * config.head_dim,
-                                                          config.num_key_value_heads * config.head_dim], dim=0)[:2]
+    q_size, kv_size = config.num_attention_heads * config.head_dim, config.num_key_value_heads * config.head_dim
+    q, k, v = head.midlayer.self_attn.qkv_proj.weight.split([q_size, kv_size, kv_size], dim=0)
     assert torch.equal(q, saved["midlayer.self_attn.q_proj.weight"])
+    assert torch.equal(v, saved["midlayer.self_attn.v_proj.weight"])
     assert torch.equal(head.d2t, saved["d2t"])
     assert target.model.aux_hidden_layers == (1, 1, 0)  # vLLM's (2, L/2, L-3), clamped to 2 layers
