@@ -6,7 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
                     40.0, 80.0)
@@ -66,7 +66,32 @@ class EngineStatsCollector:
                 for expert, count in enumerate(load):
                     experts.add_metric([self._model, engine, str(expert)], float(count))
             yield experts
+        if any(snap.get("spec_acceptance_lengths") for _, snap in ranks):  # speculative decoding is on
+            yield from self._speculative(ranks, family, labels)
         yield from self._gateway(stats)
+
+    def _speculative(self, ranks, family, labels):
+        counter = CounterMetricFamily
+        yield family(counter, "lightspeed:spec_decode_num_drafts", "Decode rows that carried draft tokens.",
+                     "spec_num_drafts")
+        yield family(counter, "lightspeed:spec_decode_num_draft_tokens", "Draft tokens verified.",
+                     "spec_num_draft_tokens")
+        yield family(counter, "lightspeed:spec_decode_num_accepted_tokens", "Draft tokens accepted.",
+                     "spec_num_accepted_tokens")
+        # lengths[n]: rows with drafts that kept n tokens (accepted drafts + the bonus token).
+        histogram = HistogramMetricFamily("lightspeed:spec_decode_acceptance_length",
+                                          "Tokens a decode row with drafts kept per step (accepted drafts + 1).",
+                                          labels=labels)
+        for engine, snap in ranks:
+            lengths = snap.get("spec_acceptance_lengths") or []
+            cumulative, buckets = 0, []
+            for n, count in enumerate(lengths[1:], start=1):
+                cumulative += count
+                buckets.append((str(float(n)), cumulative))
+            buckets.append(("+Inf", cumulative))
+            histogram.add_metric([self._model, engine], buckets,
+                                 sum_value=float(sum(n * c for n, c in enumerate(lengths))))
+        yield histogram
 
     def _gateway(self, stats: dict):
         """The gateway's own series (one per server, whatever the number of engine cores)."""
