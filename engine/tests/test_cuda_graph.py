@@ -54,10 +54,11 @@ class _ForwardInsteadOfReplay(CudaGraphRunner):
     forward it would have captured: checks the replay bookkeeping on CPU."""
 
     def mark_captured(self) -> None:
-        self._graphs = dict.fromkeys(self.batch_sizes)
+        keys = [(s, 1) for s in self.batch_sizes] + [(s, self.spec_row_tokens) for s in self.spec_batch_sizes]
+        self._graphs = dict.fromkeys(keys)
 
-    def _replay(self, size: int) -> None:
-        self._forward(size)
+    def _replay(self, key: tuple[int, int]) -> None:
+        self._forward(*key)
 
 
 @pytest.mark.parametrize("sizes", [[1, 2, 4, 8, 16], [16]])
@@ -86,6 +87,34 @@ def test_replay_bookkeeping_matches_eager_on_cpu(tiny_model_dir, sizes):
             sched.advance(plan, runner.collect(runner._sample(plan, logits, t)).tokens)
     assert replays >= max(MAX_TOKENS) - 1
     assert padded_rows > 0
+    assert worst < 1e-4, worst
+
+
+def test_speculative_replay_bookkeeping_matches_eager_on_cpu(tiny_model_dir):
+    """Rows of 1..k+1 tokens padded to k + 1 per row (fixed k per graph size), provisional rows
+    under overlap left aside: the logits of every real token equal the eager forward's."""
+    k = 3
+    runner, sched = _engine(tiny_model_dir, max_num_seqs=16, kv_cache_memory="16MiB",
+                            speculative_config={"method": "ngram", "num_speculative_tokens": k})
+    graphs = _ForwardInsteadOfReplay(runner.model, runner.kv_cache, batch_sizes=[1, 2, 4, 8, 16], max_model_len=256,
+                                     vocab_size=runner.vocab_size, device=torch.device("cpu"), spec_tokens=k)
+    graphs.mark_captured()
+    _submit_varied(runner, sched)
+    rng = np.random.default_rng(1)
+    worst, spec_replays = 0.0, 0
+    with torch.inference_mode():
+        while sched.has_unfinished():
+            counts = rng.integers(0, k + 1, 16).astype(np.int32)
+            plan = sched.next_plan(counts, rng.integers(3, 40000, (16, k)).astype(np.int32))
+            runner._bind_new_rows(plan)
+            t = runner.inputs.build(plan, runner._prev_sampled)
+            eager = runner.forward_eager(plan, t).clone()
+            if graphs.can_run(plan) and plan.num_decode_tokens > plan.num_decodes:
+                logits = graphs.forward(plan, t).clone()
+                worst, spec_replays = max(worst, (logits - eager).abs().max().item()), spec_replays + 1
+            tokens = eager.argmax(-1).int().numpy()
+            sched.advance(plan, tokens, np.ones(plan.num_decodes, np.int32))
+    assert spec_replays > 10
     assert worst < 1e-4, worst
 
 
@@ -170,6 +199,35 @@ def test_graph_replay_equals_eager_forward(long_tiny_model_dir, dtype, kv_cache_
     assert not bad, f"graph vs eager logits beyond rel {rel_tol}: {bad[:5]}"
     if dtype == "float32":
         assert argmax_agree >= 0.99 * argmax_total
+
+
+@gpu
+@pytest.mark.parametrize("speculative_config", [
+    {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1},
+    {"method": "eagle3", "num_speculative_tokens": 3},
+], ids=["ngram", "eagle3"])
+def test_speculative_engine_with_graphs_generates_what_eager_does(long_tiny_model_dir, tmp_path,
+                                                                   speculative_config):
+    """Speculative steps replayed from the k + 1 token graphs (and a device drafter reading the
+    graphs' hidden states): the same greedy tokens as eager without speculation."""
+    from lightspeed.models import ModelConfig
+    from spec_helpers import write_random_eagle3_head
+
+    if speculative_config["method"] == "eagle3":
+        head = write_random_eagle3_head(tmp_path / "head", ModelConfig.from_pretrained(long_tiny_model_dir))
+        speculative_config = {**speculative_config, "model": str(head)}
+    outputs = {}
+    for eager, spec in ((True, None), (False, speculative_config)):
+        engine = make_engine(long_tiny_model_dir, device="cuda", dtype="float32", enforce_eager=eager,
+                             speculative_config=spec, max_num_seqs=16, max_model_len=2048, kv_cache_memory="256MiB",
+                             cuda_graph_max_batch_size=16)
+        for i, (prompt, max_tokens) in enumerate(_varied_prompts()):
+            submit(engine, f"r{i}", prompt * 2, SamplingSpec(max_tokens=max_tokens, temperature=0.0, ignore_eos=True))
+        outputs[eager] = run_until_idle(engine).tokens
+        if not eager:
+            assert engine.runner.graphs is not None and engine.runner.graphs.num_replays > 0
+            assert engine.stats().spec_num_draft_tokens > 0
+    assert outputs[False] == outputs[True]
 
 
 @gpu

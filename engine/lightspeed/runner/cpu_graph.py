@@ -49,10 +49,11 @@ class CpuGraphRunner(CudaGraphRunner):
             except GraphCaptureError as e:
                 log.info("decode batches of %d and more run eagerly on the CPU: %s", size, e)
                 break  # a forward that is not all native kernels is so at every size
-            self._graphs[size], self._outputs[size] = graph, logits
+            self._graphs[size, 1], self._outputs[size] = graph, logits
         if self._graphs:
             log.info("recorded native CPU graphs for decode batch sizes %s (%d calls at batch 1) in %.2f s",
-                     sorted(self._graphs), len(self._graphs[min(self._graphs)]), time.perf_counter() - start)
+                     sorted(self._graphs_sizes(1)), len(self._graphs[min(self._graphs)]),
+                     time.perf_counter() - start)
 
     def _forward_logits(self, size: int) -> torch.Tensor:
         from ..layers.attention import AttentionMetadata
@@ -66,8 +67,9 @@ class CpuGraphRunner(CudaGraphRunner):
         hidden = self.model(self.input_ids[:size], self.positions[:size], meta)
         return self.model.compute_logits(hidden)
 
-    def _replay(self, size: int) -> None:
-        self._graphs[size].replay()
+    def _replay(self, key: tuple[int, int]) -> None:
+        size, _ = key  # one token per row: speculative steps are never recorded (they run eagerly)
+        self._graphs[key].replay()
         self.logits[:size].copy_(self._outputs[size])
 
 

@@ -226,7 +226,7 @@ def _build(config: EngineConfig, ranks, output_tokens_of, load_tokenizer) -> Bui
         runner.spec.drafter.token_at = runner.known_token
     # After the KV cache exists: the graphs bake in its addresses.
     runner.graphs = _graphs(config, ranks, model, kv_cache, max_model_len, model_config.vocab_size, device,
-                            quantized=quantization in ("int8", "int4", "gguf"))
+                            quantized=quantization in ("int8", "int4", "gguf"), spec=runner.spec)
     if ranks is not None and ranks.is_leader:
         from ..distributed import DriverRunner
 
@@ -264,17 +264,25 @@ def build_disk_tier(config: EngineConfig, host_pool, model_config, kv_dtype: tor
 
 
 def _graphs(config: EngineConfig, ranks, model, kv_cache, max_model_len: int, vocab_size: int,
-            device: torch.device, quantized: bool):
+            device: torch.device, quantized: bool, spec=None):
     """Decode graphs, or None. Every rank captures the same sizes in the same order (their collectives
     are captured too); data-parallel cores stepping together run eagerly (their steps would have to
-    agree on one graph size); native CPU graphs replay kernels only, so several ranks run eagerly."""
+    agree on one graph size); native CPU graphs replay kernels only, so several ranks run eagerly.
+    With speculative decoding the CUDA graphs also hold k + 1 tokens per row (and the hidden states a
+    device drafter reads); native CPU graphs replay one-token steps only and keep no hidden states,
+    so speculative steps, and every step of a device drafter, run eagerly on the CPU."""
     batch_sizes = config.cuda_graph_batch_sizes()
     if ranks is not None and ranks.topology.lockstep:
         batch_sizes = []
     args = dict(batch_sizes=batch_sizes, max_model_len=max_model_len, vocab_size=vocab_size, device=device)
     if device.type != "cuda":
-        return build_cpu_graph_runner(model, kv_cache, quantized=quantized, **args) if ranks is None else None
-    graphs = build_cuda_graph_runner(model, kv_cache, **args)
+        if ranks is not None or (spec is not None and spec.needs_hidden):
+            return None
+        return build_cpu_graph_runner(model, kv_cache, quantized=quantized, **args)
+    aux_layers = getattr(getattr(model, "model", None), "aux_hidden_layers", ())
+    graphs = build_cuda_graph_runner(model, kv_cache, **args, spec_tokens=spec.k if spec is not None else 0,
+                                     keep_hidden=spec is not None and spec.needs_hidden,
+                                     aux_width=len(aux_layers) * model.config.hidden_size)
     if ranks is not None and batch_sizes and not ranks.agree_all(graphs is not None):
         return None  # one rank failed to capture: all run eagerly, or their collectives would diverge
     return graphs

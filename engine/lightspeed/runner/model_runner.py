@@ -221,8 +221,11 @@ class ModelRunner:
 
     def forward(self, plan, t: StepTensors) -> torch.Tensor:
         """Logits fp32 [S, V] at the plan's sampled positions."""
-        if self.graphs is not None and self.graphs.can_run(plan) and not (self.spec is not None and self.spec.needs_hidden):
-            return self.graphs.forward(plan, t)
+        if self.graphs is not None and self.graphs.can_run(plan):
+            logits = self.graphs.forward(plan, t)
+            if self.spec is not None and self.spec.needs_hidden:
+                self._hidden = self.graphs.last_hidden
+            return logits
         return self.forward_eager(plan, t)
 
     def forward_eager(self, plan, t: StepTensors) -> torch.Tensor:
