@@ -31,3 +31,17 @@ def test_delta_prefers_queries_then_prompt_tokens_then_client_count():
     assert cache_delta({}, only_hits, 200)["cached_fraction"] == pytest.approx(0.25)
     assert cache_delta(None, after, 1) is None
     assert cache_delta({}, {"vllm:prompt_tokens_total": 5.0}, 1)["cached_fraction"] is None
+
+
+def test_speculative_decoding_counters_give_the_acceptance_length():
+    page = """lightspeed:spec_decode_num_drafts_total{model_name="m"} 10.0
+lightspeed:spec_decode_num_draft_tokens_total{model_name="m"} 40.0
+lightspeed:spec_decode_num_accepted_tokens_total{model_name="m"} 25.0
+lightspeed:spec_decode_acceptance_length_bucket{le="1.0",model_name="m"} 2.0
+"""
+    before = {"lightspeed:spec_decode_num_drafts_total": 2.0, "lightspeed:spec_decode_num_draft_tokens_total": 8.0,
+              "lightspeed:spec_decode_num_accepted_tokens_total": 1.0}
+    delta = cache_delta(before, parse_counters(page), 1)
+    assert delta["spec_acceptance_length"] == pytest.approx((24 + 8) / 8)
+    assert delta["spec_draft_acceptance_rate"] == pytest.approx(24 / 32)
+    assert "spec_acceptance_length" not in cache_delta({}, parse_counters(PAGE), 1)

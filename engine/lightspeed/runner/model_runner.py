@@ -111,10 +111,8 @@ class ModelRunner:
         self._requests.pop(req_id, None)
         self.structured.remove(req_id)
         slot = self._slot_of.pop(req_id, None)
-        if slot is not None and self._slot_owner[slot] == req_id:
-            self._slot_owner[slot] = -1  # rows of it still in flight are void
-            if self.spec is not None:
-                self.spec.release(slot)
+        if slot is not None and self._slot_owner[slot] == req_id and self.spec is not None:
+            self.spec.release(slot)
 
     def take_failures(self) -> list[tuple[int, BaseException]]:
         """(request id, error) of requests whose own state failed since the last call; the engine fails them."""

@@ -148,7 +148,8 @@ class SpecDecoder:
         if launch.step is not None:
             dec = rows < nd
             keep[dec] = launch.step.h_sample_pos[dec] < accepted[rows[dec]]
-        use = keep & owned
+        # Rows of released slots (their request finished meanwhile) commit nothing.
+        use = keep & owned & self.drafter.bound[sample_slots]
         kept = np.nonzero(use)[0]
         # Per sampling row: its slot, whether it rejected drafts, its last kept token.
         last = kept[np.append(rows[kept][1:] != rows[kept][:-1], True)] if kept.size else kept

@@ -29,6 +29,8 @@ _CSV_FIELDS = [
     ("server_cached_fraction", ("server_cache", "cached_fraction")),
     ("ideal_cached_fraction", ("ideal_cached_fraction",)),
     ("ideal_cached_fraction_paged", ("ideal_cached_fraction_paged",)),
+    ("spec_acceptance_length", ("server_cache", "spec_acceptance_length")),
+    ("spec_draft_acceptance_rate", ("server_cache", "spec_draft_acceptance_rate")),
     ("cancelled_at_deadline", ("cancelled_at_deadline",)),
     ("duration_limited", ("duration_limited",)),
 ]
