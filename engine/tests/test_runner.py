@@ -33,7 +33,7 @@ def test_logprobs_rows(tiny_model_dir):
         out = engine.step()
         if out.logprobs:
             assert set(out.logprobs) == {"asks"}
-            lp = out.logprobs["asks"]
+            [lp] = out.logprobs["asks"]  # one entry per token of the step (one without drafts)
             token = out.token_ids[out.request_ids.index("asks")]
             assert lp.rank == 1 and lp.top_ids[0] == token and len(lp.top_ids) == 2
             assert abs(lp.logprob - lp.top_logprobs[0]) < 1e-6
