@@ -51,7 +51,7 @@ def test_vllm_spellings_set_the_same_fields():
 @pytest.mark.parametrize("argv,needle", [
     (["--max-modle-len", "512"], "unrecognized arguments: --max-modle-len (did you mean --max-model-len?)"),
     (["--quantization", "awq"], "argument --quantization/-q: invalid choice: 'awq'"),
-    (["--speculative-config", "{}"], "--speculative-config {}: speculative decoding is not configurable yet"),
+    (["--speculative-config", "{}"], "--speculative-config {}: speculative_config needs 'method'"),
 ])
 def test_flag_mistakes_are_one_clear_error(argv, needle):
     out = _run("serve", *argv)

@@ -62,7 +62,6 @@ IGNORED: tuple[CompatFlag, ...] = (
 )
 
 UNSUPPORTED: tuple[CompatFlag, ...] = (
-    CompatFlag("--speculative-config", True, "speculative decoding is not configurable yet"),
     CompatFlag("--enable-lora", False, "LoRA adapters are not supported"),
     CompatFlag("--lora-modules", True, "LoRA adapters are not supported"),
     CompatFlag("--pipeline-parallel-size", True, "pipeline parallelism is not supported"),
