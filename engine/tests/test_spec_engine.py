@@ -244,3 +244,37 @@ def test_speculative_metrics_reach_engine_stats(small_vocab_model_dir):
     plain = make_engine(small_vocab_model_dir).stats()
     assert plain.spec_num_drafts == 0 and plain.spec_acceptance_lengths == []
 
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlap"])
+def test_a_failing_speculative_step_fails_its_requests_and_the_engine_carries_on(tiny_model_dir, overlap):
+    """A launch that fails on a plan with draft rows: its stand-in result still advances the
+    scheduler (every speculative row needs an accepted count), its requests fail alone."""
+    engine = make_engine(tiny_model_dir, async_scheduling=overlap,
+                         speculative_config={"method": "ngram", "num_speculative_tokens": 3})
+    runner, n = engine.runner, engine.config.max_num_seqs
+    draft_args, forward, calls = runner.draft_args, runner.forward, []
+
+    def forced_drafts():
+        calls.append(1)
+        if len(calls) == 3:  # both requests decode by now: a plan whose rows carry drafts
+            return {"num_draft_tokens": np.full(n, 2, np.int32), "draft_token_ids": np.zeros((n, 3), np.int32)}
+        return draft_args()
+
+    def failing(plan, tensors):
+        if plan.num_decode_tokens > plan.num_decodes:
+            raise RuntimeError("injected fault in a speculative step")
+        return forward(plan, tensors)
+
+    runner.draft_args, runner.forward = forced_drafts, failing
+    for name, prompt in (("a", list(range(3, 40))), ("b", list(range(100, 105)))):
+        submit(engine, name, prompt, GREEDY)
+    run = run_until_idle(engine)
+    assert run.finished == {"a": "error", "b": "error"}
+    assert engine._guard.num_failed_steps == 1
+    stats = engine.scheduler.stats()
+    assert stats["free_device_pages"] + stats["cached_device_pages"] == engine.built.num_device_pages - 1
+    engine.scheduler.check_invariants()
+    runner.forward = forward
+    prompt = list(range(7, 60))
+    assert _run_one(engine, prompt)["a"] == _run_one(make_engine(tiny_model_dir), prompt)["a"]
