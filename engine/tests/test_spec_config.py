@@ -75,3 +75,12 @@ def test_eagle3_head_loads_its_checkpoint(tiny_model_dir, tmp_path):
     assert torch.equal(v, saved["midlayer.self_attn.v_proj.weight"])
     assert torch.equal(head.d2t, saved["d2t"])
     assert target.model.aux_hidden_layers == (1, 1, 0)  # vLLM's (2, L/2, L-3), clamped to 2 layers
+
+
+@pytest.mark.parametrize("parallel", [dict(tensor_parallel_size=2),
+                                      dict(data_parallel_size=2, enable_expert_parallel=True)], ids=["tp", "ep"])
+def test_several_ranks_per_core_are_refused_and_data_parallel_cores_are_not(parallel):
+    ngram = '{"method": "ngram", "num_speculative_tokens": 3}'
+    with pytest.raises(ValueError, match="one rank"):
+        EngineConfig(model="m", speculative_config=ngram, **parallel)
+    assert EngineConfig(model="m", speculative_config=ngram, data_parallel_size=2).speculative_config.method == "ngram"
