@@ -60,6 +60,34 @@ def test_a_failure_while_processing_one_output_fails_only_that_request(tiny_mode
     assert good == later and len(good) == 6 and stats["engine_alive"]
 
 
+def test_a_message_that_fails_to_dispatch_fails_its_requests_and_delivery_goes_on(tiny_model_dir,
+                                                                                   default_model_path):
+    async def main():
+        llm = AsyncLLM(config=_config(tiny_model_dir, default_model_path))
+        on_step, broken = llm._on_step, {"left": 1}
+
+        async def flaky(msg):  # a bug outside any one request's state: the whole message fails
+            if msg.request_ids and broken["left"]:
+                broken["left"] -= 1
+                raise KeyError("a bug in output processing")
+            await on_step(msg)
+
+        llm._on_step = flaky
+        try:
+            first = await asyncio.wait_for(_collect(llm, [5, 6, 7]), 60)
+        except RequestFailedError as e:
+            first = e
+        try:
+            later = await asyncio.wait_for(_collect(llm, [5, 6, 7]), 60)
+            return first, later, llm.errored
+        finally:
+            llm.shutdown()
+
+    first, later, errored = asyncio.run(main())
+    assert isinstance(first, RequestFailedError) and "KeyError" in str(first), "failed, not left hanging"
+    assert len(later) == 6 and not errored
+
+
 def test_sends_wait_for_room_in_the_engine(tiny_model_dir, default_model_path):
     async def main():
         llm = AsyncLLM(config=_config(tiny_model_dir, default_model_path, max_num_seqs=2, max_queued_requests=2))

@@ -50,3 +50,19 @@ def test_data_parallel_expert_parallel_cores_match_one_core(tmp_path):
     finally:
         for core in cores:
             core.shutdown()
+
+
+def test_data_parallel_cores_get_their_own_disk_directories(tiny_model_dir, tmp_path):
+    base = EngineConfig(model=tiny_model_dir, load_format="dummy", data_parallel_size=2,
+                        disk_cache_dir=str(tmp_path), disk_cache_size=64 << 20, **SETTINGS)
+    configs = data_parallel_configs(base)  # the tier locks its files: one directory per core
+    assert [c.disk_cache_dir for c in configs] == [str(tmp_path / "dp0"), str(tmp_path / "dp1")]
+    assert [c.disk_cache_size for c in configs] == [32 << 20, 32 << 20]
+
+
+def test_disk_tier_with_cores_that_step_together_is_refused(tmp_path):
+    hf_reference_model("tiny-qwen3-moe", seed=5).save_pretrained(tmp_path)
+    base = EngineConfig(model=str(tmp_path), load_format="dummy", data_parallel_size=2,
+                        enable_expert_parallel=True, disk_cache_dir=str(tmp_path / "kv"), **SETTINGS)
+    with pytest.raises(ValueError, match="step together"):
+        data_parallel_configs(base)

@@ -9,6 +9,7 @@ import pytest
 import torch
 from engine_driver import make_engine, run_until_idle, submit
 from lightspeed.core import messages as m
+from lightspeed.kv import KVTransferError
 from lightspeed.runner.sampling_state import table_bytes
 
 GREEDY = m.SamplingSpec(max_tokens=8, temperature=0.0, ignore_eos=True)
@@ -100,6 +101,27 @@ def test_fatal_errors_and_repeated_step_failures_end_the_core(tiny_model_dir):
         if i < 2:
             assert run_until_idle(engine).finished == {f"r{i}": "error"}
     with pytest.raises(ValueError, match="every step"):
+        run_until_idle(engine)
+
+
+def test_kv_copies_that_cannot_start_end_the_core_instead_of_stranding_their_requests(tiny_model_dir):
+    # A request loading its prefix from host has no row in the plan that carries the copy: failing
+    # "the plan's requests" would leave it waiting for an acknowledgement that never comes.
+    engine = make_engine(tiny_model_dir, kv_cache_memory=48 * 4096, host_cache_memory=256 * 4096, max_num_seqs=2)
+    first = list(range(10, 170))
+    for i, prompt in enumerate((first, list(range(300, 460)), list(range(600, 760)))):
+        submit(engine, f"p{i}", prompt, GREEDY)  # the third pushes the first off the device
+        run_until_idle(engine)
+    copier, submit_copies = engine.runner.kv_cache.copier, engine.runner.kv_cache.copier.submit
+
+    def refuse_load_backs(step_id, write_back, load_back, forward_waits):
+        if load_back.shape[0]:
+            raise RuntimeError("injected: cudaMemcpy2DAsync failed")
+        return submit_copies(step_id, write_back, load_back, forward_waits)
+
+    copier.submit = refuse_load_backs
+    submit(engine, "again", first, GREEDY)
+    with pytest.raises(KVTransferError, match="could not be started"):
         run_until_idle(engine)
 
 

@@ -237,7 +237,7 @@ class AsyncLLM:
         if task is not None and not task.done():
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
-        self._core.close()
+        await self._core.aclose()
         core = EngineCoreClient(self.config)
         try:
             info = await asyncio.get_running_loop().run_in_executor(None, core.wait_ready)
@@ -380,7 +380,13 @@ class AsyncLLM:
                         raise EngineDeadError(
                             f"engine core (pid {core.pid}) died with exit code {core.proc.returncode}")
                     continue
-                await self._dispatch(msg)
+                try:
+                    await self._dispatch(msg)
+                except EngineDeadError:
+                    raise
+                except Exception as e:  # a bug on our side of one message: its requests fail, delivery goes on
+                    log.exception("failed to deliver a message from the engine core")
+                    self._fail_named(msg, RequestFailedError(f"output delivery failed: {type(e).__name__}"))
         except EngineDeadError as e:
             self._dead = e
             log.error("%s", e)
@@ -411,6 +417,16 @@ class AsyncLLM:
         group.fail(error)
         others = [s.engine_id for s in group.seqs if s.finish_reason is None and s is not seq]
         self._abort_in_core(others)  # the request as a whole failed: its other choices stop too
+
+    def _fail_named(self, msg, error: BaseException) -> None:
+        """Fail every request a core message names (so none waits for what that message carried)."""
+        names = set(getattr(msg, "request_ids", ()) or ())
+        for field in ("finished", "errors", "failed"):
+            names.update(getattr(msg, field, None) or ())
+        for engine_id in names:
+            entry = self._seqs.get(engine_id)
+            if entry is not None and entry[1].finish_reason is None:
+                self._fail_seq(engine_id, error, "error")
 
     def _fail_all(self, error: BaseException) -> None:
         for group in list(self._groups.values()):

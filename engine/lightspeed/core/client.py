@@ -10,6 +10,7 @@ socket folder, so no orphan survives a forgotten `shutdown()`.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import os
@@ -127,6 +128,15 @@ class EngineCoreClient:
         if not await self._async_output.poll(int(timeout_s * 1000)):
             return None
         return m.client_decoder.decode(await self._async_output.recv(copy=False))
+
+    async def aclose(self) -> None:
+        """`close()` for the event loop: the wait for the core to stop (seconds, when it is draining
+        or its ranks are going down) runs in a worker thread, so the loop keeps serving meanwhile."""
+        if self.ready is None and self.is_alive():
+            self.proc.terminate()
+        if self._finalizer.alive:
+            await asyncio.get_running_loop().run_in_executor(None, _stop, self.proc, self._input)
+        self.close()  # the core has stopped: what is left is quick
 
     def close(self) -> None:
         """Stop the core (Shutdown, then SIGTERM/SIGKILL if it lingers) and free sockets and files.

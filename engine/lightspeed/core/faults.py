@@ -27,6 +27,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from ..kv import KVTransferError
 from ..runner.model_runner import LaunchedStep, ModelRunner
 
 log = logging.getLogger("lightspeed.core")
@@ -48,7 +49,7 @@ class FatalEngineError(RuntimeError):
 
 def is_fatal(error: BaseException) -> bool:
     """True when `error` leaves the engine unable to serve anyone (then the core exits)."""
-    if not isinstance(error, Exception) or isinstance(error, FatalEngineError):  # also KeyboardInterrupt
+    if not isinstance(error, Exception) or isinstance(error, (FatalEngineError, KVTransferError)):  # also ^C
         return True
     if isinstance(error, torch.OutOfMemoryError):  # the allocator recovers: fail the step, not the core
         return False

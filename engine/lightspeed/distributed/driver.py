@@ -205,6 +205,7 @@ class DriverRunner:
         self._closed = True
         graceful = graceful and self.ranks.processes.dead() is None
         if graceful:
+            self.ranks.processes.expect_exit()  # before the packet: a rank may exit the moment it reads it
             try:
                 self.ranks.send_packet(stop_packet(torch.zeros(FIRST_WORDS, dtype=torch.int32)))
             except RuntimeError as exc:

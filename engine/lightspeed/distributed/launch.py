@@ -130,6 +130,10 @@ class RankProcesses:
                 os._exit(EXIT_RANK_DIED)  # the main thread may be blocked in a collective forever
             return
 
+    def expect_exit(self) -> None:
+        """The ranks are about to be told to stop: from now on their exits are no failure."""
+        self._stopping.set()
+
     def stop(self, graceful: bool = True, timeout_s: float = 10.0) -> None:
         """Wait for the ranks (graceful: they were told to stop), then terminate what is left."""
         self._stopping.set()

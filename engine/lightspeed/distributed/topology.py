@@ -12,11 +12,13 @@ ranks only: `lightspeed serve ... --node-rank n`).
 
 from __future__ import annotations
 
+import os
 import socket
 from dataclasses import dataclass
 
 from ..config import EngineConfig
 from ..envs import ENVS
+from ..kv.disk import default_disk_size
 
 
 @dataclass(frozen=True)
@@ -121,7 +123,15 @@ def data_parallel_configs(config: EngineConfig) -> list[EngineConfig]:
     steps_together = is_moe and config.expert_parallel_ranks == config.tensor_parallel_size * dp
     if steps_together and port is None:
         port = free_port()
-    return [config.replace(data_parallel_rank=d, master_port=port) for d in range(dp)]
+    if config.disk_cache_dir is None:
+        return [config.replace(data_parallel_rank=d, master_port=port) for d in range(dp)]
+    if steps_together:  # a core flushing its disk writes at shutdown steps alone: the others have stopped
+        raise ValueError("disk_cache_dir with data-parallel cores that step together (expert parallelism "
+                         "across them) is not supported in this version")
+    # One engine per directory (the tier locks its files): each core gets its own, and a share of the size.
+    size = config.disk_cache_size if config.disk_cache_size is not None else default_disk_size(config.disk_cache_dir)
+    return [config.replace(data_parallel_rank=d, master_port=port, disk_cache_size=size // dp,
+                           disk_cache_dir=os.path.join(config.disk_cache_dir, f"dp{d}")) for d in range(dp)]
 
 
 def free_port() -> int:

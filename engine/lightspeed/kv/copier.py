@@ -36,6 +36,12 @@ import torch
 log = logging.getLogger("lightspeed.kv")
 
 
+class KVTransferError(RuntimeError):
+    """A plan's KV copies or disk ops could not be handed to their workers. The scheduler waits for
+    an acknowledgement of each plan's copies, and after a partial hand-over nobody knows which pages
+    moved: the engine cannot go on (the core exits; a supervisor restarts it)."""
+
+
 class PagedPool(Protocol):
     num_pages: int
     page_tensors: list[torch.Tensor]  # page axis at dim 1

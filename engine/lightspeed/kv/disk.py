@@ -54,6 +54,13 @@ _OPS_PER_TASK = 8       # pages one worker task moves: few futures per step, wor
 _IOV_MAX = 1024
 
 
+def default_disk_size(directory: str | Path) -> int:
+    """The tier's size when none is given: half the free space of `directory`'s file system now."""
+    os.makedirs(directory, exist_ok=True)
+    fs = os.statvfs(directory)
+    return fs.f_bavail * fs.f_frsize // 2
+
+
 def kv_fingerprint(parts: dict) -> str:
     """Hex SHA-256 of everything that changes the KV bytes (canonical JSON of `parts`)."""
     blob = json.dumps({"format": DISK_FORMAT_VERSION, **parts}, sort_keys=True, default=str)

@@ -244,7 +244,7 @@ def build_disk_tier(config: EngineConfig, host_pool, model_config, kv_dtype: tor
     """The disk KV tier under `host_pool`, its files named by a fingerprint of everything that changes
     the KV bytes: the weights, the model's config (RoPE included), dtypes, quantisation, page size,
     tensor-parallel layout, device kind and the page layout."""
-    from ..kv.disk import DiskKVTier, kv_fingerprint
+    from ..kv.disk import DiskKVTier, default_disk_size, kv_fingerprint
     from ..loader import resolve_model_files, weights_identity
     from ..model_files import default_model
 
@@ -255,11 +255,7 @@ def build_disk_tier(config: EngineConfig, host_pool, model_config, kv_dtype: tor
              "kv_dtype": kv_dtype, "quantization": quantization, "page_size": config.page_size,
              "tensor_parallel": [config.tensor_parallel_size, 0], "device": device.type,
              "page_tensors": [[[t.shape[0], *t.shape[2:]], t.dtype] for t in host_pool.page_tensors]}
-    size = config.disk_cache_size
-    if size is None:
-        os.makedirs(config.disk_cache_dir, exist_ok=True)
-        fs = os.statvfs(config.disk_cache_dir)
-        size = fs.f_bavail * fs.f_frsize // 2
+    size = config.disk_cache_size if config.disk_cache_size is not None else default_disk_size(config.disk_cache_dir)
     return DiskKVTier(host_pool, config.disk_cache_dir, size, kv_fingerprint(parts), config.page_size)
 
 

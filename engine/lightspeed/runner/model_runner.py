@@ -38,7 +38,7 @@ if TYPE_CHECKING:  # the runner never needs msgspec at run time (GPU benchmarks 
     from ..spec.step import SpecStep
     from .cuda_graph import CudaGraphRunner
 
-from ..kv import KVCache
+from ..kv import KVCache, KVTransferError
 from .expert_load import ExpertLoad
 from .inputs import InputBuilder, StepTensors, upload
 from .sampling_state import SamplingState
@@ -158,11 +158,14 @@ class ModelRunner:
     @torch.inference_mode()
     def launch(self, plan) -> LaunchedStep:
         """Enqueue the plan's copies, forward and sampling; returns at once on GPU."""
-        if plan.has_copies:
-            self.kv_cache.copier.submit(int(plan.step_id), plan.write_back, plan.load_back,
-                                        bool(plan.forward_waits_for_copies))
-        if plan.has_disk_ops:
-            self.kv_cache.disk.submit(plan)
+        try:  # before anything of the step: a failure here must end the core (KVTransferError)
+            if plan.has_copies:
+                self.kv_cache.copier.submit(int(plan.step_id), plan.write_back, plan.load_back,
+                                            bool(plan.forward_waits_for_copies))
+            if plan.has_disk_ops:
+                self.kv_cache.disk.submit(plan)
+        except Exception as e:
+            raise KVTransferError(f"step {int(plan.step_id)}: KV copies could not be started ({e})") from e
         self._bind_new_rows(plan)
         if plan.input_ids.shape[0] == 0:
             return LaunchedStep(int(plan.step_id), np.empty(0, np.int64), torch.empty(0, dtype=torch.int32))
