@@ -35,6 +35,12 @@ class KernelEnv:
     Triton's CPU interpreter, and launch paths pick interpreter-safe options."""
     disable_native: bool = False
     """LIGHTSPEED_KERNEL_DISABLE_NATIVE=1: do not register the C kernels of lightspeed_kernel.cpu."""
+    native_scalar: bool = False
+    """LIGHTSPEED_KERNEL_NATIVE_SCALAR=1: the int8-activation GEMM runs its portable C loops even
+    where the CPU has AVX2 (to test or compare the fallback)."""
+    q8_activations: bool = True
+    """LIGHTSPEED_KERNEL_Q8_ACTIVATIONS=0: multi-row w4 / w8 GEMMs keep fp32 activations instead of
+    quantising them to int8 blocks (slower, the pre-int8 numerics)."""
     native_cc: str | None = None
     """LIGHTSPEED_KERNEL_CC (else CC): the C compiler that builds the native CPU kernels."""
     native_cache_dir: str | None = None
@@ -57,6 +63,8 @@ def kernel_env() -> KernelEnv:
         disable_triton=_flag(environ.get("LIGHTSPEED_KERNEL_DISABLE_TRITON")),
         triton_interpret=environ.get("TRITON_INTERPRET", "0") not in ("", "0"),
         disable_native=_flag(environ.get("LIGHTSPEED_KERNEL_DISABLE_NATIVE")),
+        native_scalar=_flag(environ.get("LIGHTSPEED_KERNEL_NATIVE_SCALAR")),
+        q8_activations=environ.get("LIGHTSPEED_KERNEL_Q8_ACTIVATIONS", "1").strip().lower() not in ("0", "false", "no", "off"),
         native_cc=environ.get("LIGHTSPEED_KERNEL_CC") or environ.get("CC") or None,
         native_cache_dir=environ.get("LIGHTSPEED_KERNEL_CACHE_DIR")
         or os.path.join(environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "lightspeed", "kernels"),

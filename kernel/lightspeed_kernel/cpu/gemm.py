@@ -1,21 +1,26 @@
 """Native weight-only quantised GEMM on the CPU (gemm/w4, gemm/w8 and their dequantisation).
 
-Up to DENSE_MIN_ROWS - 1 token rows (decode batches) run the fused C kernel, which expands each
-weight block in registers; from DENSE_MIN_ROWS rows on (prompts) the weight is dequantised a
-chunk of rows at a time and multiplied by torch's GEMM (MKL / oneDNN), which wins once the
-dequantisation is shared by enough rows. The crossover was measured on a 2-core AMD EPYC
-(AVX2): kernel microbenchmark in bench/results/kernels_cpu_*.md.
+By token rows T (the crossovers measured on a 2-core AMD EPYC, AVX2: bench/results/kernels_cpu_*.md):
+- T = 1 (a single decode stream): the fused C kernel with fp32 activations (quant_gemm.c), bound
+  by streaming the weights in, so int8 activations would cost precision and win nothing;
+- 2 <= T < DENSE_MIN_ROWS (decode batches): activations quantised per row to int8 blocks of 32
+  and integer block dots (q8_gemm.c), about twice the fp32 FMA rate; LIGHTSPEED_KERNEL_Q8_ACTIVATIONS=0
+  keeps the fp32 kernel here;
+- T >= DENSE_MIN_ROWS (prompts): the weight dequantised a chunk of rows at a time and multiplied
+  by torch's GEMM (MKL / oneDNN), which wins once the dequantisation is shared by enough rows.
 """
 
 from __future__ import annotations
 
 import torch
 
+from ..env import kernel_env
 from ..reference.gemm import check_quantized
 from ..registry import Priority, register_kernel
 from . import native
 
 DENSE_MIN_ROWS = 24
+Q8_MIN_ROWS = 2
 CHUNK_ELEMENTS = 1 << 20  # fp32 weights dequantised at once on the dense path: 4 MiB, cache-resident
 ACTIVATION_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -52,9 +57,13 @@ def _linear(bits: int, x, qweight, scales, mins, bias, group_size: int) -> torch
     if t == 0 or n == 0:
         return out.to(x.dtype)
     if t < DENSE_MIN_ROWS:
-        rc = native.call("ls_w4_linear" if bits == 4 else "ls_w8_linear", xf.data_ptr(), t, k, qweight.data_ptr(),
-                         scales.data_ptr(), mins.data_ptr(), n, group_size,
+        args = (xf.data_ptr(), t, k, qweight.data_ptr(), scales.data_ptr(), mins.data_ptr(), n, group_size,
                 None if bias_f is None else bias_f.data_ptr(), out.data_ptr())
+        env = kernel_env()
+        if t >= Q8_MIN_ROWS and env.q8_activations:
+            rc = native.call(f"ls_w{bits}_linear_q8", *args, int(env.native_scalar))
+        else:
+            rc = native.call(f"ls_w{bits}_linear", *args)
         if rc:
             raise RuntimeError(f"w{bits} linear kernel failed (code {rc})")
     else:

@@ -28,7 +28,7 @@ from pathlib import Path
 from ..env import kernel_env
 
 CSRC = Path(__file__).with_name("csrc")
-SOURCES = ("quant_gemm.c", "attention.c", "elementwise.c")
+SOURCES = ("quant_gemm.c", "q8_gemm.c", "attention.c", "elementwise.c")
 HEADERS = ("simd.h",)
 FLAGS = ("-O3", "-march=native", "-std=gnu11", "-fPIC", "-shared", "-fno-math-errno")
 OPENMP = ("-fopenmp",)
@@ -38,6 +38,9 @@ _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 SIGNATURES = {
     "ls_w4_linear": (_P, _I, _I, _P, _P, _P, _I, _I, _P, _P),
     "ls_w8_linear": (_P, _I, _I, _P, _P, _P, _I, _I, _P, _P),
+    "ls_w4_linear_q8": (_P, _I, _I, _P, _P, _P, _I, _I, _P, _P, _I),
+    "ls_w8_linear_q8": (_P, _I, _I, _P, _P, _P, _I, _I, _P, _P, _I),
+    "ls_q8_simd": (),
     "ls_w4_dequant": (_P, _P, _P, _I, _I, _P, _I, _P),
     "ls_w8_dequant": (_P, _P, _P, _I, _I, _P, _I, _P),
     "ls_paged_attention_decode": (_P, _I, _I, _P, _P, ctypes.c_int, _I, _I, _I, _P, _I, _P, _P, _I, _I, _F, _F, _F, _F,
