@@ -3,9 +3,11 @@
 By token rows T (the crossovers measured on a 2-core AMD EPYC, AVX2: bench/results/kernels_cpu_*.md):
 - T = 1 (a single decode stream): the fused C kernel with fp32 activations (quant_gemm.c), bound
   by streaming the weights in, so int8 activations would cost precision and win nothing;
-- 2 <= T < DENSE_MIN_ROWS (decode batches): activations quantised per row to int8 blocks of 32
-  and integer block dots (q8_gemm.c), about twice the fp32 FMA rate; LIGHTSPEED_KERNEL_Q8_ACTIVATIONS=0
-  keeps the fp32 kernel here;
+- 2 <= T < DENSE_MIN_ROWS (decode batches), 4-bit weights: activations quantised per row to int8
+  (one scale per 256 columns) and integer block dots (q8_gemm.c): 1.0-1.4x the fp32 kernel on
+  Zen 3 without VNNI, where an integer multiply-add pair costs about what the fp32 FMAs it replaces
+  do. 8-bit weights keep fp32 activations: their sign trick makes the integer path slower there.
+  LIGHTSPEED_KERNEL_Q8_ACTIVATIONS=0 keeps the fp32 kernel for 4-bit weights too;
 - T >= DENSE_MIN_ROWS (prompts): the weight dequantised a chunk of rows at a time and multiplied
   by torch's GEMM (MKL / oneDNN), which wins once the dequantisation is shared by enough rows.
 """
@@ -21,6 +23,7 @@ from . import native
 
 DENSE_MIN_ROWS = 24
 Q8_MIN_ROWS = 2
+Q8_BITS = (4,)  # weight widths whose multi-row GEMMs quantise activations (the module docstring says why)
 CHUNK_ELEMENTS = 1 << 20  # fp32 weights dequantised at once on the dense path: 4 MiB, cache-resident
 ACTIVATION_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -31,6 +34,28 @@ def _check(bits: int, x: torch.Tensor | None, qweight: torch.Tensor, scales: tor
     if not (qweight.is_contiguous() and scales.is_contiguous() and mins.is_contiguous()):
         raise ValueError(f"w{bits}: the native kernels need contiguous qweight, scales and mins")
     return n, k
+
+
+# Attribute of a scales tensor holding (its _version when made, kw int16 [N, 2 K/32], dw fp32
+# [N, ceil(K/256)]): the integer form of a weight's scales for the int8-activation kernel, made at
+# its first multi-row call and again only if the scales change in place (a weight load). Kept on
+# the tensor itself, so it lives exactly as long as the weight (recorded graphs hold its pointers).
+_Q8_ATTR = "_lightspeed_q8_scales"
+
+
+def q8_scales(bits: int, scales: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The (kw, dw) integer scales of `scales` for ls_w*_linear_q8 (cached on the tensor)."""
+    cached = getattr(scales, _Q8_ATTR, None)
+    if cached is not None and cached[0] == (scales._version, bits, group_size):
+        return cached[1], cached[2]
+    n, k = scales.shape[0], scales.shape[1] * group_size
+    kw = torch.empty(n, 2 * (k // 32), dtype=torch.int16)
+    dw = torch.empty(n, -(-k // 256), dtype=torch.float32)
+    # called directly, not through native.call: a graph being recorded must not replay this per step
+    if native.library().ls_q8_weight_scales(scales.data_ptr(), n, k, group_size, bits, kw.data_ptr(), dw.data_ptr()):
+        raise ValueError(f"w{bits} int8-activation scales: unsupported shape (K={k}, group_size={group_size})")
+    setattr(scales, _Q8_ATTR, ((scales._version, bits, group_size), kw, dw))
+    return kw, dw
 
 
 def _dequant_rows(bits: int, qweight, scales, mins, group_size: int, first: int, count: int, out: torch.Tensor,
@@ -57,13 +82,14 @@ def _linear(bits: int, x, qweight, scales, mins, bias, group_size: int) -> torch
     if t == 0 or n == 0:
         return out.to(x.dtype)
     if t < DENSE_MIN_ROWS:
-        args = (xf.data_ptr(), t, k, qweight.data_ptr(), scales.data_ptr(), mins.data_ptr(), n, group_size,
-                None if bias_f is None else bias_f.data_ptr(), out.data_ptr())
+        tail = (mins.data_ptr(), n, group_size, None if bias_f is None else bias_f.data_ptr(), out.data_ptr())
         env = kernel_env()
-        if t >= Q8_MIN_ROWS and env.q8_activations:
-            rc = native.call(f"ls_w{bits}_linear_q8", *args, int(env.native_scalar))
+        if t >= Q8_MIN_ROWS and bits in Q8_BITS and env.q8_activations:
+            kw, dw = q8_scales(bits, scales, group_size)
+            rc = native.call(f"ls_w{bits}_linear_q8", xf.data_ptr(), t, k, qweight.data_ptr(), kw.data_ptr(),
+                             dw.data_ptr(), *tail, int(env.native_scalar))
         else:
-            rc = native.call(f"ls_w{bits}_linear", *args)
+            rc = native.call(f"ls_w{bits}_linear", xf.data_ptr(), t, k, qweight.data_ptr(), scales.data_ptr(), *tail)
         if rc:
             raise RuntimeError(f"w{bits} linear kernel failed (code {rc})")
     else:

@@ -38,8 +38,9 @@ _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 SIGNATURES = {
     "ls_w4_linear": (_P, _I, _I, _P, _P, _P, _I, _I, _P, _P),
     "ls_w8_linear": (_P, _I, _I, _P, _P, _P, _I, _I, _P, _P),
-    "ls_w4_linear_q8": (_P, _I, _I, _P, _P, _P, _I, _I, _P, _P, _I),
-    "ls_w8_linear_q8": (_P, _I, _I, _P, _P, _P, _I, _I, _P, _P, _I),
+    "ls_w4_linear_q8": (_P, _I, _I, _P, _P, _P, _P, _I, _I, _P, _P, _I),
+    "ls_w8_linear_q8": (_P, _I, _I, _P, _P, _P, _P, _I, _I, _P, _P, _I),
+    "ls_q8_weight_scales": (_P, _I, _I, _I, _I, _P, _P),
     "ls_q8_simd": (),
     "ls_w4_dequant": (_P, _P, _P, _I, _I, _P, _I, _P),
     "ls_w8_dequant": (_P, _P, _P, _I, _I, _P, _I, _P),
