@@ -33,6 +33,17 @@ def _naive(x, qw, bias):
     return x.double() @ w.t() + (0 if bias is None else bias.double())
 
 
+def _int8_activations(kernel: str, bits: int, tokens: int) -> bool:
+    # the native kernel quantises activations to int8 for decode batches of 4-bit weights
+    from lightspeed_kernel.cpu import gemm
+
+    return (kernel.startswith("native") and bits in gemm.Q8_BITS and lk.kernel_env().q8_activations
+            and gemm.Q8_MIN_ROWS <= tokens < gemm.DENSE_MIN_ROWS)
+
+
+INT8_REL_ERROR = 3e-2  # bound on tiny random shapes (one output of 32 products); about 0.7% at K=576
+
+
 TOKENS = [0, 1, 2, 3, 4, 5, 7, 8, 9, 16, 23, 24, 40]
 SHAPES = [(1, 32), (7, 64), (96, 128), (33, 576)]
 
@@ -53,7 +64,11 @@ def test_linear_matches_float64(bits, n, k, group):
             with lk.override(**{f"gemm/w{bits}": spec.name}):
                 got = op(x, qw.qweight, qw.scales, qw.mins, bias, group_size=group)
             assert got.shape == (tokens, n) and got.dtype == torch.float32
-            torch.testing.assert_close(got.double(), _naive(x, qw, bias), rtol=1e-4, atol=1e-4,
+            want = _naive(x, qw, bias)
+            if _int8_activations(spec.name, bits, tokens):  # exact math checked in test_gemm_q8.py
+                assert (got.double() - want).norm() <= INT8_REL_ERROR * want.norm(), f"{spec.name} T={tokens}"
+                continue
+            torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-4,
                                        msg=lambda m, s=spec.name, t=tokens: f"{s} T={t}: {m}")
 
 
@@ -64,7 +79,11 @@ def test_low_precision_activations_round_once(dtype):
         x = torch.randn(tokens, 64).to(dtype)
         got = ops.linear(x, qw)
         assert got.dtype == dtype
-        torch.testing.assert_close(got.double(), _naive(x, qw, None), rtol=1e-2, atol=1e-2)
+        want = _naive(x, qw, None)
+        if _int8_activations(lk.select_kernel("gemm", "w4", "float32", platform=lk.CPU).name, 4, tokens):
+            assert (got.double() - want).norm() <= INT8_REL_ERROR * want.norm()
+        else:
+            torch.testing.assert_close(got.double(), want, rtol=1e-2, atol=1e-2)
 
 
 def test_dense_path_in_chunks(monkeypatch):

@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """CPU GEMM candidates on SmolLM2-135M's shapes: fp32 torch.nn.functional.linear, PyTorch's weight-only
 CPU kernels (`_weight_int8pack_mm`, `_weight_int4pack_mm_for_cpu`, with fp32 and bf16 activations)
-and Lightspeed's native w4 / w8 kernels (fused, and dequantise + torch GEMM), per token count.
+and Lightspeed's native w4 / w8 kernels (fused with fp32 activations, fused with int8 activations
+from 2 rows (q8_gemm.c), and dequantise + torch GEMM), per token count.
 
 Times are the best of --trials of CPU time of this process (less sensitive than wall time to other
 processes on a shared machine) with the 1-minute load average beside them. Weights are cycled
@@ -56,13 +57,14 @@ def candidates(n: int, k: int, tokens: int, copies: int):
         turn[0] = (turn[0] + 1) % copies
         return table[turn[0]]
 
-    def native(weight, dense_path):
-        rows = gemm.DENSE_MIN_ROWS
+    def native(weight, dense_path, int8_x=False):
+        rows, q8_bits = gemm.DENSE_MIN_ROWS, gemm.Q8_BITS
         gemm.DENSE_MIN_ROWS = 1 if dense_path else 1 << 30
+        gemm.Q8_BITS = (weight.bits,) if int8_x else ()
         try:
             return gemm._linear(weight.bits, x, weight.qweight, weight.scales, weight.mins, None, weight.group_size)
         finally:
-            gemm.DENSE_MIN_ROWS = rows
+            gemm.DENSE_MIN_ROWS, gemm.Q8_BITS = rows, q8_bits
 
     return {
         "fp32 F.linear": lambda: F.linear(x, cycle(dense)),
@@ -73,7 +75,9 @@ def candidates(n: int, k: int, tokens: int, copies: int):
         "torch int4pack (bf16 x)": lambda: torch.ops.aten._weight_int4pack_mm_for_cpu(xb, cycle(i4), 32,
                                                                                       i4_sz.bfloat16()),
         "native w8 fused": lambda: native(cycle(w8), False),
+        "native w8 fused int8 x": lambda: native(cycle(w8), False, int8_x=True),
         "native w4 fused": lambda: native(cycle(w4), False),
+        "native w4 fused int8 x": lambda: native(cycle(w4), False, int8_x=True),
         "native w4 dequant+GEMM": lambda: native(cycle(w4), True),
     }
 
@@ -83,6 +87,7 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--tokens", default="1,4,16,24,64")
     p.add_argument("--trials", type=int, default=5)
+    p.add_argument("--kernels", default="", help="comma-separated candidate names to run (default: all)")
     p.add_argument("--copies", type=int, default=8)
     p.add_argument("--out", default="bench/results")
     args = p.parse_args()
@@ -93,7 +98,10 @@ def main() -> None:
             if shape == "lm_head" and tokens > 16:
                 continue
             inner = max(1, int(2e7 // (n * k * max(tokens, 4))))
+            wanted = set(filter(None, args.kernels.split(",")))
             for name, fn in candidates(n, k, tokens, args.copies).items():
+                if wanted and name not in wanted:
+                    continue
                 fn()
                 seconds = cpu_time(fn, args.trials, inner)
                 results.append({"shape": shape, "n": n, "k": k, "tokens": tokens, "kernel": name,

@@ -58,6 +58,18 @@ def q8_scales(bits: int, scales: torch.Tensor, group_size: int) -> tuple[torch.T
     return kw, dw
 
 
+def linear_q8_into(bits: int, xf: torch.Tensor, qweight, scales, mins, bias_f: torch.Tensor | None,
+                   group_size: int, out: torch.Tensor, force_scalar: bool = False) -> int:
+    """out[T, N] = xf @ w.T (+ bias_f) through the int8-activation kernel (fp32 contiguous xf,
+    bias_f, out; shapes checked by the caller); force_scalar runs the portable loops. Returns the
+    kernel's status."""
+    kw, dw = q8_scales(bits, scales, group_size)
+    t, k = xf.shape
+    return native.call(f"ls_w{bits}_linear_q8", xf.data_ptr(), t, k, qweight.data_ptr(), kw.data_ptr(), dw.data_ptr(),
+                       mins.data_ptr(), qweight.shape[0], group_size, None if bias_f is None else bias_f.data_ptr(),
+                       out.data_ptr(), int(force_scalar))
+
+
 def _dequant_rows(bits: int, qweight, scales, mins, group_size: int, first: int, count: int, out: torch.Tensor,
                   rows: torch.Tensor | None = None) -> None:
     """Rows [first, first + count) (or `rows`) of the weight into `out` [count, K] fp32."""
@@ -82,14 +94,13 @@ def _linear(bits: int, x, qweight, scales, mins, bias, group_size: int) -> torch
     if t == 0 or n == 0:
         return out.to(x.dtype)
     if t < DENSE_MIN_ROWS:
-        tail = (mins.data_ptr(), n, group_size, None if bias_f is None else bias_f.data_ptr(), out.data_ptr())
         env = kernel_env()
         if t >= Q8_MIN_ROWS and bits in Q8_BITS and env.q8_activations:
-            kw, dw = q8_scales(bits, scales, group_size)
-            rc = native.call(f"ls_w{bits}_linear_q8", xf.data_ptr(), t, k, qweight.data_ptr(), kw.data_ptr(),
-                             dw.data_ptr(), *tail, int(env.native_scalar))
+            rc = linear_q8_into(bits, xf, qweight, scales, mins, bias_f, group_size, out, env.native_scalar)
         else:
-            rc = native.call(f"ls_w{bits}_linear", xf.data_ptr(), t, k, qweight.data_ptr(), scales.data_ptr(), *tail)
+            rc = native.call(f"ls_w{bits}_linear", xf.data_ptr(), t, k, qweight.data_ptr(), scales.data_ptr(),
+                             mins.data_ptr(), n, group_size, None if bias_f is None else bias_f.data_ptr(),
+                             out.data_ptr())
         if rc:
             raise RuntimeError(f"w{bits} linear kernel failed (code {rc})")
     else:

@@ -13,7 +13,7 @@
  *
  * Math, weight row n, token row t, superblock s, block b in s, half h (columns 16h..16h+15 of b):
  *     out[t, n] = sum_s dw[n, s] dx[t, s] sum_{b, h} kw[n, b, h] sum_{k in b, h} q[n, k] xq[t, k]
- *               + sum_g mins[n, g] xsum[t, g]                       (xsum: fp32 sums of x itself)
+ *               + sum_g mins[n, g] xsum[t, g]           (xsum[t, g] = sum_{k in g} dx[t, s(k)] xq[t, k])
  *     kw[n, b, h] = nearbyint(scale[n, group of (b, h)] / dw[n, s]), dw = max_{b in s} |scale| / KW_MAX
  * The weight format is quant_gemm.c's: 4 bits unsigned 0..15 (GGUF nibble order), 8 bits signed.
  * Signed 8-bit codes go through the sign trick: maddubs(|w|, sign(xq, w)); |xq| <= 127, so
@@ -263,10 +263,14 @@ static int linear_q8(int bits, const float *x, int64_t T, int64_t K, const uint8
     int rc = 1;
     if (xq && dx && xsum) {
         quantize_rows(x, T, K, xq, dx);
-        for (int64_t t = 0; t < T; ++t) /* the mins term uses x itself: exact up to fp32 sums */
+        /* The mins term sums the quantised activations, not x: then the activation rounding error
+         * meets the weight (s q + m) centred, as in the codes term, instead of the uncentred s q
+         * alone (measured on random Q4_1 rows: 1.7% against 0.7% relative error). */
+        for (int64_t t = 0; t < T; ++t)
             for (int64_t g = 0; g < gpr; ++g) {
                 float s = 0.0f;
-                for (int64_t j = 0; j < group; ++j) s += x[t * K + g * group + j];
+                for (int64_t k = g * group; k < (g + 1) * group; ++k)
+                    s += (float)xq[t * K + k] * dx[t * nsb + k / (SB_BLOCKS * Q8_BLOCK)];
                 xsum[t * gpr + g] = s;
             }
         const int64_t chunk = 16; /* weight rows per OpenMP task */
