@@ -38,9 +38,10 @@ class KernelEnv:
     native_scalar: bool = False
     """LIGHTSPEED_KERNEL_NATIVE_SCALAR=1: the int8-activation GEMM runs its portable C loops even
     where the CPU has AVX2 (to test or compare the fallback)."""
-    q8_activations: bool = True
-    """LIGHTSPEED_KERNEL_Q8_ACTIVATIONS=0: multi-row w4 / w8 GEMMs keep fp32 activations instead of
-    quantising them to int8 blocks (slower, the pre-int8 numerics)."""
+    q8_activations: bool = False
+    """LIGHTSPEED_KERNEL_Q8_ACTIVATIONS=1: decode batches (2 to 23 token rows) of 4-bit weights
+    quantise their activations to int8 and run integer dots (cpu/csrc/q8_gemm.c). Off by default:
+    on a Zen 3 without VNNI it measured no faster than fp32 activations at 8 to 16 rows."""
     native_cc: str | None = None
     """LIGHTSPEED_KERNEL_CC (else CC): the C compiler that builds the native CPU kernels."""
     native_cache_dir: str | None = None
@@ -64,7 +65,7 @@ def kernel_env() -> KernelEnv:
         triton_interpret=environ.get("TRITON_INTERPRET", "0") not in ("", "0"),
         disable_native=_flag(environ.get("LIGHTSPEED_KERNEL_DISABLE_NATIVE")),
         native_scalar=_flag(environ.get("LIGHTSPEED_KERNEL_NATIVE_SCALAR")),
-        q8_activations=environ.get("LIGHTSPEED_KERNEL_Q8_ACTIVATIONS", "1").strip().lower() not in ("0", "false", "no", "off"),
+        q8_activations=_flag(environ.get("LIGHTSPEED_KERNEL_Q8_ACTIVATIONS")),
         native_cc=environ.get("LIGHTSPEED_KERNEL_CC") or environ.get("CC") or None,
         native_cache_dir=environ.get("LIGHTSPEED_KERNEL_CACHE_DIR")
         or os.path.join(environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "lightspeed", "kernels"),

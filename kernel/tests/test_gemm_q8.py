@@ -97,7 +97,7 @@ def test_int8_activations_cost_little_precision():
     assert 0 < rel < 1e-2  # measured 0.7% here (1.7% with the mins term on x itself)
 
 
-def test_the_w4_op_quantises_activations_from_two_rows_only(monkeypatch):
+def test_the_w4_op_quantises_activations_from_two_rows_when_switched_on(monkeypatch):
     from lightspeed_kernel.cpu import gemm
 
     gen = torch.Generator().manual_seed(7)
@@ -107,14 +107,14 @@ def test_the_w4_op_quantises_activations_from_two_rows_only(monkeypatch):
     def op(rows):
         return ops.linear_w4(x[:rows], qw.qweight, qw.scales, qw.mins, group_size=32)
 
-    _assert_fp32_close(op(5), _q8_reference(x, qw), "T=5")
     fp32 = x.double() @ qw.dequantize().double().t()
-    torch.testing.assert_close(op(1).double(), fp32[:1], rtol=1e-4, atol=1e-4)  # one row: fp32 activations
     assert gemm.DENSE_MIN_ROWS > 5
-    monkeypatch.setenv("LIGHTSPEED_KERNEL_Q8_ACTIVATIONS", "0")
+    torch.testing.assert_close(op(5).double(), fp32, rtol=1e-4, atol=1e-4)  # default: fp32 activations
+    monkeypatch.setenv("LIGHTSPEED_KERNEL_Q8_ACTIVATIONS", "1")
     lk.refresh()
     try:
-        torch.testing.assert_close(op(5).double(), fp32, rtol=1e-4, atol=1e-4)
+        _assert_fp32_close(op(5), _q8_reference(x, qw), "T=5")
+        torch.testing.assert_close(op(1).double(), fp32[:1], rtol=1e-4, atol=1e-4)  # one row: fp32 activations
     finally:
         monkeypatch.delenv("LIGHTSPEED_KERNEL_Q8_ACTIVATIONS")
         lk.refresh()
@@ -125,12 +125,14 @@ def test_the_scalar_switch_reaches_the_op(monkeypatch):
     qw = QuantizedWeight.quantize(torch.randn(9, 576, generator=gen) * 0.05, 4, 16)
     x = torch.randn(17, 576, generator=gen)
     monkeypatch.setenv("LIGHTSPEED_KERNEL_NATIVE_SCALAR", "1")
+    monkeypatch.setenv("LIGHTSPEED_KERNEL_Q8_ACTIVATIONS", "1")
     lk.refresh()
     try:
         assert lk.kernel_env().native_scalar
         got = ops.linear_w4(x, qw.qweight, qw.scales, qw.mins, group_size=16)
     finally:
         monkeypatch.delenv("LIGHTSPEED_KERNEL_NATIVE_SCALAR")
+        monkeypatch.delenv("LIGHTSPEED_KERNEL_Q8_ACTIVATIONS")
         lk.refresh()
     assert torch.equal(got, _run(4, x, qw, force_scalar=True))
 

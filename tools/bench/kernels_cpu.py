@@ -2,7 +2,7 @@
 """CPU GEMM candidates on SmolLM2-135M's shapes: fp32 torch.nn.functional.linear, PyTorch's weight-only
 CPU kernels (`_weight_int8pack_mm`, `_weight_int4pack_mm_for_cpu`, with fp32 and bf16 activations)
 and Lightspeed's native w4 / w8 kernels (fused with fp32 activations, fused with int8 activations
-from 2 rows (q8_gemm.c), and dequantise + torch GEMM), per token count.
+(q8_gemm.c, also at 1 row here), and dequantise + torch GEMM), per token count.
 
 Times are the best of --trials of CPU time of this process (less sensitive than wall time to other
 processes on a shared machine) with the 1-minute load average beside them. Weights are cycled
@@ -57,14 +57,18 @@ def candidates(n: int, k: int, tokens: int, copies: int):
         turn[0] = (turn[0] + 1) % copies
         return table[turn[0]]
 
-    def native(weight, dense_path, int8_x=False):
-        rows, q8_bits = gemm.DENSE_MIN_ROWS, gemm.Q8_BITS
+    def native(weight, dense_path):
+        rows = gemm.DENSE_MIN_ROWS
         gemm.DENSE_MIN_ROWS = 1 if dense_path else 1 << 30
-        gemm.Q8_BITS = (weight.bits,) if int8_x else ()
         try:
             return gemm._linear(weight.bits, x, weight.qweight, weight.scales, weight.mins, None, weight.group_size)
         finally:
-            gemm.DENSE_MIN_ROWS, gemm.Q8_BITS = rows, q8_bits
+            gemm.DENSE_MIN_ROWS = rows
+
+    def native_int8_x(weight):  # the int8-activation kernel itself, whatever the env switch says
+        out = torch.empty(tokens, n)
+        gemm.linear_q8_into(weight.bits, x, weight.qweight, weight.scales, weight.mins, None, weight.group_size, out)
+        return out
 
     return {
         "fp32 F.linear": lambda: F.linear(x, cycle(dense)),
@@ -75,9 +79,9 @@ def candidates(n: int, k: int, tokens: int, copies: int):
         "torch int4pack (bf16 x)": lambda: torch.ops.aten._weight_int4pack_mm_for_cpu(xb, cycle(i4), 32,
                                                                                       i4_sz.bfloat16()),
         "native w8 fused": lambda: native(cycle(w8), False),
-        "native w8 fused int8 x": lambda: native(cycle(w8), False, int8_x=True),
+        "native w8 fused int8 x": lambda: native_int8_x(cycle(w8)),
         "native w4 fused": lambda: native(cycle(w4), False),
-        "native w4 fused int8 x": lambda: native(cycle(w4), False, int8_x=True),
+        "native w4 fused int8 x": lambda: native_int8_x(cycle(w4)),
         "native w4 dequant+GEMM": lambda: native(cycle(w4), True),
     }
 

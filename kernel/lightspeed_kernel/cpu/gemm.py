@@ -3,11 +3,13 @@
 By token rows T (the crossovers measured on a 2-core AMD EPYC, AVX2: bench/results/kernels_cpu_*.md):
 - T = 1 (a single decode stream): the fused C kernel with fp32 activations (quant_gemm.c), bound
   by streaming the weights in, so int8 activations would cost precision and win nothing;
-- 2 <= T < DENSE_MIN_ROWS (decode batches), 4-bit weights: activations quantised per row to int8
-  (one scale per 256 columns) and integer block dots (q8_gemm.c): 1.0-1.4x the fp32 kernel on
-  Zen 3 without VNNI, where an integer multiply-add pair costs about what the fp32 FMAs it replaces
-  do. 8-bit weights keep fp32 activations: their sign trick makes the integer path slower there.
-  LIGHTSPEED_KERNEL_Q8_ACTIVATIONS=0 keeps the fp32 kernel for 4-bit weights too;
+- 2 <= T < DENSE_MIN_ROWS (decode batches): the same fused kernel, its weight-block expansion
+  shared by up to 8 token rows. With LIGHTSPEED_KERNEL_Q8_ACTIVATIONS=1, 4-bit weights instead
+  quantise activations to int8 (one scale per 256 columns) and run integer dots (q8_gemm.c): on a
+  Zen 3 without VNNI a maddubs + madd pair costs about what the four fp32 FMAs it replaces do, so
+  it measured 1.0-1.5x the fp32 kernel at 2 rows and 0.6-1.0x at 16
+  (bench/results/kernels_cpu_t1_2026-12-01_123216_x86-64.md), hence off by default. 8-bit weights always
+  keep fp32 activations: their sign trick costs one more integer op per block;
 - T >= DENSE_MIN_ROWS (prompts): the weight dequantised a chunk of rows at a time and multiplied
   by torch's GEMM (MKL / oneDNN), which wins once the dequantisation is shared by enough rows.
 """
