@@ -43,6 +43,19 @@ def test_router_prefers_the_longest_prefix_then_the_least_loaded():
     assert router.route([], [0, 0, 0], session_id="s") == first
 
 
+def test_router_sends_nothing_to_a_core_that_is_down():
+    router = CacheAwareRouter(3, PAGE, 1000)
+    keys = router.index.keys(list(range(16)))
+    router.index.insert(1, keys)
+    stuck = router.route([], [0, 0, 0], session_id="s")
+    live = [r for r in range(3) if r not in (1, stuck)]  # core 1 (longest prefix) and the conversation's are down
+    for _ in range(6):
+        assert router.route(keys, [0, 0, 0], live=live) in live
+    assert router.route([], [0, 0, 0], session_id="s", live=live) in live
+    router.index.forget(1)  # core 1 restarted with an empty cache
+    assert router.index.matched_pages(keys) == [0, 0, 0]
+
+
 @pytest.mark.skipif(ENGINE_KIND != "real", reason="needs the real engine (prefix cache)")
 def test_second_turns_reach_the_core_of_their_first():
     proc = start_server(["--data-parallel-size", "2"])

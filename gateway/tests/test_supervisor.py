@@ -20,6 +20,7 @@ class StubEngine:
     status = EngineClient.status
     dead = EngineClient.dead
     can_restart = True
+    num_cores = 0  # one engine, no data-parallel cores that fail alone
 
     def check_alive(self) -> bool:
         return self.alive

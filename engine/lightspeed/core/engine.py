@@ -428,4 +428,4 @@ class Engine:
             device=str(b.device), dtype=str(b.dtype).removeprefix("torch."),
             kv_cache_dtype=str(b.kv_dtype).removeprefix("torch."),
             eos_token_ids=list(self.model_config.eos_token_ids),
-            rank_pids=list(getattr(self.runner, "rank_pids", [])))
+            rank_pids=list(getattr(self.runner, "rank_pids", [])), steps_with_others=self.steps_with_others)

@@ -132,6 +132,7 @@ class Ready(msgspec.Struct, tag="ready", frozen=True):
     kv_cache_dtype: str
     eos_token_ids: list[int]        # from the model's config/generation config, if it names any
     rank_pids: list[int] = []       # the other tensor/expert-parallel rank processes this core started
+    steps_with_others: bool = False  # data-parallel cores share one world: they die and restart together
 
 
 class EngineFailure(msgspec.Struct, tag="failure", frozen=True):

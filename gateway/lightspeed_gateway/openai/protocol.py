@@ -367,6 +367,9 @@ class DetokenizeResponse(BaseModel):
 
 class HealthResponse(BaseModel):
     status: Literal["ok", "restarting", "dead"]
+    engines: list[Literal["ok", "restarting", "dead"]] | None = Field(
+        None, description="Per data-parallel engine core that fails alone (absent otherwise): the server is ok "
+                          "while one of them is.")
 
 
 class ErrorInfo(BaseModel):

@@ -268,9 +268,11 @@ def _add_health_route(app: FastAPI) -> None:
     async def health(request: Request):
         """Status words only: why the engine is down goes to the server's log, not to clients."""
         state = _state(request)
+        cores = state.engine.core_statuses()
         state.engine.check_alive()
-        status = state.engine.status
-        if status == "ok":
-            return {"status": status}
-        return JSONResponse({"status": status}, status_code=503,
-                            headers={"Retry-After": str(state.config.retry_after_s)})
+        body: dict[str, Any] = {"status": state.engine.status}
+        if cores:
+            body["engines"] = cores
+        if body["status"] == "ok":
+            return body
+        return JSONResponse(body, status_code=503, headers={"Retry-After": str(state.config.retry_after_s)})

@@ -11,9 +11,13 @@ longest cached prefix of its prompt, unless that core is overloaded against the 
 its core even before its prefix reaches a full page. The copy is approximate (an engine may have
 evicted a page it lists), so a wrong guess costs a recomputed prefix, never a wrong answer.
 
-When one core dies the gateway's supervisor restarts them all (`restart`): cores that step
-together share one world and only meet again at a fresh rendezvous, and the gateway has already
-failed every request in flight. The router's copy of their caches starts empty again.
+Faults. Cores in separate worlds (a dense model, or MoE without expert parallelism across the
+cores) step alone, so one's death costs only its own requests: they fail (`CoreDead`), the router
+stops sending there, the others keep serving, and the supervisor restarts that core alone
+(`restart_core`; the router forgets its cache). Cores that step together share one world and only
+meet again at a fresh rendezvous: when one dies the gateway fails every request in flight and the
+supervisor restarts them all (`restart`). Either way the router's copy of a restarted core's cache
+starts empty again.
 """
 
 from __future__ import annotations
@@ -25,6 +29,9 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import numpy as np
+from lightspeed import EngineDeadError
+
+from lightspeed_gateway.server.engine import CoreDead, EngineDead
 
 log = logging.getLogger("lightspeed.gateway")
 
@@ -65,6 +72,10 @@ class PrefixIndex:
             matched.append(n)
         return matched
 
+    def forget(self, rank: int) -> None:
+        """A core restarted: its cache is empty."""
+        self._pages[rank].clear()
+
     def insert(self, rank: int, keys: list[int]) -> None:
         pages = self._pages[rank]
         for key in keys:
@@ -89,25 +100,27 @@ class CacheAwareRouter:
         self._sessions: OrderedDict[str, int] = OrderedDict()
         self._turn = 0
 
-    def _overloaded(self, rank: int, loads: list[int]) -> bool:
-        least = min(loads)
+    def _overloaded(self, rank: int, loads: list[int], ranks: list[int]) -> bool:
+        least = min(loads[r] for r in ranks)
         return loads[rank] > least + self.balance_abs and loads[rank] > self.balance_rel * least
 
-    def _least_loaded(self, loads: list[int]) -> int:
-        least = min(loads)
+    def _least_loaded(self, loads: list[int], ranks: list[int]) -> int:
+        least = min(loads[r] for r in ranks)
         self._turn += 1  # ties rotate, so idle cores share new conversations
-        tied = [r for r in range(self.num_ranks) if loads[r] == least]
+        tied = [r for r in ranks if loads[r] == least]
         return tied[self._turn % len(tied)]
 
-    def route(self, keys: list[int], loads: list[int], session_id: str | None = None) -> int:
-        """The core for a prompt with page keys `keys`, given every core's requests in flight."""
-        rank = None
-        if session_id is not None and session_id in self._sessions:
-            rank = self._sessions[session_id]
-        if rank is None or self._overloaded(rank, loads):
+    def route(self, keys: list[int], loads: list[int], session_id: str | None = None,
+              live: Sequence[int] | None = None) -> int:
+        """The core for a prompt with page keys `keys`, given every core's requests in flight; only
+        cores in `live` (all when None) are candidates: a dead or restarting one gets nothing."""
+        ranks = list(range(self.num_ranks)) if live is None else list(live)
+        rank = self._sessions.get(session_id) if session_id is not None else None
+        if rank is None or rank not in ranks or self._overloaded(rank, loads, ranks):
             matched = self.index.matched_pages(keys)
-            best = max(range(self.num_ranks), key=lambda r: (matched[r], -loads[r]))
-            rank = best if matched[best] and not self._overloaded(best, loads) else self._least_loaded(loads)
+            best = max(ranks, key=lambda r: (matched[r], -loads[r]))
+            rank = best if matched[best] and not self._overloaded(best, loads, ranks) else \
+                self._least_loaded(loads, ranks)
         if session_id is not None:
             self._sessions[session_id] = rank
             self._sessions.move_to_end(session_id)
@@ -129,6 +142,9 @@ class DataParallelEngine:
         self._inflight = [0] * len(cores)
         self._routed = [0] * len(cores)
         self._owner: dict[str, int] = {}
+        # Cores in one world (expert parallelism across them) die and restart together; others alone.
+        self.steps_together = bool(getattr(info, "steps_with_others", False))
+        self._down: set[int] = set()  # cores seen dead, or restarting: the router skips them
 
     @classmethod
     def start(cls, config) -> DataParallelEngine:
@@ -152,11 +168,35 @@ class DataParallelEngine:
 
     @property
     def errored(self) -> bool:
-        return any(core.errored for core in self.cores)
+        """Down as a whole: any core of cores that step together; every core of independent ones."""
+        if self.steps_together:
+            return any(core.errored for core in self.cores)
+        return not self.live_cores
 
     @property
     def is_running(self) -> bool:
-        return all(core.is_running for core in self.cores)
+        return not self.errored
+
+    # -- cores that fail alone (the supervisor's view) ---------------------------------------------
+    @property
+    def independent_cores(self) -> int:
+        """How many cores the supervisor watches and restarts one by one (0: they step together)."""
+        return 0 if self.steps_together else len(self.cores)
+
+    @property
+    def live_cores(self) -> list[int]:
+        return [d for d in range(len(self.cores)) if not self.core_errored(d)]
+
+    def core_errored(self, rank: int) -> bool:
+        return rank in self._down or self.cores[rank].errored
+
+    async def restart_core(self, rank: int) -> None:
+        """Start core `rank` again (the others serve on); raises if it cannot start (it stays out)."""
+        self._down.add(rank)
+        await self.cores[rank].restart()
+        self.router.index.forget(rank)
+        self.engine_info = self.cores[0].engine_info
+        self._down.discard(rank)
 
     def get_tokenizer(self) -> Any:
         return self.cores[0].get_tokenizer()
@@ -169,7 +209,10 @@ class DataParallelEngine:
         """Stream a request's outputs from the core the router picks for it."""
         tokens = self._token_ids(prompt)
         keys = self.router.index.keys(tokens)
-        rank = self.router.route(keys, self._inflight, session_id)
+        live = self.live_cores
+        if not live:
+            raise EngineDead("no data-parallel engine core is serving")
+        rank = self.router.route(keys, self._inflight, session_id, live)
         # The prompt is in that core's cache from its first chunk on: later requests sharing it follow.
         self.router.index.insert(rank, keys)
         kwargs: dict[str, Any] = {"priority": priority}
@@ -187,6 +230,11 @@ class DataParallelEngine:
                     ids = list(out.outputs[0].token_ids)
                     output = output + ids if delta else ids
                 yield out
+        except EngineDeadError as e:
+            if self.steps_together:
+                raise
+            self._down.add(rank)  # no new request goes there until the supervisor has restarted it
+            raise CoreDead(f"data-parallel engine core {rank} stopped: {e}") from None
         finally:
             self._inflight[rank] -= 1
             if request_id is not None:
@@ -223,12 +271,14 @@ class DataParallelEngine:
         return total
 
     async def restart(self) -> None:
-        """Start every core again, at once (AsyncLLM.restart each: same config and tokenizer); raises
-        if one cannot start (the supervisor then tries again, all of them)."""
+        """Start every core again, at once (AsyncLLM.restart each: same config and tokenizer): what
+        cores that step together need. Raises if one cannot start (the supervisor then tries again,
+        all of them)."""
         results = await asyncio.gather(*(core.restart() for core in self.cores), return_exceptions=True)
         info = self.engine_info = self.cores[0].engine_info
         self.router = CacheAwareRouter(len(self.cores), info.page_size, info.num_device_pages + info.num_host_pages)
         errors = [r for r in results if isinstance(r, BaseException)]
+        self._down = {d for d, r in enumerate(results) if isinstance(r, BaseException)}
         if errors:
             raise errors[0]
 

@@ -24,6 +24,10 @@ class EngineDead(Exception):
     """The engine core is gone; the request cannot complete."""
 
 
+class CoreDead(EngineDead):
+    """The data-parallel engine core serving this request is gone; the other cores carry on."""
+
+
 class RequestRejected(Exception):
     """The engine refused this request (e.g. a grammar it cannot compile); others carry on."""
 
@@ -77,6 +81,11 @@ class EngineClient:
         self.dead_reason: str | None = None
         self.given_up = False  # the supervisor will not restart the engine again
         self.num_restarts = 0
+        # Data-parallel cores that fail alone (separate worlds): the supervisor watches each; the
+        # engine is down only while every one is. 0 for one core, or cores that step together.
+        self.num_cores: int = int(getattr(llm, "independent_cores", 0))
+        self._cores_down: dict[int, str] = {}  # core -> why it is down (for the log)
+        self._cores_given_up: set[int] = set()
         self.num_waiting = 0  # sequences of admitted requests that have not produced their first token
         self.inflight: set[asyncio.Task] = set()
         self.log_requests = log_requests
@@ -127,7 +136,7 @@ class EngineClient:
 
     @property
     def can_restart(self) -> bool:
-        return callable(getattr(self.llm, "restart", None))
+        return callable(getattr(self.llm, "restart_core" if self.num_cores else "restart", None))
 
     async def restart(self) -> None:
         """Start a fresh engine core (the old one is dead); raises if it cannot start."""
@@ -137,6 +146,39 @@ class EngineClient:
         self.dead_reason = None
         self.num_restarts += 1
         log.info("engine core is back (pid %s)", self.engine_pid)
+
+    # -- data-parallel cores that fail alone -------------------------------------------------
+    def check_core(self, core: int) -> bool:
+        """Poll one independent core; on its first failure remember why (its own requests fail with
+        CoreDead, the router skips it), and the whole engine is down once every core is."""
+        if core in self._cores_down:
+            return False
+        if not self.llm.core_errored(core):
+            return True
+        pid = self.llm.cores[core].engine_pid
+        self._cores_down[core] = reason = f"data-parallel engine core {core} (pid {pid}) is not running"
+        log.error("%s; the other cores carry on", reason)
+        self.check_alive()
+        return False
+
+    def core_statuses(self) -> list[str]:
+        """Per independent core, what /health says of it: ok, restarting or dead ([] for one engine)."""
+        return ["ok" if self.check_core(d) else "dead" if d in self._cores_given_up else "restarting"
+                for d in range(self.num_cores)]
+
+    async def restart_core(self, core: int) -> None:
+        """Start one independent core again; raises if it cannot start."""
+        await self.llm.restart_core(core)
+        self._cores_down.pop(core, None)
+        self.info = self.llm.engine_info
+        self.dead_reason = None  # a core serves again, whatever the others do
+        self.num_restarts += 1
+        log.info("data-parallel engine core %d is back (pid %s)", core, self.llm.cores[core].engine_pid)
+
+    def give_up_core(self, core: int) -> None:
+        self._cores_given_up.add(core)
+        if len(self._cores_given_up) == self.num_cores:
+            self.given_up = True
 
     def stats(self) -> dict[str, Any]:
         """The engine's latest stats snapshot (AsyncLLM.stats(): running, waiting, kv usage, ...) and the
@@ -193,6 +235,8 @@ class EngineClient:
                     reasons += [c.finish_reason for c in out.outputs if c.finish_reason]
                 yield out
             finished = True
+        except CoreDead:  # one data-parallel core of several: only its requests fail
+            raise
         except asyncio.CancelledError:
             if self.dead:
                 raise EngineDead(self.dead_reason) from None

@@ -25,15 +25,15 @@ class EngineStatsCollector:
         stats = self._read_stats()
         if not stats:
             return
-        ranks = stats.get("ranks") or [stats]
-        ranks = [(str(r.get("dp_rank", i)), r) for i, r in enumerate(ranks) if "num_running" in r]
+        listed = [(str(r.get("dp_rank", i)), r) for i, r in enumerate(stats.get("ranks") or [stats])]
+        ranks = [(engine, r) for engine, r in listed if "num_running" in r]
         if not ranks:
             return  # no snapshot from the core yet: no number beats a wrong zero
         labels = ["model_name", "engine"]
 
-        def family(kind, name: str, doc: str, key: str):
+        def family(kind, name: str, doc: str, key: str, over=None):
             metric = kind(name, doc, labels=labels)
-            for engine, snap in ranks:
+            for engine, snap in ranks if over is None else over:
                 metric.add_metric([self._model, engine], float(snap.get(key) or 0))
             return metric
 
@@ -54,9 +54,10 @@ class EngineStatsCollector:
                      "prefix_query_tokens")
         yield family(counter, "lightspeed:engine_steps", "Engine steps run.", "num_steps")
         yield from self._tiers(ranks, family, labels)
-        if any("num_routed_requests" in snap for _, snap in ranks):
+        routed = [(engine, snap) for engine, snap in listed if "num_routed_requests" in snap]
+        if routed:  # the router's own count: known for a core that has sent no snapshot since its restart
             yield family(counter, "lightspeed:data_parallel_routed_requests",
-                         "Requests the router sent to each data-parallel engine core.", "num_routed_requests")
+                         "Requests the router sent to each data-parallel engine core.", "num_routed_requests", routed)
         loads = [(engine, snap["expert_load"]) for engine, snap in ranks if snap.get("expert_load")]
         if loads:
             experts = CounterMetricFamily("lightspeed:moe_expert_tokens",
