@@ -3,6 +3,7 @@ attempts, then "dead" for good (the real restart is in test_serve_faults.py)."""
 
 import asyncio
 import time
+from types import SimpleNamespace
 
 from lightspeed_gateway.server import supervisor as sup
 from lightspeed_gateway.server.engine import EngineClient
@@ -77,3 +78,61 @@ def test_an_engine_that_stays_up_resets_the_count(monkeypatch):
 
     asyncio.run(main())
     assert supervisor.num_restarts == 5 and engine.status == "ok"
+
+
+class StubCores:
+    """The part of DataParallelEngine that EngineClient uses for cores that fail alone; core d's restart
+    fails `failures[d]` times."""
+
+    def __init__(self, failures: list[int]):
+        self.failures, self.attempts = failures, [0] * len(failures)
+        self.down: set[int] = set()
+        self.engine_info = SimpleNamespace(max_model_len=64, page_size=16, vocab_size=100)
+        self.cores = [SimpleNamespace(engine_pid=100 + d) for d in range(len(failures))]
+        self.engine_pid, self.independent_cores = 100, len(failures)
+
+    def get_tokenizer(self):
+        return list(range(100))
+
+    def core_errored(self, core: int) -> bool:
+        return core in self.down
+
+    @property
+    def errored(self) -> bool:
+        return len(self.down) == len(self.cores)
+
+    async def restart_core(self, core: int) -> None:
+        self.attempts[core] += 1
+        if self.attempts[core] <= self.failures[core]:
+            raise RuntimeError("the model did not load")
+        self.down.discard(core)
+
+
+def test_cores_that_fail_alone_restart_alone_and_give_up_alone():
+    cores = StubCores([0, 100])
+    client = EngineClient(cores)
+    supervisor = sup.EngineSupervisor(client, 0.01, 3, 0.01)
+
+    async def main():
+        task = asyncio.ensure_future(supervisor.run())
+        cores.down = {0, 1}  # both die: the engine is down, both come back on their own schedules
+        await asyncio.sleep(0.3)
+        statuses = client.core_statuses(), client.status
+        cores.down.add(0)  # core 0 dies again, alone: core 1 gave up, so nothing serves until 0 is back
+        await asyncio.sleep(0.2)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return statuses
+
+    assert asyncio.run(main()) == (["ok", "dead"], "ok")
+    assert cores.attempts == [2, 3] and supervisor.num_restarts == 2
+    assert client.core_statuses() == ["ok", "dead"] and client.status == "ok" and not client.given_up
+
+
+def test_the_engine_is_dead_once_every_core_gave_up():
+    cores = StubCores([100, 100])
+    client = EngineClient(cores)
+    cores.down = {0, 1}
+    supervisor, finished = _run(client, max_restarts=2, backoff_s=0.01, run_for_s=0.3)
+    assert finished and cores.attempts == [2, 2] and client.core_statuses() == ["dead", "dead"]
+    assert client.status == "dead" and client.given_up

@@ -89,6 +89,7 @@ def test_cores_that_step_together_all_restart_when_one_dies():
         old = engine.engine_pids
         try:
             assert engine.cores[0].config.master_port == engine.cores[1].config.master_port  # one world
+            assert engine.steps_together and client.num_cores == 0  # watched and restarted as one engine
             dead_after, back_after = await _kill_and_recover(client, old[1])
             new = engine.engine_pids
             assert not set(new) & set(old) and all(pid_alive(p) for p in new)

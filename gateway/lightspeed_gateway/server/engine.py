@@ -170,7 +170,7 @@ class EngineClient:
         """Start one independent core again; raises if it cannot start."""
         await self.llm.restart_core(core)
         self._cores_down.pop(core, None)
-        self.info = self.llm.engine_info
+        self.info, self.engine_pid = self.llm.engine_info, self.llm.engine_pid
         self.dead_reason = None  # a core serves again, whatever the others do
         self.num_restarts += 1
         log.info("data-parallel engine core %d is back (pid %s)", core, self.llm.cores[core].engine_pid)
