@@ -262,7 +262,7 @@ def _add_routes(app: FastAPI) -> None:
 
 
 def _add_health_route(app: FastAPI) -> None:
-    @app.get("/health", response_model=HealthResponse,
+    @app.get("/health", response_model=HealthResponse, response_model_exclude_none=True,
              responses={200: {"description": "The engine is serving"},
                         503: {"model": HealthResponse, "description": "The engine is restarting, or dead"}})
     async def health(request: Request):
