@@ -110,4 +110,5 @@ def test_a_killed_core_costs_its_own_streams_only(server):
                          re.M)
     assert restarts and float(restarts.group(1)) == 1.0
     print(f"\nDP 2 fault suite: 4 streams, core {dead} SIGKILLed -> its 2 streams ended with engine_dead, the other "
-          f"2 complete as alone; 3 requests 200 during the restart; core back after {back_after:.1f} s, restarts 1")
+          f"2 complete as alone; 3 requests 200 while it was held down; "
+          f"back {back_after:.1f} s after the kill (hold included), restarts 1")
