@@ -56,7 +56,7 @@ def run_until_idle(engine: Engine, run: Run | None = None, *, on_step=None, max_
         run.cached.update(out.num_cached_tokens or {})
         run.cached_by_tier.update(out.cached_tokens_by_tier or {})
         for name, lp in (out.logprobs or {}).items():
-            run.logprobs.setdefault(name, []).append(lp)
+            run.logprobs.setdefault(name, []).extend(lp)  # one entry per token of the step
         _take_errors(engine, run)
         if on_step is not None:
             on_step(engine, run)
