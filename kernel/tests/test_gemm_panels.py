@@ -13,10 +13,10 @@ import torch
 lk = pytest.importorskip("lightspeed_kernel")
 from lightspeed_kernel import QuantizedWeight, ops  # noqa: E402
 from lightspeed_kernel.cpu import NATIVE_AVAILABLE  # noqa: E402
+from lightspeed_kernel.cpu.gemm import DENSE_MIN_ROWS, PANEL_MIN_ROWS  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not NATIVE_AVAILABLE, reason="no native CPU kernels on this machine")
 
-PANEL_MIN_ROWS = 9  # quant_gemm.c
 FP32_EPS = 2.0**-24
 
 
@@ -45,7 +45,7 @@ def test_panel_path_matches_float64(bits, n, k, group):
     gen = torch.Generator().manual_seed(bits * 1000 + n + k + group)
     qw = QuantizedWeight.quantize(torch.randn(n, k, generator=gen) * 0.05, bits, group)
     op = ops.linear_w4 if bits == 4 else ops.linear_w8
-    for tokens in range(PANEL_MIN_ROWS - 1, 24):  # 8 stays on the one-tile kernel; 24 is the dense path
+    for tokens in range(PANEL_MIN_ROWS - 1, DENSE_MIN_ROWS):  # one below the path, then all of it
         x = torch.randn(tokens, k, generator=gen)
         bias = torch.randn(n, generator=gen) if tokens % 2 else None
         with lk.override(**{f"gemm/w{bits}": f"native_w{bits}"}):
@@ -86,5 +86,5 @@ def test_portable_build_agrees(tmp_path):
         x = torch.randn(tokens, 192)
         out = torch.empty(tokens, 13)
         assert fn(x.data_ptr(), tokens, 192, qw.qweight.data_ptr(), qw.scales.data_ptr(), qw.mins.data_ptr(), 13, 32,
-                  None, out.data_ptr()) == 0
+                  None, out.data_ptr(), PANEL_MIN_ROWS) == 0
         _assert_within(out, *_float64(x, qw, None), f"portable T={tokens}")

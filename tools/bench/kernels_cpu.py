@@ -1,8 +1,9 @@
 #!/usr/bin/env python
 """CPU GEMM candidates on SmolLM2-135M's shapes: fp32 torch.nn.functional.linear, PyTorch's weight-only
 CPU kernels (`_weight_int8pack_mm`, `_weight_int4pack_mm_for_cpu`, with fp32 and bf16 activations)
-and Lightspeed's native w4 / w8 kernels (fused with fp32 activations, fused with int8 activations
-(q8_gemm.c, also at 1 row here), and dequantise + torch GEMM), per token count.
+and Lightspeed's native w4 / w8 kernels (fused with fp32 activations, the same with its panel path
+off ("row tiles": the kernel before that path), fused with int8 activations (q8_gemm.c, also at
+1 row here), and dequantise + torch GEMM), per token count.
 
 Times are the best of --trials of CPU time of this process (less sensitive than wall time to other
 processes on a shared machine) with the 1-minute load average beside them. Weights are cycled
@@ -57,13 +58,15 @@ def candidates(n: int, k: int, tokens: int, copies: int):
         turn[0] = (turn[0] + 1) % copies
         return table[turn[0]]
 
-    def native(weight, dense_path):
-        rows = gemm.DENSE_MIN_ROWS
+    def native(weight, dense_path, panels=True):
+        rows, panel_rows = gemm.DENSE_MIN_ROWS, gemm.PANEL_MIN_ROWS
         gemm.DENSE_MIN_ROWS = 1 if dense_path else 1 << 30
+        if not panels:  # the row-tile kernel at every row count (what ran before the panel path)
+            gemm.PANEL_MIN_ROWS = 1 << 30
         try:
             return gemm._linear(weight.bits, x, weight.qweight, weight.scales, weight.mins, None, weight.group_size)
         finally:
-            gemm.DENSE_MIN_ROWS = rows
+            gemm.DENSE_MIN_ROWS, gemm.PANEL_MIN_ROWS = rows, panel_rows
 
     def native_int8_x(weight):  # the int8-activation kernel itself, whatever the env switch says
         out = torch.empty(tokens, n)
@@ -79,8 +82,10 @@ def candidates(n: int, k: int, tokens: int, copies: int):
         "torch int4pack (bf16 x)": lambda: torch.ops.aten._weight_int4pack_mm_for_cpu(xb, cycle(i4), 32,
                                                                                       i4_sz.bfloat16()),
         "native w8 fused": lambda: native(cycle(w8), False),
+        "native w8 fused row tiles": lambda: native(cycle(w8), False, panels=False),
         "native w8 fused int8 x": lambda: native_int8_x(cycle(w8)),
         "native w4 fused": lambda: native(cycle(w4), False),
+        "native w4 fused row tiles": lambda: native(cycle(w4), False, panels=False),
         "native w4 fused int8 x": lambda: native_int8_x(cycle(w4)),
         "native w4 dequant+GEMM": lambda: native(cycle(w4), True),
     }

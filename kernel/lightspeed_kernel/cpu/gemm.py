@@ -4,7 +4,8 @@ By token rows T (the crossovers measured on a 2-core AMD EPYC, AVX2: bench/resul
 - T = 1 (a single decode stream): the fused C kernel with fp32 activations (quant_gemm.c), bound
   by streaming the weights in, so int8 activations would cost precision and win nothing;
 - 2 <= T < DENSE_MIN_ROWS (decode batches): the same fused kernel, its weight-block expansion
-  shared by up to 8 token rows. With LIGHTSPEED_KERNEL_Q8_ACTIVATIONS=1, 4-bit weights instead
+  shared by up to 8 token rows; from PANEL_MIN_ROWS its panel path (two weight rows dequantised
+  to an L1 scratch, then a register-blocked 2 x 6 micro-kernel over every token row). With LIGHTSPEED_KERNEL_Q8_ACTIVATIONS=1, 4-bit weights instead
   quantise activations to int8 (one scale per 256 columns) and run integer dots (q8_gemm.c): on a
   Zen 3 without VNNI a maddubs + madd pair costs about what the four fp32 FMAs it replaces do, so
   it measured 1.0-1.5x the fp32 kernel at 2 rows and 0.6-1.0x at 16
@@ -24,6 +25,7 @@ from ..registry import Priority, register_kernel
 from . import native
 
 DENSE_MIN_ROWS = 24
+PANEL_MIN_ROWS = 9  # fused kernel: from here its panel path (quant_gemm.c; 8 rows share one tile before it)
 Q8_MIN_ROWS = 2
 Q8_BITS = (4,)  # weight widths whose multi-row GEMMs quantise activations (the module docstring says why)
 CHUNK_ELEMENTS = 1 << 20  # fp32 weights dequantised at once on the dense path: 4 MiB, cache-resident
@@ -102,7 +104,7 @@ def _linear(bits: int, x, qweight, scales, mins, bias, group_size: int) -> torch
         else:
             rc = native.call(f"ls_w{bits}_linear", xf.data_ptr(), t, k, qweight.data_ptr(), scales.data_ptr(),
                              mins.data_ptr(), n, group_size, None if bias_f is None else bias_f.data_ptr(),
-                             out.data_ptr())
+                             out.data_ptr(), PANEL_MIN_ROWS)
         if rc:
             raise RuntimeError(f"w{bits} linear kernel failed (code {rc})")
     else:

@@ -36,8 +36,8 @@ OPENMP = ("-fopenmp",)
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 # name -> argument types (every function returns int: 0 = done, else an error code)
 SIGNATURES = {
-    "ls_w4_linear": (_P, _I, _I, _P, _P, _P, _I, _I, _P, _P),
-    "ls_w8_linear": (_P, _I, _I, _P, _P, _P, _I, _I, _P, _P),
+    "ls_w4_linear": (_P, _I, _I, _P, _P, _P, _I, _I, _P, _P, _I),
+    "ls_w8_linear": (_P, _I, _I, _P, _P, _P, _I, _I, _P, _P, _I),
     "ls_w4_linear_q8": (_P, _I, _I, _P, _P, _P, _P, _I, _I, _P, _P, _I),
     "ls_w8_linear_q8": (_P, _I, _I, _P, _P, _P, _P, _I, _I, _P, _P, _I),
     "ls_q8_weight_scales": (_P, _I, _I, _I, _I, _P, _P),

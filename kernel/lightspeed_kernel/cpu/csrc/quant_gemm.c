@@ -2,9 +2,11 @@
  *
  * Design note. A decode step reads every weight once and does two flops per weight per token, so
  * with one token (GEMV) the step is bound by how fast weights stream in and turn into fp32, and
- * with 2..16 tokens (batched decode) by the multiplies. Both paths read the packed weight once per
- * tile of up to TILE_T token rows, expand one 32-column block to fp32 in registers and never write
- * dequantised weights to memory. Long prompts (many rows) are better served by a vendor GEMM on
+ * with 2..16 tokens (batched decode) by the multiplies. Up to 8 token rows, the kernels read the
+ * packed weight once per tile of up to TILE_T rows and expand one 32-column block to fp32 in
+ * registers; from panel_min_rows rows (9 by measurement) the panel path dequantises two weight rows
+ * at a time into an L1 scratch and runs a register-blocked micro-kernel over every token row (its
+ * comment says why). Long prompts (many rows) are better served by a vendor GEMM on
  * weights dequantised once per call (`ls_wq_dequant`), which the Python launcher picks.
  *
  * Weight format, for output row n and input column k, group g = k >> shift (group = 1 << shift):
@@ -28,7 +30,6 @@
 #define INLINE static inline __attribute__((always_inline))
 #define TILE_T 8               /* token rows sharing one expansion of a weight block */
 #define PAR_MIN_WORK (1 << 16) /* weights x rows below which one thread beats a fork/join */
-#define PANEL_MIN_ROWS 9       /* token rows from which the panel path beats dot_rows (8: one shared tile) */
 
 static int log2_exact(int64_t v) {
     int s = 0;
@@ -231,7 +232,7 @@ INLINE void dot_rows(int bits, const uint8_t *row, const float *sc, const float 
     }
 }
 
-/* Decode batches of PANEL_MIN_ROWS+ token rows: PANEL_ROWS weight rows dequantised once to an
+/* Decode batches of panel_min_rows+ token rows (the launcher's PANEL_MIN_ROWS): PANEL_ROWS weight rows dequantised once to an
  * fp32 scratch (L1-resident), then a register-blocked 2 x nt micro-kernel over tiles of up to
  * PANEL_TILE token rows. Why (measured on a Zen 3, 1 thread): the one-row-at-a-time kernel above
  * loads one x vector per FMA and chains four FMAs per accumulator per block, so at 16 rows it ran
@@ -321,7 +322,7 @@ INLINE void panel_dot(const float *w, int64_t K, const float *x, int64_t nt, flo
 
 #endif
 
-/* The panel path of linear (T >= PANEL_MIN_ROWS): per pair of weight rows, dequantise both into
+/* The panel path of linear (T >= panel_min_rows): per pair of weight rows, dequantise both into
  * this thread's 64-byte aligned scratch (unaligned 32-byte loads that split cache lines cost the
  * micro-kernel a third of its speed), then the token rows in balanced tiles of <= PANEL_TILE. */
 INLINE void dequant_panel(int bits, const uint8_t *qweight, const float *scales, const float *mins, int64_t K,
@@ -370,9 +371,11 @@ INLINE int linear_panels(int bits, const float *x, int64_t T, int64_t K, const u
     return 0;
 }
 
-/* out[T, N] = x[T, K] @ w^T (+ bias). Returns 0, 2 for a bad shape / group, 1 if malloc fails. */
+/* out[T, N] = x[T, K] @ w^T (+ bias); T >= panel_min_rows (>= 2) takes the panel path where the build
+ * has it (the launcher holds the measured crossover). Returns 0, 2 for a bad shape / group, 1 if
+ * malloc fails. */
 INLINE int linear(int bits, const float *x, int64_t T, int64_t K, const uint8_t *qweight, const float *scales,
-                  const float *mins, int64_t N, int64_t group, const float *bias, float *out) {
+                  const float *mins, int64_t N, int64_t group, const float *bias, float *out, int64_t panel_min_rows) {
     const int shift = log2_exact(group);
     if (shift < 4 || K % 32 || K % group) return 2;
     const int64_t gpr = K / group, row_bytes = K * bits / 8;
@@ -406,7 +409,7 @@ INLINE int linear(int bits, const float *x, int64_t T, int64_t K, const uint8_t 
         free(xsum);
         return 0;
     }
-    if (HAS_PANEL_PATH && T >= PANEL_MIN_ROWS) return linear_panels(bits, x, T, K, qweight, scales, mins, N, shift, bias, out);
+    if (HAS_PANEL_PATH && T >= panel_min_rows && T > 1) return linear_panels(bits, x, T, K, qweight, scales, mins, N, shift, bias, out);
 #pragma omp parallel for schedule(static) if (N * K * T >= PAR_MIN_WORK)
     for (int64_t n = 0; n < N; ++n) {
         const uint8_t *row = qweight + n * row_bytes;
@@ -440,13 +443,15 @@ INLINE int dequant(int bits, const uint8_t *qweight, const float *scales, const 
 }
 
 int ls_w4_linear(const float *x, int64_t T, int64_t K, const uint8_t *qweight, const float *scales,
-                 const float *mins, int64_t N, int64_t group, const float *bias, float *out) {
-    return linear(4, x, T, K, qweight, scales, mins, N, group, bias, out);
+                 const float *mins, int64_t N, int64_t group, const float *bias, float *out, int64_t panel_min_rows) {
+    return linear(4, x, T, K, qweight, scales, mins, N, group, bias, out,
+                  panel_min_rows);
 }
 
 int ls_w8_linear(const float *x, int64_t T, int64_t K, const int8_t *qweight, const float *scales,
-                 const float *mins, int64_t N, int64_t group, const float *bias, float *out) {
-    return linear(8, x, T, K, (const uint8_t *)qweight, scales, mins, N, group, bias, out);
+                 const float *mins, int64_t N, int64_t group, const float *bias, float *out, int64_t panel_min_rows) {
+    return linear(8, x, T, K, (const uint8_t *)qweight, scales, mins, N, group, bias, out,
+                  panel_min_rows);
 }
 
 int ls_w4_dequant(const uint8_t *qweight, const float *scales, const float *mins, int64_t K, int64_t group,
