@@ -22,8 +22,8 @@ from .cuda_graph import CudaGraphRunner
 
 log = logging.getLogger("lightspeed.runner")
 
-# Decode batches above this run eagerly: from 24 rows on the quantised GEMM hands the product to
-# torch's GEMM (lightspeed_kernel.cpu.gemm.DENSE_MIN_ROWS), which a native graph cannot replay.
+# Decode batches above this run eagerly: from DENSE_MIN_ROWS (lightspeed_kernel.cpu.gemm) rows on the
+# quantised GEMM hands the product to torch's GEMM, which a native graph cannot replay.
 MAX_CPU_GRAPH_BATCH = 16
 
 

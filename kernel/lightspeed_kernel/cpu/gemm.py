@@ -5,7 +5,9 @@ By token rows T (the crossovers measured on a 2-core AMD EPYC, AVX2: bench/resul
   by streaming the weights in, so int8 activations would cost precision and win nothing;
 - 2 <= T < DENSE_MIN_ROWS (decode batches): the same fused kernel, its weight-block expansion
   shared by up to 8 token rows; from PANEL_MIN_ROWS its panel path (two weight rows dequantised
-  to an L1 scratch, then a register-blocked 2 x 6 micro-kernel over every token row). With LIGHTSPEED_KERNEL_Q8_ACTIVATIONS=1, 4-bit weights instead
+  to an L1 scratch, then a register-blocked 2 x 6 micro-kernel over every token row): 1.2-1.4x
+  the row tiles at 16-23 rows, about even at 9-10 (bench/results/kernels_cpu_t1_2026-12-01_125905
+  and _125939_x86-64.md). With LIGHTSPEED_KERNEL_Q8_ACTIVATIONS=1, 4-bit weights instead
   quantise activations to int8 (one scale per 256 columns) and run integer dots (q8_gemm.c): on a
   Zen 3 without VNNI a maddubs + madd pair costs about what the four fp32 FMAs it replaces do, so
   it measured 1.0-1.5x the fp32 kernel at 2 rows and 0.6-1.0x at 16
@@ -24,7 +26,7 @@ from ..reference.gemm import check_quantized
 from ..registry import Priority, register_kernel
 from . import native
 
-DENSE_MIN_ROWS = 24
+DENSE_MIN_ROWS = 32  # the panel path beat dequantise + GEMM on every shape at 24 rows, not at 32 (_125939)
 PANEL_MIN_ROWS = 9  # fused kernel: from here its panel path (quant_gemm.c; 8 rows share one tile before it)
 Q8_MIN_ROWS = 2
 Q8_BITS = (4,)  # weight widths whose multi-row GEMMs quantise activations (the module docstring says why)
