@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import os
+import threading
 import time
 from types import SimpleNamespace
 
@@ -202,3 +203,29 @@ def test_start_up_bound_leaves_the_rest_unread(tmp_path):
     tier = DiskKVTier(pool, tmp_path, 1 << 20, FP, PAGE)
     index = tier.load_index(time_budget_s=-1.0)
     assert index.slots.tolist() == [] and index.num_unread == 3
+
+
+def test_wait_any_waits_for_a_pending_op_not_a_finished_one(tmp_path, monkeypatch):
+    # A step whose writes are done but whose read is not: the wait must last until the read lands
+    # (returning at once on the done writes made the engine's step loop spin, starving the readers).
+    pool = host_pool()
+    tier = DiskKVTier(pool, tmp_path, 1 << 20, FP, PAGE)
+    assert run(tier, plan(1, writes=WRITES[:1])) == ([], [])
+    release, read_rows = threading.Event(), tier._read_rows
+
+    def held_read(*args):
+        release.wait(10)
+        return read_rows(*args)
+
+    monkeypatch.setattr(tier, "_read_rows", held_read)
+    tier.submit(plan(2, writes=WRITES[1:2], reads=[(5, 4, 11, 100)]))
+    write_futures = tier._in_flight[2][2]
+    while not all(f.done() for f in write_futures):
+        time.sleep(0.001)
+    started = time.monotonic()
+    tier.wait_any(0.3)
+    assert time.monotonic() - started >= 0.25, "returned on the finished writes"
+    threading.Timer(0.05, release.set).start()
+    tier.wait_any(5.0)
+    assert tier.poll() == [(2, [], [])]
+    tier.close()

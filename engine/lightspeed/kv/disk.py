@@ -235,8 +235,10 @@ class DiskKVTier:
 
     def wait_any(self, timeout_s: float) -> None:
         """Block until one op in flight is done, or timeout_s passed."""
-        futures = [f for (_, _, w, r) in self._in_flight.values() for f in (*w, *r)]
-        wait(futures, timeout=timeout_s, return_when=FIRST_COMPLETED)
+        # Only the pending ones: a step's done futures would end the wait at once (FIRST_COMPLETED).
+        pending = [f for (_, _, w, r) in self._in_flight.values() for f in (*w, *r) if not f.done()]
+        if pending:
+            wait(pending, timeout=timeout_s, return_when=FIRST_COMPLETED)
 
     def wait_all(self) -> list[tuple[int, list[int], list[int]]]:
         """Block until every op in flight is done (shutdown and tests)."""
@@ -372,21 +374,20 @@ def _chunks(n: int) -> list[range]:
 
 
 def _pwritev_all(fd: int, buffers: list[memoryview], offset: int, total: int) -> None:
-    written = 0
-    for i in range(0, len(buffers), _IOV_MAX):
-        part = buffers[i:i + _IOV_MAX]
-        n = os.pwritev(fd, part, offset + written)
-        written += n
-        if n != sum(b.nbytes for b in part):
-            raise OSError(errno.ENOSPC, "short write to the disk cache")
-    assert written == total
+    if _vectored(os.pwritev, fd, buffers, offset) != total:
+        raise OSError(errno.ENOSPC, "short write to the disk cache")
 
 
 def _preadv_all(fd: int, buffers: list[memoryview], offset: int) -> int:
+    return _vectored(os.preadv, fd, buffers, offset)
+
+
+def _vectored(op, fd: int, buffers: list[memoryview], offset: int) -> int:
+    """os.pwritev / os.preadv over any number of buffers (IOV_MAX per call); stops at a short one."""
     done = 0
     for i in range(0, len(buffers), _IOV_MAX):
         part = buffers[i:i + _IOV_MAX]
-        n = os.preadv(fd, part, offset + done)
+        n = op(fd, part, offset + done)
         done += n
         if n != sum(b.nbytes for b in part):
             break
