@@ -47,6 +47,26 @@ class PtyChat:
     def send(self, text: str) -> None:
         os.write(self.fd, text.encode())
 
+    def await_prompt_read(self, timeout_s: float = 30.0) -> None:
+        """Wait until the chat is blocked reading the terminal, so a Ctrl-C sent next is seen.
+
+        CPython's readline loses a SIGINT that lands after the prompt is drawn but before it
+        blocks in select() (the flag is set, nothing wakes the select). A person cannot hit that
+        window of microseconds; a test that types the moment "> " appears can, on a loaded
+        2-core machine. /proc/PID/syscall shows the blocking call: pselect6/select on fd 0."""
+        path = f"/proc/{self.pid}/syscall"
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                fields = open(path).read().split()
+            except OSError:  # no /proc/PID/syscall here: a pause long enough in practice
+                time.sleep(0.5)
+                return
+            if fields[:1] in (["270"], ["23"], ["72"]) and fields[1:2] == ["0x1"]:  # x86_64 / aarch64
+                return
+            time.sleep(0.01)
+        raise AssertionError(f"chat never blocked reading the terminal:\n{self.output[-2000:]}")
+
     def wait(self, timeout_s: float = 30.0) -> int:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -83,8 +103,10 @@ def test_commands_ctrl_c_and_the_conversation_kept(compat_server):
     chat.expect(r"next\?\n\S", start=mark)
     chat.send("\x03")
     chat.expect(r"\[stopped\]\n> ", start=mark)
+    chat.await_prompt_read()
     chat.send("\x03")  # at the prompt: a hint, then a second Ctrl-C quits
-    chat.expect(r"Ctrl-C again, Ctrl-D or /exit quits")
+    chat.expect(r"Ctrl-C again, Ctrl-D or /exit quits\)\n> ")
+    chat.await_prompt_read()
     chat.send("\x03")
     assert chat.wait() == 0
     assert "Traceback" not in chat.output
