@@ -97,6 +97,28 @@ def test_dense_path_in_chunks(monkeypatch):
     torch.testing.assert_close(ops.linear(x, qw, bias).double(), _naive(x, qw, bias), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("tokens,max_elements", [(40, 23 * 64), (40, 23 * 64 - 1), (39, 23 * 64)])
+def test_dense_path_whole_weight_or_chunks(monkeypatch, tokens, max_elements):
+    # From WHOLE_WEIGHT_ROWS rows a weight that fits WHOLE_WEIGHT_ELEMENTS is dequantised at once; one
+    # element too big, or one row too few, and it goes in chunks: the same product every way.
+    from lightspeed_kernel.cpu import gemm, native
+
+    if not native.available():
+        pytest.skip("no native kernels on this machine")
+    monkeypatch.setattr(gemm, "DENSE_MIN_ROWS", 32)
+    monkeypatch.setattr(gemm, "CHUNK_ELEMENTS", 5 * 64)
+    monkeypatch.setattr(gemm, "WHOLE_WEIGHT_ROWS", 40)
+    monkeypatch.setattr(gemm, "WHOLE_WEIGHT_ELEMENTS", max_elements)
+    dequantised = []
+    real = gemm._dequant_rows
+    monkeypatch.setattr(gemm, "_dequant_rows", lambda *a, **kw: dequantised.append(a[6]) or real(*a, **kw))
+    qw = QuantizedWeight.quantize(torch.randn(23, 64), 4, 32)
+    x, bias = torch.randn(tokens, 64), torch.randn(23)
+    torch.testing.assert_close(ops.linear(x, qw, bias).double(), _naive(x, qw, bias), rtol=1e-4, atol=1e-4)
+    whole = tokens >= 40 and max_elements >= 23 * 64
+    assert dequantised == ([23] if whole else [5, 5, 5, 5, 3])
+
+
 @pytest.mark.parametrize("bits", [4, 8])
 def test_dequantize_rows_and_embedding(bits):
     qw = QuantizedWeight.quantize(torch.randn(40, 96), bits, 32)

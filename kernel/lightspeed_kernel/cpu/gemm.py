@@ -31,6 +31,11 @@ PANEL_MIN_ROWS = 9  # fused kernel: from here its panel path (quant_gemm.c; 8 ro
 Q8_MIN_ROWS = 2
 Q8_BITS = (4,)  # weight widths whose multi-row GEMMs quantise activations (the module docstring says why)
 CHUNK_ELEMENTS = 1 << 20  # fp32 weights dequantised at once on the dense path: 4 MiB, cache-resident
+# From this many token rows (a prompt), the GEMM is long enough that a cache-resident chunk saves
+# nothing: the whole weight (up to 32 MiB fp32) is dequantised once and multiplied in one GEMM call,
+# which blocks better than one call per chunk.
+WHOLE_WEIGHT_ROWS = 256
+WHOLE_WEIGHT_ELEMENTS = 1 << 23
 ACTIVATION_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
@@ -110,16 +115,15 @@ def _linear(bits: int, x, qweight, scales, mins, bias, group_size: int) -> torch
         if rc:
             raise RuntimeError(f"w{bits} linear kernel failed (code {rc})")
     else:
-        rows = max(1, min(n, CHUNK_ELEMENTS // k))
+        whole = t >= WHOLE_WEIGHT_ROWS and n * k <= WHOLE_WEIGHT_ELEMENTS
+        rows = n if whole else max(1, min(n, CHUNK_ELEMENTS // k))
         weight = torch.empty(rows, k, dtype=torch.float32)
         for first in range(0, n, rows):
             count = min(rows, n - first)
             _dequant_rows(bits, qweight, scales, mins, group_size, first, count, weight)
-            chunk = weight[:count]
-            if count == n:
-                torch.mm(xf, chunk.t(), out=out)
-            else:
-                out[:, first:first + count] = xf @ chunk.t()
+            # A column slice of `out` (row stride n) is a valid GEMM output: written in place,
+            # with no temporary product and no strided copy.
+            torch.mm(xf, weight[:count].t(), out=out[:, first:first + count])
         if bias_f is not None:
             out += bias_f
     return out if x.dtype == torch.float32 else out.to(x.dtype)
