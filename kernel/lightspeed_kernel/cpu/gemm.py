@@ -14,7 +14,9 @@ By token rows T (the crossovers measured on a 2-core AMD EPYC, AVX2: bench/resul
   (bench/results/kernels_cpu_t1_2026-12-01_123216_x86-64.md), hence off by default. 8-bit weights always
   keep fp32 activations: their sign trick costs one more integer op per block;
 - T >= DENSE_MIN_ROWS (prompts): the weight dequantised a chunk of rows at a time and multiplied
-  by torch's GEMM (MKL / oneDNN), which wins once the dequantisation is shared by enough rows.
+  by torch's GEMM (MKL / oneDNN), which wins once the dequantisation is shared by enough rows;
+  from WHOLE_WEIGHT_ROWS the whole weight at once, one GEMM call (4.7% off a 2048-token prefill:
+  bench/results/prefill_whole_weight_cpu_t1_*.md).
 """
 
 from __future__ import annotations
