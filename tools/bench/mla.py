@@ -3,8 +3,13 @@
     python tools/bench/mla.py --out DIR [--budget-s 150] [--tile-sweep]
 
 Writes DIR/mla_bench_<date-time>_<device>.json and .md. Every figure is measured here: µs per call
-(median of CUDA-graph replays, triton.testing.do_bench_cudagraph), achieved HBM bandwidth as a
-fraction of 4.27 TB/s (bytes of KV + queries + outputs, each read or written once), TFLOP/s.
+(median of CUDA-graph replays, each after a 256 MiB write that flushes the L2, timed by CUDA events
+around the replay alone), achieved HBM bandwidth as a fraction of 4.27 TB/s counting only what a
+perfect kernel must move (the cached tokens once, the queries read and the outputs written once;
+split-KV partials are the kernel's overhead, not bandwidth achieved), TFLOP/s, and the fraction of
+the point's roofline max(bytes / 4.27 TB/s, FLOPs / MMA peak): absorbed MLA costs 2176 FLOP per
+query row per cached token, so many heads x query tokens make a point compute-bound (the MMA peak
+is 810 TFLOP/s bf16; FP8 caches are judged against FP8 MMAs at twice that).
 Points run in priority order (targets first) until --budget-s is spent; what did not run is listed.
 """
 
@@ -22,6 +27,20 @@ from result_files import result_stem
 
 HBM_BPS = 4.27e12
 BF16_FLOPS = 810e12
+MMA_FLOPS = {"bf16": BF16_FLOPS, "fp8": 2 * BF16_FLOPS}  # wgmma e4m3 runs at twice the bf16 rate
+D_QK, D_V = 576, 512  # absorbed MLA: queries against latent ‖ rope, values = the latent
+FLUSH_BYTES = 256 << 20  # more than the H200's L2 (50 MiB), written before each timed replay
+
+
+def decode_cost(kind: str, batch: int, heads: int, q_len: int, ctx: int, bytes_per_token: int) -> dict:
+    """What a perfect decode kernel must do for one point: read every cached token once, read the
+    bf16 queries and write the bf16 outputs once; 2 · (576 + 512) FLOP per query row per token."""
+    kv_bytes = batch * ctx * bytes_per_token
+    nbytes = kv_bytes + batch * q_len * heads * (D_QK + D_V) * 2
+    flops = 2 * (D_QK + D_V) * batch * heads * q_len * ctx
+    memory_us, compute_us = nbytes / HBM_BPS * 1e6, flops / MMA_FLOPS[kind] * 1e6
+    return {"bytes": nbytes, "flops": flops, "roofline_us": max(memory_us, compute_us),
+            "bound": "compute" if compute_us > memory_us else "memory"}
 
 
 def _git_commit() -> str:
@@ -31,16 +50,35 @@ def _git_commit() -> str:
         return "unknown"
 
 
-def _time_us(fn) -> float:
-    import triton.testing as tt
+_flush_buffer: torch.Tensor | None = None
 
+
+def _time_us(fn, reps: int = 20) -> float:
+    """Median µs of `fn` replayed from a CUDA graph (eager if it cannot be captured), the L2 flushed
+    before each replay and only the replay between the events."""
+    global _flush_buffer
+    if _flush_buffer is None:
+        _flush_buffer = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
     fn()
     torch.cuda.synchronize()
+    run = fn
     try:
-        ms = tt.do_bench_cudagraph(fn, rep=20, return_mode="median")
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        run = graph.replay
     except Exception:  # noqa: BLE001 - fall back to eager launches
-        ms = tt.do_bench(fn, warmup=5, rep=20, return_mode="median")
-    return ms * 1e3
+        torch.cuda.synchronize()
+    run()
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+    for start, end in events:
+        _flush_buffer.zero_()
+        start.record()
+        run()
+        end.record()
+    torch.cuda.synchronize()
+    times = sorted(start.elapsed_time(end) for start, end in events)
+    return times[reps // 2] * 1e3
 
 
 def measure_ceilings() -> dict:
@@ -95,18 +133,15 @@ class DecodeBench:
         q = torch.randn(T, heads, 576, device="cuda").to(torch.bfloat16)
         out = torch.empty(T, heads, 512, device="cuda", dtype=torch.bfloat16)
         us = _time_us(lambda: run_decode(plan, q, cache, page_table, out))
-        nbytes = batch * ctx * cache.bytes_per_token + q.numel() * 2 + out.numel() * 2
-        if plan.num_splits > 1:
-            nbytes += 2 * T * heads * plan.num_splits * 512 * 4  # partials written and read back
-        flops = 2 * batch * heads * q_len * ctx * (576 + 512)
+        cost = decode_cost(kind, batch, heads, q_len, ctx, cache.bytes_per_token)
         t = plan.tile
         return {
             "kind": kind, "batch": batch, "heads": heads, "q_len": q_len, "ctx": ctx, "us": round(us, 2),
-            "hbm_frac": round(nbytes / (us * 1e-6) / HBM_BPS, 3), "tflops": round(flops / (us * 1e-6) / 1e12, 1),
-            "fold": plan.fold, "splits": plan.num_splits,
+            "hbm_frac": round(cost["bytes"] / (us * 1e-6) / HBM_BPS, 3),
+            "tflops": round(cost["flops"] / (us * 1e-6) / 1e12, 1),
+            "roofline_us": round(cost["roofline_us"], 2), "of_roofline": round(cost["roofline_us"] / us, 3),
+            "bound": cost["bound"], "fold": plan.fold, "splits": plan.num_splits,
             "tile": f"{t.block_m}x{t.block_n} w{t.num_warps} s{t.num_stages}{' swap' if t.swap_ab else ''}",
-            # Compute-bound when the MMA time at the bf16 peak exceeds the HBM time.
-            "bound": "compute" if flops / BF16_FLOPS > (batch * ctx * cache.bytes_per_token) / HBM_BPS else "memory",
         }
 
 
@@ -197,7 +232,8 @@ def write_markdown(results: dict, path: Path) -> None:
     lines = [f"# MLA kernels on {results['device']}", "",
              f"commit {results['commit']}, {results['date']}, torch {results['torch']}, triton {results['triton']}", "",
              f"Ceilings measured in this run: {results['ceilings']}. Fractions below use the nominal "
-             f"4.27 TB/s and 810 TFLOP/s.", "", "## Prefill (non-absorbed, causal, 128 heads, qk 192 / v 128)", "",
+             f"4.27 TB/s and 810 TFLOP/s (bf16; FP8 caches: 1620). HBM frac counts only the bytes a perfect "
+             f"kernel moves; of roofline = max(bytes / 4.27 TB/s, FLOPs / MMA peak) / µs.", "", "## Prefill (non-absorbed, causal, 128 heads, qk 192 / v 128)", "",
              "| q | kv | µs | TFLOP/s | of 810 | tile |", "|---|---|---|---|---|---|"]
     for r in results["prefill"]:
         lines.append(f"| {r['q_len']} | {r['kv_len']} | {r['us']} | {r['tflops']} | {r['frac_of_810']} | {r['tile']} |")
@@ -206,15 +242,17 @@ def write_markdown(results: dict, path: Path) -> None:
     for r in results["fold_speedup"]:
         lines.append(f"| {r['kind']} | {r['batch']} | {r['ctx']} | {r['fold_us']} | {r['nofold_us']} | {r['speedup']} |")
     lines += ["", "## Decode (absorbed, page 64)", "",
-              "| tag | kv | batch | heads | q_len | ctx | µs | HBM frac | TFLOP/s | bound | fold | splits | tile |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "| tag | kv | batch | heads | q_len | ctx | µs | roofline µs | of roofline | HBM frac | TFLOP/s | bound | "
+              "fold | splits | tile |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results["decode"]:
         if "error" in r:
             lines.append(f"| {r['tag']} | {r['kind']} | {r['batch']} | {r['heads']} | {r['q_len']} | {r['ctx']} | "
                          f"error: {r['error']} |")
             continue
         lines.append(f"| {r['tag']} | {r['kind']} | {r['batch']} | {r['heads']} | {r['q_len']} | {r['ctx']} | "
-                     f"{r['us']} | {r['hbm_frac']} | {r['tflops']} | {r['bound']} | {r['fold']} | {r['splits']} | "
+                     f"{r['us']} | {r['roofline_us']} | {r['of_roofline']} | {r['hbm_frac']} | {r['tflops']} | "
+                     f"{r['bound']} | {r['fold']} | {r['splits']} | "
                      f"{r['tile']} |")
     if results["skipped"]:
         lines += ["", f"Not run (budget): {len(results['skipped'])} sweep points, e.g. {results['skipped'][:6]}"]
