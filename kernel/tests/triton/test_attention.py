@@ -238,3 +238,10 @@ def test_plan_decode_splits(batch, max_pages):
         assert plan.num_splits > 1 and plan.split_tokens >= 256
     ws = dec.decode_workspace_numel(plan, batch, 32, 128)
     assert ws == (0 if plan.num_splits == 1 else batch * 32 * plan.num_splits * 129)
+
+
+def test_plan_decode_is_planned_once_per_shape():
+    # every layer of a step asks for the same plan: the second ask is the first plan, not a new one
+    first = dec.plan_decode(8, 32, 8, 128, 16, 40, 1, num_sms=132)
+    assert dec.plan_decode(8, 32, 8, 128, 16, 40, 1, num_sms=132) is first
+    assert dec.plan_decode(9, 32, 8, 128, 16, 40, 1, num_sms=132) is not first
