@@ -634,6 +634,8 @@ NB_MODULE(_core, m) {
           "(extra 1: the first stands for an in-flight sample). Fills out_tokens[i, :n] and out_counts[i] = n.")
       .def("draft_length", &lightspeed::draft::DraftProposer::draft_length, "slot"_a,
            "The slot's current draft length (adapted to its acceptance).")
+      .def("backoff_remaining", &lightspeed::draft::DraftProposer::backoff_remaining, "slot"_a,
+           "Committed tokens the slot waits before it drafts again after drafts that kept missing (0: it drafts).")
       .def_prop_ro("num_cached_requests", &lightspeed::draft::DraftProposer::num_cached_requests,
                    "Finished requests kept for suffix matching.");
 }

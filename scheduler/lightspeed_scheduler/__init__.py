@@ -7,4 +7,4 @@ typed signatures and scheduler/README.md for the protocol.
 from ._core import DraftProposer, Plan, RequestSpec, Scheduler, SchedulerConfig
 
 __all__ = ["DraftProposer", "Plan", "RequestSpec", "Scheduler", "SchedulerConfig"]
-__version__ = "0.3.0"
+__version__ = "0.3.1"

@@ -61,6 +61,11 @@ def test_draft_proposer_from_python():
     p.commit([1, 1], [3, 4])
     p.observe([1], [4], [1])
     assert p.draft_length(1) == 2
+    p.observe([1], [2], [0])
+    p.observe([1], [1], [0])  # two drafts in a row wholly rejected: the slot stops drafting a while
+    assert p.backoff_remaining(1) == 4
+    p.propose([1], [0], [0], np.zeros((1, 2), np.int32), out, counts)
+    assert counts.tolist() == [0]
     with pytest.raises(ValueError, match="unknown method"):
         DraftProposer(method="eagle")
     with pytest.raises(TypeError):

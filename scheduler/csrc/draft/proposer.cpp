@@ -50,6 +50,7 @@ void DraftProposer::start(int32_t slot, std::span<const int32_t> tokens, int32_t
   s.num_prompt_tokens = num_prompt_tokens;
   s.group = group;
   s.draft_length = config_.num_speculative_tokens;
+  s.misses = s.backoff = s.cooldown = 0;
   s.bound = true;
 }
 
@@ -59,6 +60,7 @@ void DraftProposer::commit(std::span<const int32_t> slots, std::span<const int32
     Slot& s = slots_[check_slot(slots[i], "commit")];
     if (!s.bound) throw std::invalid_argument("DraftProposer.commit(): slot " + std::to_string(slots[i]) + " is not bound");
     s.index.append(tokens[i]);
+    if (s.cooldown > 0) --s.cooldown;
   }
 }
 
@@ -72,6 +74,13 @@ void DraftProposer::observe(std::span<const int32_t> slots, std::span<const int3
     Slot& s = slots_[check_slot(slots[i], "observe")];
     s.draft_length = accepted[i] >= drafted[i] ? std::min(most, std::max(1, 2 * s.draft_length))
                                                : std::clamp(accepted[i] + 1, 1, most);
+    if (accepted[i] > 0) {
+      s.misses = s.backoff = 0;
+    } else if (++s.misses >= kMissesBeforeBackoff) {
+      s.backoff = s.backoff > 0 ? std::min(2 * s.backoff, kMaxBackoffTokens) : kFirstBackoffTokens;
+      s.cooldown = s.backoff;
+      s.misses = kMissesBeforeBackoff - 1;  // until a draft is accepted, one more miss backs off again
+    }
   }
 }
 
@@ -179,7 +188,7 @@ void DraftProposer::propose(std::span<const int32_t> slots, std::span<const int3
       if (!s.bound) continue;
       throw std::invalid_argument("DraftProposer.propose(): pending_counts outside [0, pending width]");
     }
-    const int32_t want = std::min(out_width, s.draft_length + std::max(0, extra[i]));
+    const int32_t want = s.cooldown > 0 ? 0 : std::min(out_width, s.draft_length + std::max(0, extra[i]));
     const auto pending = pending_tokens.subspan(i * static_cast<size_t>(pending_width), pending_counts[i]);
     out_counts[i] = propose_one(s, pending, want, out_tokens.data() + i * static_cast<size_t>(out_width));
   }

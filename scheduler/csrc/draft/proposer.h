@@ -14,6 +14,12 @@
 //           proposal (their empirical next-token probability, as a suffix tree's counts give).
 // Draft length adapts per slot to its acceptance history: all drafts accepted doubles it (up to
 // num_speculative_tokens), a rejection sets it to the accepted length plus one.
+// A slot whose drafts keep missing stops drafting for a while: two drafts in a row with nothing
+// accepted start a back-off of kFirstBackoffTokens committed tokens, and each further miss right
+// after one doubles it (up to kMaxBackoffTokens); any accepted draft ends it. A model that
+// paraphrases its context instead of copying it (SmolLM2-135M on the re-quoting trace: 89% of
+// drafts wholly rejected) would otherwise verify a useless draft every step, which costs compute
+// at high concurrency and on CPUs.
 // Everything is O(k + candidates * max_match) per slot and step; start() indexes a prompt once.
 #pragma once
 
@@ -64,6 +70,12 @@ class DraftProposer {
 
   const ProposerConfig& config() const { return config_; }
   int32_t draft_length(int32_t slot) const { return slots_.at(check_slot(slot, "draft_length")).draft_length; }
+  // Committed tokens the slot still waits before it drafts again (0: it drafts).
+  int32_t backoff_remaining(int32_t slot) const { return slots_.at(check_slot(slot, "backoff_remaining")).cooldown; }
+
+  static constexpr int32_t kMissesBeforeBackoff = 2;
+  static constexpr int32_t kFirstBackoffTokens = 4;
+  static constexpr int32_t kMaxBackoffTokens = 64;
   int32_t num_cached_requests() const { return static_cast<int32_t>(cached_.size()); }
 
  private:
@@ -72,6 +84,9 @@ class DraftProposer {
     int32_t num_prompt_tokens = 0;
     int64_t group = -1;
     int32_t draft_length = 0;
+    int32_t misses = 0;    // drafts in a row with nothing accepted
+    int32_t backoff = 0;   // length of the last back-off (0: none since the last accepted draft)
+    int32_t cooldown = 0;  // committed tokens left in the current back-off
     bool bound = false;
   };
   struct Cached {

@@ -72,6 +72,35 @@ TEST(DraftProposer, DraftLengthFollowsAcceptance) {
   EXPECT_EQ(p.draft_length(0), 8);
 }
 
+TEST(DraftProposer, DraftsThatKeepMissingBackOff) {
+  DraftProposer p(ngram_config(4));
+  p.start(0, std::vector<int32_t>{1, 2, 3, 4, 5, 6, 7, 8, 1, 2}, 10, -1);
+  const std::vector<int32_t> slot{0}, four{4}, none{0}, one{1};
+  p.observe(slot, four, none);  // one miss: drafting goes on
+  EXPECT_EQ(p.backoff_remaining(0), 0);
+  EXPECT_FALSE(propose(p, 0).empty());
+  p.observe(slot, std::vector<int32_t>{1}, none);  // two in a row: a 4-token back-off
+  EXPECT_EQ(p.backoff_remaining(0), DraftProposer::kFirstBackoffTokens);
+  EXPECT_TRUE(propose(p, 0).empty());
+  EXPECT_TRUE(propose(p, 0, {}, 1).empty());  // no guess for an in-flight sample either
+  p.commit(std::vector<int32_t>{0, 0, 0, 0}, std::vector<int32_t>{3, 4, 5, 6});  // it counts committed tokens
+  EXPECT_EQ(p.backoff_remaining(0), 0);
+  EXPECT_FALSE(propose(p, 0).empty());
+  p.observe(slot, one, none);  // a miss right after a back-off doubles it
+  EXPECT_EQ(p.backoff_remaining(0), 2 * DraftProposer::kFirstBackoffTokens);
+  for (int i = 0; i < 4; ++i) {
+    p.commit(std::vector<int32_t>(DraftProposer::kMaxBackoffTokens, 0), std::vector<int32_t>(DraftProposer::kMaxBackoffTokens, 7));
+    p.observe(slot, one, none);
+  }
+  EXPECT_EQ(p.backoff_remaining(0), DraftProposer::kMaxBackoffTokens);  // capped
+  p.commit(std::vector<int32_t>(DraftProposer::kMaxBackoffTokens, 0), std::vector<int32_t>(DraftProposer::kMaxBackoffTokens, 7));
+  p.observe(slot, four, std::vector<int32_t>{2});  // an accepted draft ends it all
+  p.observe(slot, one, none);
+  EXPECT_EQ(p.backoff_remaining(0), 0);  // one miss after acceptance: no back-off yet
+  p.start(0, std::vector<int32_t>{1, 2, 3}, 3, -1);  // a new request starts clean
+  EXPECT_EQ(p.backoff_remaining(0), 0);
+}
+
 TEST(DraftProposer, SuffixMatchesOutputsOfEarlierRequestsOfTheSameGroup) {
   auto config = ngram_config(6);
   config.method = "suffix";
