@@ -75,6 +75,19 @@ def test_greedy_outputs_equal_without_speculation_on_real_weights(smol, method, 
     engine.scheduler.check_invariants()
 
 
+def test_host_drafters_collect_each_step_before_planning_the_next(smol):
+    # n-gram / suffix drafts proposed behind a step in flight build on a guess of its outcome; the
+    # engine steps one at a time with them even when async scheduling is on (grammars do the same).
+    path, tokenizer, baseline, _ = smol
+    engine = make_engine(path, async_scheduling=True, speculative_config={"method": "ngram",
+                         "num_speculative_tokens": 4}, **SMOL)
+    assert engine.runner.needs_host_tokens()
+    prompt = [1, 2, 3]
+    submit(engine, "a", prompt, GREEDY)
+    run = run_until_idle(engine)
+    assert run.overlapped_steps == 0 and len(run.tokens["a"]) == GREEDY.max_tokens
+
+
 # A vocabulary restricted to 4 tokens by logit bias (the rest are ~e^-30 less likely), with a
 # prompt that cycles through them: prompt lookup drafts the cycle, and acceptance is frequent.
 CYCLE = [101, 102, 103, 104]

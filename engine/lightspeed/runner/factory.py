@@ -224,6 +224,9 @@ def _build(config: EngineConfig, ranks, output_tokens_of, load_tokenizer) -> Bui
                                      max_model_len=max_model_len, seed=config.seed)
     if runner.spec is not None and runner.spec.drafter.on_device:
         runner.spec.drafter.token_at = runner.known_token
+    if runner.spec is not None and runner.spec.drafts_on_host and config.async_scheduling:
+        log.info("speculative decoding with %s drafts: each step is collected before the next is planned "
+                 "(drafts proposed behind an unverified step are mostly rejected)", spec_config.method)
     # After the KV cache exists: the graphs bake in its addresses.
     runner.graphs = _graphs(config, ranks, model, kv_cache, max_model_len, model_config.vocab_size, device,
                             quantized=quantization in ("int8", "int4", "gguf"), spec=runner.spec)

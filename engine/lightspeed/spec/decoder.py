@@ -69,6 +69,11 @@ class SpecDecoder:
     def needs_hidden(self) -> bool:
         return self.drafter.on_device
 
+    @property
+    def drafts_on_host(self) -> bool:
+        """Drafts come from the host's token history (n-gram / suffix), not from the device."""
+        return not self.drafter.on_device
+
     # -- requests ----------------------------------------------------------------------------------
     def bind(self, slot: int, spec, prompt: list[int], outputs: list[int], session_id: str | None = None) -> None:
         # Grammar-constrained requests run without drafts: their masks need the host per token.
