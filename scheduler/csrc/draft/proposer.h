@@ -16,10 +16,9 @@
 // num_speculative_tokens), a rejection sets it to the accepted length plus one.
 // A slot whose drafts keep missing stops drafting for a while: two drafts in a row with nothing
 // accepted start a back-off of kFirstBackoffTokens committed tokens, and each further miss right
-// after one doubles it (up to kMaxBackoffTokens); any accepted draft ends it. A model that
-// paraphrases its context instead of copying it (SmolLM2-135M on the re-quoting trace: 89% of
-// drafts wholly rejected) would otherwise verify a useless draft every step, which costs compute
-// at high concurrency and on CPUs.
+// after one doubles it (up to kMaxBackoffTokens); any accepted draft ends it. A request whose
+// output does not continue its context (prose, paraphrase) would otherwise verify a useless draft
+// on most steps, which costs compute at high concurrency and on CPUs.
 // Everything is O(k + candidates * max_match) per slot and step; start() indexes a prompt once.
 #pragma once
 
