@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # CPU, served: speculative decoding on the re-quoting agentic trace with the default model
 # (SmolLM2-135M-Instruct, real weights: it re-quotes), each method against the same server set-up,
-# concurrency 1. The CPU counterpart of tools/bench/h200/spec.sh; run from the repository root:
+# concurrency 1. The CPU counterpart of tools/bench/h200/spec.sh; run from the repository root with
+# the venv active (`source .venv/bin/activate` after `make install`):
 #   bash tools/bench/spec_cpu.sh OUTDIR [SECONDS]             # methods: METHODS="none ngram" (default)
 #   METHODS="ngram suffix" EXTRA=--no-async-scheduling bash tools/bench/spec_cpu.sh OUTDIR 150
 # Results: OUTDIR/spec_cpu_smol_<method>.{json,csv,png} (lightspeed-bench), OUTDIR/metrics_<method>.txt
