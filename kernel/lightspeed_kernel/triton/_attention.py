@@ -18,6 +18,13 @@ def _tanh(x):
 
 
 @triton.jit
+def _load_rows(ptrs, mask, USE_MASK: tl.constexpr):
+    if USE_MASK:
+        return tl.load(ptrs, mask=mask, other=0.0)
+    return tl.load(ptrs)
+
+
+@triton.jit
 def attend_tile(
     acc,
     m_i,
@@ -40,18 +47,25 @@ def attend_tile(
     HEAD_DIM: tl.constexpr,
     HAS_SOFT_CAP: tl.constexpr,
     DOT_UPCAST: tl.constexpr,
+    MASKED: tl.constexpr = True,
 ):
     """acc: [M, BLOCK_D] fp32, m_i/l_i: [M] fp32, q: [M, BLOCK_D] (compute dtype);
     keys n0 .. n0+BLOCK_N of the request whose page-table row starts at pt_row_ptr; key j is visible
-    to row r iff j < kv_end and j <= row_limit[r]. qk_scale includes log2(e) (and the fp8 k scale)."""
+    to row r iff j < kv_end and j <= row_limit[r]. qk_scale includes log2(e) (and the fp8 k scale).
+    MASKED=False: the caller knows every key of the tile is visible to every row (the tiles left of
+    a prefill block's causal diagonal), so no per-element mask is built or applied."""
     tok = n0 + tl.arange(0, BLOCK_N)
-    in_range = tok < kv_end
-    page = tl.load(pt_row_ptr + tok // PAGE_SIZE, mask=in_range, other=0).to(tl.int64)
+    dims = tl.arange(0, BLOCK_D)
+    if MASKED:
+        in_range = tok < kv_end
+        page = tl.load(pt_row_ptr + tok // PAGE_SIZE, mask=in_range, other=0).to(tl.int64)
+        kv_mask = in_range[:, None] & (dims < HEAD_DIM)[None, :]
+    else:
+        page = tl.load(pt_row_ptr + tok // PAGE_SIZE).to(tl.int64)
+        kv_mask = (dims < HEAD_DIM)[None, :]
     # kv offsets: [BLOCK_N] -> rows of the cache for this kv head
     row_off = page * stride_cp + (tok % PAGE_SIZE).to(tl.int64) * stride_co + head_off
-    dims = tl.arange(0, BLOCK_D)
-    kv_mask = in_range[:, None] & (dims < HEAD_DIM)[None, :]
-    k = tl.load(k_cache + row_off[:, None] + dims[None, :], mask=kv_mask, other=0.0)
+    k = _load_rows(k_cache + row_off[:, None] + dims[None, :], kv_mask, MASKED or BLOCK_D != HEAD_DIM)
     if DOT_UPCAST:
         s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)))
     else:
@@ -62,13 +76,14 @@ def attend_tile(
         s = soft_cap * _tanh(s / soft_cap) * 1.4426950408889634
     else:
         s = s * qk_scale
-    visible = (tok[None, :] <= row_limit[:, None]) & in_range[None, :]
-    s = tl.where(visible, s, float("-inf"))
+    if MASKED:
+        visible = (tok[None, :] <= row_limit[:, None]) & in_range[None, :]
+        s = tl.where(visible, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, axis=1))
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(s - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
-    v = tl.load(v_cache + row_off[:, None] + dims[None, :], mask=kv_mask, other=0.0)
+    v = _load_rows(v_cache + row_off[:, None] + dims[None, :], kv_mask, MASKED or BLOCK_D != HEAD_DIM)
     if DOT_UPCAST:
         acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32))
     else:

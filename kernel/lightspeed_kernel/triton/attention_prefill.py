@@ -7,6 +7,8 @@ cached prefix is read through the page table exactly like the new tokens' K/V.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -49,9 +51,12 @@ def _prefill_kernel(
     HAS_SCALE: tl.constexpr,
     DOT_UPCAST: tl.constexpr,
 ):
-    mblock = tl.program_id(0)
-    b = tl.program_id(1)
-    head = tl.program_id(2)
+    # Heads vary fastest in launch order, so the GROUP query heads sharing a KV head run side by side
+    # and read its pages once from HBM (then from L2); within a request, the longest query blocks
+    # (last, most keys) start first, so the short ones fill the tail of the grid.
+    head = tl.program_id(0)
+    mblock = tl.num_programs(1) - 1 - tl.program_id(1)
+    b = tl.program_id(2)
     q_start = tl.load(qsl_ptr + b)
     q_len = tl.load(qsl_ptr + b + 1) - q_start
     if mblock * BLOCK_M < q_len:
@@ -61,6 +66,9 @@ def _prefill_kernel(
         row_valid = qi < q_len
         row_limit = tl.where(row_valid, prefix + qi, -1)
         kv_end = tl.minimum(seq_len, prefix + (mblock + 1) * BLOCK_M)
+        # Keys before this block's first query row are visible to all of its rows: those whole tiles
+        # skip the causal mask; only the tiles on the diagonal build it.
+        full_end = ((prefix + mblock * BLOCK_M) // BLOCK_N) * BLOCK_N
         tokens = (q_start + qi).to(tl.int64)
         dims = tl.arange(0, BLOCK_D)
         qmask = row_valid[:, None] & (dims < HEAD_DIM)[None, :]
@@ -75,29 +83,17 @@ def _prefill_kernel(
         acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
         pt_row = page_table + b.to(tl.int64) * stride_pt
         head_off = (head // GROUP).to(tl.int64) * stride_ch
-        for n0 in range(0, kv_end, BLOCK_N):
+        for n0 in range(0, full_end, BLOCK_N):
             acc, m_i, l_i = attend_tile(
-                acc,
-                m_i,
-                l_i,
-                q,
-                k_cache,
-                v_cache,
-                pt_row,
-                n0,
-                kv_end,
-                row_limit,
-                head_off,
-                stride_cp,
-                stride_co,
-                qk_scale,
-                soft_cap,
-                PAGE_SIZE,
-                BLOCK_N,
-                BLOCK_D,
-                HEAD_DIM,
-                HAS_SOFT_CAP,
-                DOT_UPCAST,
+                acc, m_i, l_i, q, k_cache, v_cache, pt_row, n0, kv_end, row_limit, head_off, stride_cp,
+                stride_co, qk_scale, soft_cap, PAGE_SIZE, BLOCK_N, BLOCK_D, HEAD_DIM, HAS_SOFT_CAP,
+                DOT_UPCAST, MASKED=False,
+            )
+        for n0 in range(full_end, kv_end, BLOCK_N):
+            acc, m_i, l_i = attend_tile(
+                acc, m_i, l_i, q, k_cache, v_cache, pt_row, n0, kv_end, row_limit, head_off, stride_cp,
+                stride_co, qk_scale, soft_cap, PAGE_SIZE, BLOCK_N, BLOCK_D, HEAD_DIM, HAS_SOFT_CAP,
+                DOT_UPCAST, MASKED=True,
             )
         if HAS_SCALE:
             acc = acc * tl.load(v_scale_ptr)
@@ -136,17 +132,53 @@ def attention_prefill(
     check(out.shape == q.shape and out.stride(2) == 1, "out must be [T, Hq, D]")
     if t == 0 or b == 0 or max_query_len <= 0:
         return out
-    block_d = next_pow2(d)
-    block_m = 64 if block_d <= 128 else 32
-    block_n = 64 if block_d <= 64 else 32 if block_d > 128 else 64
+    tiles = prefill_tiles(d, int(max_query_len), q.dtype)
+    return launch_prefill(
+        q, k_cache, v_cache, page_table, query_start_loc, seq_lens, out, b, hq, hkv, d,
+        max_query_len=int(max_query_len), scale=scale, soft_cap=soft_cap, k_scale=k_scale, v_scale=v_scale,
+        tiles=tiles,
+    )
+
+
+@dataclass(frozen=True)
+class PrefillTiles:
+    block_m: int    # query rows per program
+    block_n: int    # keys per inner step
+    num_warps: int
+    num_stages: int
+
+
+def prefill_tiles(head_dim: int, max_query_len: int, dtype: torch.dtype) -> PrefillTiles:
+    """Launch shape for one prefill call. Long query blocks (128 rows, 8 warps: two warp groups of
+    wgmma on sm_90) amortise each K/V tile over more rows; short chunks keep 64 rows so the grid still
+    fills the GPU. A 3-stage ring hides the paged gathers behind the MMAs."""
     if dot_upcast():  # interpreter: small tiles run faster on numpy
-        block_m = 16
-        block_n = 16
+        return PrefillTiles(16, 16, 4, 1)
+    block_d = next_pow2(head_dim)
+    if block_d > 128:
+        return PrefillTiles(32, 32, 4, 2)
+    if dtype == torch.float32:  # fp32 tiles take twice the shared memory
+        return PrefillTiles(64, 64, 4, 2)
+    if max_query_len >= LONG_QUERY_ROWS:
+        return PrefillTiles(128, 64, 8, 3)
+    return PrefillTiles(64, 64, 4, 3)
+
+
+# Query length from which 128-row blocks are used (fewer, fuller programs); see bench/results/prefill_*.
+LONG_QUERY_ROWS = 1024
+
+
+def launch_prefill(
+    q, k_cache, v_cache, page_table, query_start_loc, seq_lens, out, b, hq, hkv, d, *, max_query_len, scale,
+    soft_cap, k_scale, v_scale, tiles: PrefillTiles,
+):
+    """The kernel launch with explicit tiles (the benchmark sweeps them; attention_prefill chooses)."""
+    block_d = next_pow2(d)
     is_fp8 = k_cache.dtype in FP8_DTYPES
     has_scale = is_fp8 or k_scale is not None
     ks = scale_tensor(1.0 if k_scale is None else k_scale, q.device) if has_scale else seq_lens
     vs = scale_tensor(1.0 if v_scale is None else v_scale, q.device) if has_scale else seq_lens
-    grid = (triton.cdiv(int(max_query_len), block_m), b, hq)
+    grid = (hq, triton.cdiv(max_query_len, tiles.block_m), b)
     _prefill_kernel[grid](
         q,
         k_cache,
@@ -169,14 +201,14 @@ def attention_prefill(
         k_cache.stride(2),
         GROUP=hq // hkv,
         PAGE_SIZE=k_cache.shape[1],
-        BLOCK_M=block_m,
-        BLOCK_N=block_n,
+        BLOCK_M=tiles.block_m,
+        BLOCK_N=tiles.block_n,
         BLOCK_D=block_d,
         HEAD_DIM=d,
         HAS_SOFT_CAP=soft_cap is not None and soft_cap > 0,
         HAS_SCALE=has_scale,
         DOT_UPCAST=dot_upcast(),
-        num_warps=4,
-        num_stages=2,
+        num_warps=tiles.num_warps,
+        num_stages=tiles.num_stages,
     )
     return out

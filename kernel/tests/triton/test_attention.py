@@ -122,6 +122,18 @@ def test_prefill_matches_reference(device, dtype, page_size, cached, q_lens):
     _check(got, want, dtype)
 
 
+@pytest.mark.parametrize("head_dim", [48, 64])
+def test_prefill_whole_tiles_left_of_the_diagonal(device, head_dim):
+    # Long cached prefixes and several query blocks: most key tiles sit left of each block's causal
+    # diagonal and take the unmasked path; head_dim 48 pads to 64 (the dim mask stays on there).
+    batch = paged_batch([70, 33, 0], [45, 40, 50], 16, 8, 2, head_dim, torch.float32, device, seed=5)
+    _check(
+        pre.attention_prefill(*_args(batch), **_kw(batch)),
+        ref.attention_prefill(*_args(batch), **_kw(batch)),
+        torch.float32,
+    )
+
+
 @pytest.mark.parametrize("soft_cap", [None, 20.0])
 def test_prefill_soft_cap_fp8_gqa(device, soft_cap):
     batch = paged_batch(

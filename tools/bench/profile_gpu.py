@@ -1,0 +1,190 @@
+#!/usr/bin/env python
+"""Where a step's GPU time goes: the real engine (`lightspeed.core.engine.Engine`, its overlapped step
+loop and CUDA graphs) driven in-process under the torch profiler, one scenario at a time.
+
+Scenarios (Llama-3.1-8B-shaped dummy by default):
+  decode_b1    batch-1 decode steps at 1K context (the served TPOT at concurrency 1)
+  decode_b32   32 requests decoding at 1K context
+  prefill_20k  a 20K-token first turn (8192-token chunks), no cached prefix
+  turn_800     an agentic turn: 800 new tokens over the 20K-token prefix just computed
+For each: wall time per step, GPU busy (union of kernel intervals / wall), and kernel time by
+category (gemm, attention, norm/rope/kv-store/activation, sampling, copies, other) and by kernel,
+in a markdown table; the JSON holds the top kernels. Chrome traces are written with --trace.
+
+    python tools/bench/profile_gpu.py --out bench/results                  # on the H200, ~2 minutes
+    python tools/bench/profile_gpu.py --model tiny-llama --device cpu --out /tmp/x --smoke   # CPU check
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections import defaultdict
+
+import torch
+from result_files import git_commit, result_stem
+
+CATEGORIES = [  # first match wins; kernel names lower-cased
+    ("attention", ("prefill_kernel", "decode_kernel", "combine_kernel", "flash", "attn", "fmha", "mla")),
+    ("gemm", ("gemm", "nvjet", "cutlass", "xmma", "sm90_", "cublas", "matmul", "splitk")),
+    ("sampling", ("sample", "topk", "logsumexp", "penalt", "argmax", "softmax")),
+    ("norm/rope/kv/act", ("rms_norm", "rope", "store_kv", "act_and_mul", "silu", "rotate")),
+    ("copy", ("memcpy", "memset", "copy", "fill", "index", "gather", "scatter", "cat")),
+]
+
+
+def category(name: str) -> str:
+    low = name.lower()
+    for cat, keys in CATEGORIES:
+        if any(k in low for k in keys):
+            return cat
+    return "other"
+
+
+def busy_us(intervals: list[tuple[float, float]]) -> float:
+    """Length of the union of [start, end) intervals (kernels of several streams overlap)."""
+    total, end = 0.0, float("-inf")
+    for s, e in sorted(intervals):
+        if s > end:
+            total += e - s
+            end = e
+        elif e > end:
+            total += e - end
+            end = e
+    return total
+
+
+def summarise(prof, steps: int, wall_s: float) -> dict:
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    by_name: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    by_cat: dict[str, float] = defaultdict(float)
+    intervals = []
+    for e in kernels:
+        dur = e.time_range.end - e.time_range.start
+        intervals.append((e.time_range.start, e.time_range.end))
+        by_name[e.name][0] += dur
+        by_name[e.name][1] += 1
+        by_cat[category(e.name)] += dur
+    busy = busy_us(intervals)
+    top = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:25]
+    return {
+        "steps": steps, "wall_ms": wall_s * 1e3, "wall_ms_per_step": wall_s * 1e3 / max(steps, 1),
+        "gpu_busy_ms_per_step": busy / 1e3 / max(steps, 1),
+        "gpu_busy_fraction": busy / 1e6 / wall_s if wall_s > 0 else float("nan"),
+        "kernels_per_step": len(kernels) / max(steps, 1),
+        "by_category_ms_per_step": {k: v / 1e3 / max(steps, 1) for k, v in sorted(by_cat.items(), key=lambda kv: -kv[1])},
+        "top_kernels": [{"name": n[:140], "ms_per_step": t / 1e3 / max(steps, 1), "calls_per_step": c / max(steps, 1)}
+                        for n, (t, c) in top],
+    }
+
+
+def run_scenario(engine, m, name: str, prompts: list[list[int]], max_tokens: int, skip_steps: int, trace_dir):
+    """Submit prompts, step `skip_steps` unprofiled (prefill for decode scenarios), profile the rest."""
+    from torch.profiler import ProfilerActivity, profile
+
+    spec = m.SamplingSpec(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, min_tokens=max_tokens)
+    for i, p in enumerate(prompts):
+        assert engine.add_request(m.AddRequest(f"{name}-{i}", p, spec)) is None
+    for _ in range(skip_steps):
+        engine.step()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    steps = 0
+    with profile(activities=activities) as prof:
+        t0 = time.perf_counter()
+        while engine.has_work():
+            engine.step()
+            steps += 1
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+    while engine.has_pending_copies():
+        engine.step()
+    if trace_dir is not None:
+        prof.export_chrome_trace(str(trace_dir) + f"_{name}.trace.json")
+    out = summarise(prof, steps, wall)
+    out["prompts"] = len(prompts)
+    out["prompt_tokens"] = len(prompts[0])
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="llama-3.1-8b")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--trace", action="store_true", help="also write chrome traces")
+    ap.add_argument("--smoke", action="store_true", help="tiny shapes (a CPU check of the script)")
+    ap.add_argument("--commit", default=None)
+    args = ap.parse_args(argv)
+
+    from lightspeed.config import EngineConfig
+    from lightspeed.core import messages as m
+    from lightspeed.core.engine import Engine
+
+    small = args.smoke
+    ctx, long_prompt, turn, chunk = (32, 96, 16, 64) if small else (1024, 20000, 800, 8192)
+    cfg = EngineConfig(model=args.model, load_format="dummy", device=args.device,
+                       max_model_len=4 * long_prompt if small else 32768, max_num_seqs=64,
+                       max_num_batched_tokens=chunk, kv_cache_memory="64MiB" if small else "24GiB",
+                       host_cache_memory="16MiB" if small else "1GiB")
+    engine = Engine(cfg)
+    vocab = min(engine.vocab_size, 32000)
+    gen = torch.Generator().manual_seed(0)
+    rand = lambda n: torch.randint(10, vocab, (n,), generator=gen).tolist()  # noqa: E731
+    stem = result_stem(args.out, "profile_gpu")
+    trace = stem if args.trace else None
+
+    # Warm every shape first (Triton compiles, CUDA graphs): one pass of each scenario unprofiled.
+    warm = {"decode_b1": ([rand(ctx)], 8), "decode_b32": ([rand(ctx) for _ in range(32 if not small else 4)], 8)}
+    for name, (prompts, n) in warm.items():
+        spec = m.SamplingSpec(max_tokens=n, temperature=0.0, ignore_eos=True)
+        for i, p in enumerate(prompts):
+            engine.add_request(m.AddRequest(f"warm-{name}-{i}", p, spec))
+        while engine.has_work() or engine.has_pending_copies():
+            engine.step()
+    warm_long = rand(long_prompt)
+    engine.add_request(m.AddRequest("warm-long", warm_long, m.SamplingSpec(max_tokens=1, temperature=0.0)))
+    engine.add_request(m.AddRequest("warm-turn", warm_long + rand(turn), m.SamplingSpec(max_tokens=1, temperature=0.0)))
+    while engine.has_work() or engine.has_pending_copies():
+        engine.step()
+
+    results = {}
+    decode_tokens = 8 if small else 64
+    results["decode_b1"] = run_scenario(engine, m, "decode_b1", [rand(ctx)], decode_tokens, 2, trace)
+    results["decode_b32"] = run_scenario(engine, m, "decode_b32", [rand(ctx) for _ in range(4 if small else 32)],
+                                         decode_tokens, 2, trace)
+    first = rand(long_prompt)
+    results["prefill_20k"] = run_scenario(engine, m, "prefill_20k", [first], 1, 0, trace)
+    results["turn_800"] = run_scenario(engine, m, "turn_800", [first + rand(turn)], 1, 0, trace)
+    for name, r in results.items():
+        print(f"{name}: {r['wall_ms_per_step']:.3f} ms/step wall, GPU busy {r['gpu_busy_fraction']:.1%}, "
+              f"{r['kernels_per_step']:.0f} kernels/step, " +
+              ", ".join(f"{k} {v:.3f}" for k, v in r["by_category_ms_per_step"].items()), flush=True)
+
+    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() and args.device != "cpu" else "cpu"
+    result = {"device": device, "commit": args.commit or git_commit(), "torch": torch.__version__,
+              "model": args.model, "scenarios": results}
+    stem.with_suffix(".json").write_text(json.dumps(result, indent=1))
+    stem.with_suffix(".md").write_text(to_markdown(result))
+    print(f"wrote {stem}.json/.md")
+    return 0
+
+
+def to_markdown(result: dict) -> str:
+    lines = [f"# Engine step profile, {result['device']} (model {result['model']}, commit {result['commit']}, "
+             f"torch {result['torch']})", ""]
+    for name, r in result["scenarios"].items():
+        lines += [f"## {name}: {r['prompts']} prompt(s) of {r['prompt_tokens']} tokens, {r['steps']} steps profiled",
+                  "", f"Wall {r['wall_ms']:.1f} ms in all, {r['wall_ms_per_step']:.3f} ms/step (the profiler adds host time); GPU busy {r['gpu_busy_ms_per_step']:.3f} ms/step "
+                  f"({r['gpu_busy_fraction']:.1%}); {r['kernels_per_step']:.0f} kernels/step.", "",
+                  "| category | ms/step |", "|---|---|"]
+        lines += [f"| {k} | {v:.3f} |" for k, v in r["by_category_ms_per_step"].items()]
+        lines += ["", "| kernel | ms/step | calls/step |", "|---|---|---|"]
+        lines += [f"| `{k['name'][:90]}` | {k['ms_per_step']:.3f} | {k['calls_per_step']:.1f} |" for k in r["top_kernels"][:15]]
+        lines.append("")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
