@@ -292,3 +292,59 @@ def test_a_failing_speculative_step_fails_its_requests_and_the_engine_carries_on
     runner.forward = forward
     prompt = list(range(7, 60))
     assert _run_one(engine, prompt)["a"] == _run_one(make_engine(tiny_model_dir), prompt)["a"]
+
+
+def test_decode_rows_with_drafts_beside_a_prefill_stay_within_the_decode_kernel_limit(small_vocab_model_dir,
+                                                                                    monkeypatch):
+    """Found on the H200 (16 agentic conversations with n-gram drafts): with decode rows of 1 + k
+    tokens and a prefill chunk in one step, the bound `decode tokens - decode rows + 1` passed the
+    Triton decode kernel's 16 query tokens per row, and the step failed. Decode attention is now
+    told the longest decode row from the host plan."""
+    import lightspeed.layers.attention as attention
+
+    calls = []
+    real = attention.ops.attention_decode
+
+    def spy(q, k_cache, v_cache, page_table, query_start_loc, seq_lens, *, max_query_len, **kw):
+        lens = torch.diff(query_start_loc).tolist()
+        calls.append((max_query_len, max(lens), len(lens), q.shape[0]))
+        return real(q, k_cache, v_cache, page_table, query_start_loc, seq_lens, max_query_len=max_query_len, **kw)
+
+    monkeypatch.setattr(attention.ops, "attention_decode", spy)
+    k = NGRAM["num_speculative_tokens"]
+    engine = make_engine(small_vocab_model_dir, max_num_seqs=16, max_num_batched_tokens=128,
+                         speculative_config=NGRAM, async_scheduling=False)
+    for seed in range(12):
+        submit(engine, f"s{seed}", PROMPT, _sampled(seed, max_tokens=24))
+    done = 0
+
+    def late_prompts(engine, run):  # long prompts arrive while the others decode with drafts
+        nonlocal done
+        if run.steps in (3, 6) and done < 2:
+            submit(engine, f"long{done}", list(range(3, 200)), _sampled(100 + done, max_tokens=4))
+            done += 1
+
+    run = run_until_idle(engine, on_step=late_prompts)
+    assert all(len(run.tokens[f"s{seed}"]) == 24 for seed in range(12)) and len(run.tokens["long1"]) == 4
+    # the case that failed: several drafting rows, more decode tokens than 16 + rows - 1
+    assert any(tokens - rows + 1 > 16 and longest > 1 for _, longest, rows, tokens in calls)
+    assert all(longest <= bound <= 1 + k for bound, longest, _, _ in calls)
+
+
+def test_eagle3_on_a_model_shorter_than_its_default_feature_layers(tiny_model_dir, tmp_path):
+    """Found on the H200: a 2-layer target gives the default feature layers (2, L/2, L-3) as (1, 1, 0);
+    the forward kept each layer once (2H wide) while the head's fc takes 3H, so every drafting step
+    failed. Each listed layer now contributes once per listing."""
+    from lightspeed.models import ModelConfig
+
+    head = write_random_eagle3_head(tmp_path / "head", ModelConfig.from_pretrained(tiny_model_dir))
+    prompt = list(range(5, 40)) * 2
+    plain = make_engine(tiny_model_dir)
+    submit(plain, "a", prompt, GREEDY)
+    engine = make_engine(tiny_model_dir, speculative_config={"method": "eagle3", "model": str(head),
+                                                            "num_speculative_tokens": 3})
+    assert engine.runner.model.model.aux_hidden_layers == (1, 1, 0)
+    submit(engine, "a", prompt, GREEDY)
+    run = run_until_idle(engine)
+    assert not run.errors and run.tokens["a"] == run_until_idle(plain).tokens["a"]
+    assert engine.stats().spec_num_draft_tokens > 0

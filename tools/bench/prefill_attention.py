@@ -78,9 +78,22 @@ def main(argv=None) -> int:
     ap.add_argument("--smoke", action="store_true", help="CPU interpreter run on tiny shapes (checks the script)")
     ap.add_argument("--no-sweep", action="store_true", help="the chosen tiles only")
     ap.add_argument("--commit", default=None, help="commit measured (default: git's HEAD)")
+    ap.add_argument("--baseline", default=None,
+                    help="folder of an earlier lightspeed_kernel package copy (renamed, registration off): "
+                         "its attention_prefill is timed beside, as the before of a change")
     args = ap.parse_args(argv)
 
     from lightspeed_kernel.triton import attention_prefill as pre
+
+    base = None
+    if args.baseline:
+        import importlib
+        import sys
+        from pathlib import Path
+
+        folder = Path(args.baseline).resolve()
+        sys.path.insert(0, str(folder.parent))
+        base = importlib.import_module(f"{folder.name}.triton.attention_prefill")
 
     dev = "cpu" if args.smoke else "cuda"
     hq, hkv, d, page = (4, 2, 32, 16) if args.smoke else (32, 8, 128, 16)
@@ -117,6 +130,11 @@ def main(argv=None) -> int:
                 row["tiles"][str(list(vars(t).values()))] = {"error": f"{type(e).__name__}: {str(e)[:120]}"}
                 continue
             row["tiles"][str(list(vars(t).values()))] = {"ms": ms, "tflops": flops / ms / 1e9, "max_abs_diff": err}
+        if base is not None:
+            fn = functools.partial(base.attention_prefill, q, kc, vc, table, qsl, seq_lens, max_query_len=new,
+                                   scale=scale)
+            ms = bench(fn)
+            row["baseline"] = {"ms": ms, "tflops": flops / ms / 1e9, "max_abs_diff": (fn() - want).abs().max().item()}
         if not args.smoke:
             try:
                 fn = sdpa_fn(q, k, v, cached, hq, hkv)
@@ -129,7 +147,7 @@ def main(argv=None) -> int:
         rows.append(row)
         best = max((v for v in row["tiles"].values() if "ms" in v), key=lambda v: v["tflops"], default=None)
         print(f"cached {cached:>6} new {new:>6}: chosen {row['tiles'].get(str(row['chosen']))} best {best} "
-              f"sdpa {row.get('sdpa')}", flush=True)
+              f"sdpa {row.get('sdpa')} baseline {row.get('baseline')}", flush=True)
 
     device = torch.cuda.get_device_name(0) if dev == "cuda" else "cpu-interpreter"
     result = {"device": device, "commit": args.commit or git_commit(), "torch": torch.__version__,
@@ -146,17 +164,18 @@ def to_markdown(result: dict) -> str:
              "", f"Heads {result['heads']} (q, kv, D), page {result['page']}, {result['dtype']}; TFLOP/s over "
              f"visible causal pairs; MFU vs {PEAK_BF16_FLOPS / 1e12:.0f} TFLOP/s.", "",
              "| cached | new | chosen tiles (m, n, warps, stages) | ms | TFLOP/s | MFU | best tiles | best TFLOP/s "
-             "| SDPA ms | SDPA TFLOP/s |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "| SDPA ms | SDPA TFLOP/s | baseline ms | baseline TFLOP/s |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
         chosen = r["tiles"].get(str(r["chosen"]), {})
         timed = {k: v for k, v in r["tiles"].items() if "ms" in v}
         best_k = max(timed, key=lambda k: timed[k]["tflops"], default="-")
         best = timed.get(best_k, {})
-        sd = r.get("sdpa", {})
+        sd, bl = r.get("sdpa", {}), r.get("baseline", {})
         f = lambda x, p=2: "-" if x is None or x != x else f"{x:.{p}f}"  # noqa: E731
         lines.append(f"| {r['cached']} | {r['new']} | {r['chosen']} | {f(chosen.get('ms'), 3)} | "
                      f"{f(chosen.get('tflops'), 0)} | {f((chosen.get('tflops') or 0) / PEAK_BF16_FLOPS * 1e12 * 100, 0)}% | "
-                     f"{best_k} | {f(best.get('tflops'), 0)} | {f(sd.get('ms'), 3)} | {f(sd.get('tflops'), 0)} |")
+                     f"{best_k} | {f(best.get('tflops'), 0)} | {f(sd.get('ms'), 3)} | {f(sd.get('tflops'), 0)} | "
+                     f"{f(bl.get('ms'), 3)} | {f(bl.get('tflops'), 0)} |")
     return "\n".join(lines) + "\n"
 
 

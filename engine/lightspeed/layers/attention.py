@@ -12,9 +12,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 from lightspeed_kernel import ops
 from torch import nn
+
+
+def decode_query_bound(plan) -> int:
+    """Tokens of the longest decode row of a host plan (0 without decode rows): 1 unless rows carry
+    speculative drafts, then read from the plan's query_start_loc (host memory, no sync)."""
+    nd, ndt = int(plan.num_decodes), int(plan.num_decode_tokens)
+    if nd == 0 or ndt == nd:
+        return min(nd, 1)
+    qsl = np.asarray(plan.query_start_loc[: nd + 1])
+    return int(np.diff(qsl).max())
 
 
 @dataclass
@@ -36,10 +47,22 @@ class AttentionMetadata:
     kv_caches: Sequence[Any]
     k_scale: torch.Tensor | float | None = None  # fp8 caches: stored value = k / k_scale
     v_scale: torch.Tensor | float | None = None
+    # Longest decode row's token count (1 + its drafts with speculative decoding), from the host plan
+    # (`decode_query_bound`); None: bounded by max_query_len and the decode token count.
+    max_decode_query_len: int | None = None
     # Prefill rows' query_start_loc rebased to 0, computed once per step (not per layer).
     _prefill_query_start_loc: torch.Tensor | None = field(default=None, repr=False)
     # What attention layers derive once per step and share (e.g. MLA's decode plan, gather indices).
     scratch: dict[Any, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def decode_query_len(self) -> int:
+        """Upper bound on one decode row's tokens, known without a device sync. Every decode row has
+        >= 1 token, so none exceeds num_decode_tokens - (num_decodes - 1); the host plan's exact
+        figure is tighter when decode rows carry drafts beside a prefill (that bound alone can pass
+        the decode kernels' limit of query tokens per row)."""
+        bound = min(self.max_query_len, self.num_decode_tokens - self.num_decodes + 1)
+        return bound if self.max_decode_query_len is None else min(bound, self.max_decode_query_len)
 
     @property
     def num_prefills(self) -> int:
@@ -86,11 +109,9 @@ class Attention(nn.Module):
 
     @staticmethod
     def _decode(q, k_cache, v_cache, meta: AttentionMetadata, common: dict, out=None) -> torch.Tensor:
-        nd, ndt = meta.num_decodes, meta.num_decode_tokens
-        # Every decode row has >= 1 token, so none exceeds ndt - (nd - 1): a bound without a sync.
-        max_decode_len = min(meta.max_query_len, ndt - nd + 1)
+        nd = meta.num_decodes
         return ops.attention_decode(q, k_cache, v_cache, meta.page_table[:nd], meta.query_start_loc[: nd + 1],
-                                    meta.seq_lens[:nd], max_query_len=max_decode_len, out=out, **common)
+                                    meta.seq_lens[:nd], max_query_len=meta.decode_query_len, out=out, **common)
 
     def extra_repr(self) -> str:
         return f"heads={self.num_heads}, kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, layer={self.layer_idx}"

@@ -193,7 +193,7 @@ class MLAAttention(nn.Module):
     def _attend(self, q_nope, q_rope, cache, meta: AttentionMetadata) -> torch.Tensor:
         nd, ndt = meta.num_decodes, meta.num_decode_tokens
         if meta.num_prefills == 0:
-            return self._absorbed(q_nope, q_rope, cache, meta, nd, ndt, min(meta.max_query_len, ndt - nd + 1))
+            return self._absorbed(q_nope, q_rope, cache, meta, nd, ndt, meta.decode_query_len)
         step = meta.scratch.get("mla_prefill")
         if step is None:
             step = meta.scratch["mla_prefill"] = _PrefillStep(meta, self.num_heads, cache.page_size)
@@ -202,8 +202,7 @@ class MLAAttention(nn.Module):
             return self._absorbed(q_nope, q_rope, cache, meta, rows, q_nope.shape[0], meta.max_query_len)
         out = q_nope.new_empty(q_nope.shape[0], self.num_heads, self.v_dim)
         if nd:
-            out[:ndt] = self._absorbed(q_nope[:ndt], q_rope[:ndt], cache, meta, nd, ndt,
-                                       min(meta.max_query_len, ndt - nd + 1))
+            out[:ndt] = self._absorbed(q_nope[:ndt], q_rope[:ndt], cache, meta, nd, ndt, meta.decode_query_len)
         out[ndt:] = self._prefill(q_nope[ndt:], q_rope[ndt:], cache, step)
         return out
 

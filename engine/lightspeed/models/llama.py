@@ -132,8 +132,8 @@ class LlamaModel(nn.Module):
         residual = None
         aux = []
         for i, layer in enumerate(self.layers):
-            if i in self.aux_hidden_layers:
-                aux.append(hidden if residual is None else hidden + residual)
+            if i in self.aux_hidden_layers:  # in layer order, once per listing (a short model repeats one)
+                aux += [hidden if residual is None else hidden + residual] * self.aux_hidden_layers.count(i)
             hidden, residual = layer(positions, hidden, residual, meta)
         self.aux_hidden_states = torch.cat(aux, dim=-1) if aux else None
         hidden, _ = self.norm(hidden, residual)

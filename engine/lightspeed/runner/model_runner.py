@@ -235,13 +235,14 @@ class ModelRunner:
 
     def forward_eager(self, plan, t: StepTensors) -> torch.Tensor:
         """`forward` without CUDA graphs."""
-        from ..layers.attention import AttentionMetadata
+        from ..layers.attention import AttentionMetadata, decode_query_bound
 
         pool = self.kv_cache.device_pool
         meta = AttentionMetadata(
             query_start_loc=t.query_start_loc, seq_lens=t.seq_lens, page_table=t.page_table,
             slot_mapping=t.slot_mapping, num_decodes=int(plan.num_decodes),
             num_decode_tokens=int(plan.num_decode_tokens), max_query_len=int(plan.max_query_len),
+            max_decode_query_len=decode_query_bound(plan),
             kv_caches=pool.kv_caches, k_scale=pool.k_scale, v_scale=pool.v_scale)
         hidden = self.model(t.input_ids, t.positions, meta)
         if self.spec is not None and self.spec.needs_hidden:

@@ -24,7 +24,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from ..layers.attention import AttentionMetadata
+from ..layers.attention import AttentionMetadata, decode_query_bound
 from ..runner.inputs import StepTensors, upload
 from .config import SpeculativeConfig
 
@@ -60,11 +60,12 @@ class ModelDrafter:
             self.head(ids, positions, feature, meta)
 
     def _meta(self, query_start_loc, seq_lens, page_table, slot_mapping, num_decodes, num_decode_tokens,
-              max_query_len) -> AttentionMetadata:
+              max_query_len, max_decode_query_len=None) -> AttentionMetadata:
         pool = self.kv_cache.device_pool
         return AttentionMetadata(query_start_loc=query_start_loc, seq_lens=seq_lens, page_table=page_table,
                                  slot_mapping=slot_mapping, num_decodes=num_decodes,
                                  num_decode_tokens=num_decode_tokens, max_query_len=max_query_len,
+                                 max_decode_query_len=max_decode_query_len,
                                  kv_caches=pool.kv_caches, k_scale=pool.k_scale, v_scale=pool.v_scale)
 
     def _next_tokens(self, plan, t: StepTensors, tokens: torch.Tensor) -> torch.Tensor:
@@ -99,7 +100,7 @@ class ModelDrafter:
             return
         device = hidden.device
         meta = self._meta(t.query_start_loc, t.seq_lens, t.page_table, t.slot_mapping, nd, ndt,
-                          int(plan.max_query_len))
+                          int(plan.max_query_len), decode_query_bound(plan))
         normed, prenorm = self._step(self._next_tokens(plan, t, tokens), t.positions, self._feature(hidden), meta)
         # Each sampling row's last kept token: decode rows at start + accepted - 1, prompts at their end.
         prefill_last = plan.logits_indices[ndt:].astype(np.int64)

@@ -74,18 +74,27 @@ def attend_tile(
         # qk_scale = scale * log2e * k_scale; soft cap applies to the natural-unit logit
         s = s * (qk_scale / 1.4426950408889634)
         s = soft_cap * _tanh(s / soft_cap) * 1.4426950408889634
-    else:
-        s = s * qk_scale
-    if MASKED:
+        if MASKED:
+            visible = (tok[None, :] <= row_limit[:, None]) & in_range[None, :]
+            s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        p = tl.exp2(s - m_new[:, None])
+    elif MASKED:
         visible = (tok[None, :] <= row_limit[:, None]) & in_range[None, :]
-        s = tl.where(visible, s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        s = tl.where(visible, s * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        p = tl.exp2(s - m_new[:, None])
+    else:
+        # qk_scale > 0, so max(s) * scale = max(s * scale): the scale folds into one FMA per score
+        m_new = tl.maximum(m_i, tl.max(s, axis=1) * qk_scale)
+        p = tl.exp2(s * qk_scale - m_new[:, None])
     alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(s - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
     v = _load_rows(v_cache + row_off[:, None] + dims[None, :], kv_mask, MASKED or BLOCK_D != HEAD_DIM)
+    acc = acc * alpha[:, None]
+    # the MMA accumulates into acc in place (no separate add of a fresh product tile)
     if DOT_UPCAST:
-        acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32))
+        acc = tl.dot(p, v.to(tl.float32), acc)
     else:
-        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype))
+        acc = tl.dot(p.to(q.dtype), v.to(q.dtype), acc)
     return acc, m_new, l_i

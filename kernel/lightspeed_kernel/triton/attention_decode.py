@@ -71,8 +71,13 @@ def _decode_kernel(
     q_start = tl.load(qsl_ptr + b)
     q_len = tl.load(qsl_ptr + b + 1) - q_start
     seq_len = tl.load(seq_lens_ptr + b)
-    kv_start = split * split_tokens
-    kv_end = tl.minimum(seq_len, kv_start + split_tokens)
+    # split_tokens is sized for the page table's width (a CUDA graph's is max_model_len): a shorter
+    # request spreads its own keys over all num_splits programs instead of leaving most of them idle
+    # (a 1K-token request under a 64K-wide graph ran in one split: 8 programs for the whole GPU).
+    per_split = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
+    split_len = tl.minimum(split_tokens, per_split)
+    kv_start = split * split_len
+    kv_end = tl.minimum(seq_len, kv_start + split_len)
 
     rows = tl.arange(0, BLOCK_M)
     qi = rows // GROUP
@@ -184,7 +189,8 @@ class DecodePlan:
     """Launch decisions for one decode batch shape; valid for every layer with these shapes."""
 
     num_splits: int  # programs per (request, kv head) along the context
-    split_tokens: int  # keys per split, a multiple of block_n
+    split_tokens: int  # keys per split at the page table's full width, a multiple of block_n (the
+    # kernel splits a shorter request's keys evenly over num_splits, never more than this per split)
     block_m: int  # rows per program: next_pow2(GROUP * max_query_len), at least 16
     block_n: int  # keys per tile
     num_warps: int

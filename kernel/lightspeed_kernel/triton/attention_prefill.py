@@ -150,8 +150,8 @@ class PrefillTiles:
 
 def prefill_tiles(head_dim: int, max_query_len: int, dtype: torch.dtype) -> PrefillTiles:
     """Launch shape for one prefill call. Long query blocks (128 rows, 8 warps: two warp groups of
-    wgmma on sm_90) amortise each K/V tile over more rows; short chunks keep 64 rows so the grid still
-    fills the GPU. A 3-stage ring hides the paged gathers behind the MMAs."""
+    wgmma on sm_90) amortise each K/V tile over more rows; shorter chunks keep 64 rows so the grid
+    still fills the GPU. A 3-stage ring hides the paged gathers behind the MMAs."""
     if dot_upcast():  # interpreter: small tiles run faster on numpy
         return PrefillTiles(16, 16, 4, 1)
     block_d = next_pow2(head_dim)
@@ -160,12 +160,14 @@ def prefill_tiles(head_dim: int, max_query_len: int, dtype: torch.dtype) -> Pref
     if dtype == torch.float32:  # fp32 tiles take twice the shared memory
         return PrefillTiles(64, 64, 4, 2)
     if max_query_len >= LONG_QUERY_ROWS:
-        return PrefillTiles(128, 64, 8, 3)
+        return PrefillTiles(128, 128, 8, 3)
     return PrefillTiles(64, 64, 4, 3)
 
 
-# Query length from which 128-row blocks are used (fewer, fuller programs); see bench/results/prefill_*.
-LONG_QUERY_ROWS = 1024
+# Query length from which 128 x 128 tiles are used. The H200 sweep (bench/results/prefill_attention_*):
+# 128 x 128 / 8 warps / 3 stages is best from 4K new tokens up (360-373 TFLOP/s before the FMA-folded
+# softmax), 64 x 64 / 4 warps best for a 3.6K chunk (348 vs 319), the two tie at 800 tokens.
+LONG_QUERY_ROWS = 4096
 
 
 def launch_prefill(

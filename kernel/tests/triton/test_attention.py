@@ -237,6 +237,19 @@ def test_public_decode_op_graph_replays_any_seq_len():
         _check(out, want, torch.bfloat16)
 
 
+def test_decode_under_a_page_table_wider_than_every_request(device):
+    # A CUDA graph's page table is max_model_len wide, so the plan sizes splits for that width; each
+    # request splits its own keys over all the programs instead (checked against the reference).
+    batch = paged_batch([99, 700, 0, 250], [1, 1, 1, 4], 16, 4, 2, 32, torch.float32, device, seed=11)
+    wide = batch["page_table"].new_zeros(batch["page_table"].shape[0], 256)
+    wide[:, : batch["page_table"].shape[1]] = batch["page_table"]
+    batch = {**batch, "page_table": wide}
+    plan = dec.plan_decode(4, 4, 2, 32, 16, 256, 4)
+    assert plan.num_splits > 1 and plan.split_tokens > 700  # one split would hold any request whole
+    _check(dec.attention_decode(*_args(batch), **_kw(batch)), ref.attention_decode(*_args(batch), **_kw(batch)),
+           torch.float32)
+
+
 @pytest.mark.parametrize("batch,max_pages", [(1, 2048), (16, 512), (64, 512), (256, 2048), (3, 1)])
 def test_plan_decode_splits(batch, max_pages):
     plan = dec.plan_decode(batch, 32, 8, 128, 16, max_pages, 1, num_sms=132)

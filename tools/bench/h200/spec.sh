@@ -7,6 +7,7 @@
 #                                       # SmolLM2-135M (real weights: they re-quote) served with that method
 #   bash tools/bench/h200/spec.sh 8b    OUTDIR none|ngram|suffix [SECONDS] [K]
 #                                       # the 8B-shaped dummy model: overhead only (random weights do not re-quote)
+# CONCURRENCY=16 (environment) runs other levels than 1,4,16.
 # Results: OUTDIR/spec_<model>_<method>_<UTC time>.{json,csv,png}; each JSON holds per level tok/s/user,
 # output tokens/min, and the server's spec_acceptance_length (tokens a drafting row keeps per step).
 set -uo pipefail
@@ -36,7 +37,7 @@ server=$!
 for i in $(seq 300); do curl -sf localhost:8000/health >/dev/null && break; sleep 1; done
 echo "lightspeed ($name, $method) ready after ${i}s"
 lightspeed-bench agentic --base-url http://127.0.0.1:8000 --trace "$trace" --no-progress --cache-page-size 16 \
-  --concurrency 1,4,16 --max-duration "$secs" --request-timeout 120 --output-dir "$out" \
+  --concurrency "${CONCURRENCY:-1,4,16}" --max-duration "$secs" --request-timeout 120 --output-dir "$out" \
   --name "spec_${name}_${method}_${stamp}" --label "$name $method k=$k" 2>&1 | tail -6
 curl -s localhost:8000/metrics | grep -E "^lightspeed:spec_decode_num" || true
 kill $server; wait $server
