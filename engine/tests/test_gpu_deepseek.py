@@ -85,7 +85,7 @@ def test_registry_picks_the_triton_mla_and_fp8_kernels():
     assert lk.select_kernel("mla", "store", torch.bfloat16, platform=platform).name == "mla_store_triton"
     assert lk.select_kernel("mla", "prefill", torch.bfloat16, platform=platform,
                             traits={"head_dim_qk": 192, "head_dim_v": 128}).name == "mla_prefill_triton"
-    assert lk.select_kernel("gemm", "fp8_block", torch.float8_e4m3fn, platform=platform).solution != "reference"
+    assert lk.select_kernel("gemm", "fp8_block", torch.float8_e4m3fn, platform=platform).spec.solution != "reference"
     assert lk.select_kernel("moe", "fused_experts_fp8", torch.bfloat16, platform=platform).name == \
         "triton_fused_experts_fp8"
 

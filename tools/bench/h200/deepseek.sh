@@ -22,7 +22,7 @@ serve)
   lightspeed serve deepseek-v3-6l --load-format dummy --tokenizer "$tok" --kv-cache-dtype fp8 --port 8000 \
     --max-model-len 32768 --max-num-seqs 64 > "$out/deepseek_serve.log" 2>&1 &
   server=$!
-  for i in $(seq 600); do curl -sf localhost:8000/health >/dev/null && break; sleep 1; done
+  for i in $(seq 600); do curl -sf localhost:8000/health >/dev/null && break; kill -0 $server 2>/dev/null || break; sleep 1; done
   echo "lightspeed ready after ${i}s"
   lightspeed-bench agentic --base-url http://127.0.0.1:8000 --tokenizer "$tok" --no-progress --cache-page-size 16 \
     --system-prompt-tokens 2000 --first-turn-tokens 20000 --turn-tokens 800 --turns 6 --output-tokens 200 \

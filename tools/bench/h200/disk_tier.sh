@@ -32,7 +32,7 @@ run() {  # run NAME LABEL SALT [SERVE_ARGS...]
   shift 3
   lightspeed serve "${serve[@]}" --port $port "$@" > "$out/${name}_serve.log" 2>&1 &
   local server=$!
-  for i in $(seq 300); do curl -sf localhost:$port/health >/dev/null && break; sleep 1; done
+  for i in $(seq 300); do curl -sf localhost:$port/health >/dev/null && break; kill -0 $server 2>/dev/null || break; sleep 1; done
   echo "$name: ready after ${i}s"
   lightspeed-bench agentic --base-url http://127.0.0.1:$port --no-progress --cache-page-size 16 "${load[@]}" \
     --warmup-requests 0 --max-duration "$secs" --request-timeout 300 \

@@ -11,7 +11,7 @@ python3 -m pytest -q -m gpu engine/tests/test_gpu_engine.py engine/tests/test_kv
 lightspeed serve $M --tokenizer $M --load-format dummy --port 8000 --max-model-len 65536 --max-num-seqs 64 "$@" \
   > "$out/lightspeed_serve.log" 2>&1 &
 server=$!
-for i in $(seq 240); do curl -sf localhost:8000/health >/dev/null && break; sleep 1; done
+for i in $(seq 240); do curl -sf localhost:8000/health >/dev/null && break; kill -0 $server 2>/dev/null || break; sleep 1; done
 echo "lightspeed ready after ${i}s"
 core=$(pgrep -f lightspeed.core.engine_core | head -1)
 PROFILE_PID=$core bash tools/bench/h200/sweep.sh lightspeed "$out" $M "$secs"

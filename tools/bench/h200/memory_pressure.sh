@@ -11,7 +11,7 @@ for tier in "$host" 0; do
   lightspeed serve $M --tokenizer $M --load-format dummy --port 8000 --max-model-len 40000 --max-num-seqs 64 \
     --kv-cache-memory 12GiB --host-cache-memory "$tier" > "$out/${name}_serve.log" 2>&1 &
   server=$!
-  for i in $(seq 240); do curl -sf localhost:8000/health >/dev/null && break; sleep 1; done
+  for i in $(seq 240); do curl -sf localhost:8000/health >/dev/null && break; kill -0 $server 2>/dev/null || break; sleep 1; done
   echo "$name: ready after ${i}s"
   lightspeed-bench agentic --base-url http://127.0.0.1:8000 --tokenizer $M --no-progress --cache-page-size 16 \
     --system-prompt-tokens 2000 --first-turn-tokens 20000 --turn-tokens 800 --turns 6 --output-tokens 200 \

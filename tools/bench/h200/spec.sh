@@ -34,7 +34,7 @@ trace=$out/requote.jsonl
 lightspeed serve "${model[@]}" "${tok[@]}" --port 8000 --max-model-len 8192 --max-num-seqs 64 "${spec[@]}" \
   > "$out/spec_${name}_${method}_serve.log" 2>&1 &
 server=$!
-for i in $(seq 300); do curl -sf localhost:8000/health >/dev/null && break; sleep 1; done
+for i in $(seq 300); do curl -sf localhost:8000/health >/dev/null && break; kill -0 $server 2>/dev/null || break; sleep 1; done
 echo "lightspeed ($name, $method) ready after ${i}s"
 lightspeed-bench agentic --base-url http://127.0.0.1:8000 --trace "$trace" --no-progress --cache-page-size 16 \
   --concurrency "${CONCURRENCY:-1,4,16}" --max-duration "$secs" --request-timeout 120 --output-dir "$out" \

@@ -12,7 +12,7 @@ bash /tmp/peer/install_on_device.sh /tmp/peer /tmp/vsite > "$out/vllm_install.lo
    --max-model-len 65536 --max-num-seqs 64 --enable-prompt-tokens-details --served-model-name llama8b-smol) \
   > "$out/vllm_serve.log" 2>&1 &
 server=$!
-for i in $(seq 300); do curl -sf localhost:8000/health >/dev/null && break; sleep 1; done
+for i in $(seq 300); do curl -sf localhost:8000/health >/dev/null && break; kill -0 $server 2>/dev/null || break; sleep 1; done
 echo "vllm ready after ${i}s"
 bash tools/bench/h200/sweep.sh vllm "$out" $M "$secs"
 kill $server; wait $server
