@@ -28,9 +28,11 @@ PEAK_BF16_FLOPS = 810e12
 SHAPES = [(0, 8192), (8192, 8192), (16384, 3616), (22000, 800), (0, 4096), (0, 16384), (20000, 4096),
           (20000, 16384), (0, 32768), (20000, 32768)]
 SMOKE_SHAPES = [(0, 40), (37, 20)]
-# (block_m, block_n, warps, stages)
+# (block_m, block_n, warps, stages[, pack_gqa])
 SWEEP = [(64, 64, 4, 2), (64, 64, 4, 3), (64, 128, 4, 2), (64, 128, 8, 3), (64, 32, 4, 3), (128, 64, 8, 2),
-         (128, 64, 8, 3), (128, 64, 8, 4), (128, 128, 8, 2), (128, 128, 8, 3), (128, 32, 8, 3), (128, 64, 4, 3)]
+         (128, 64, 8, 3), (128, 64, 8, 4), (128, 128, 8, 2), (128, 128, 8, 3), (128, 32, 8, 3), (128, 64, 4, 3),
+         # query heads packed per KV head (rows = tokens x heads of a group): not measured yet
+         (128, 64, 4, 3, True), (128, 128, 8, 3, True), (64, 64, 4, 3, True), (256, 64, 8, 3, True)]
 
 
 def paged_case(cached: int, new: int, hq: int, hkv: int, d: int, page: int, dtype, dev, seed=0):

@@ -50,31 +50,48 @@ def _prefill_kernel(
     HAS_SOFT_CAP: tl.constexpr,
     HAS_SCALE: tl.constexpr,
     DOT_UPCAST: tl.constexpr,
+    PACK_GQA: tl.constexpr = False,
 ):
     # Heads vary fastest in launch order, so the GROUP query heads sharing a KV head run side by side
     # and read its pages once from HBM (then from L2); within a request, the longest query blocks
     # (last, most keys) start first, so the short ones fill the tail of the grid.
-    head = tl.program_id(0)
+    # PACK_GQA: one program per KV head instead, its BLOCK_M rows being BLOCK_M / GROUP tokens x the
+    # GROUP query heads (row r: token r // GROUP, head r % GROUP), so each K/V tile loaded serves
+    # every head that reads it and the causal diagonal spans fewer tiles.
+    TOKENS: tl.constexpr = BLOCK_M // GROUP if PACK_GQA else BLOCK_M
     mblock = tl.num_programs(1) - 1 - tl.program_id(1)
     b = tl.program_id(2)
     q_start = tl.load(qsl_ptr + b)
     q_len = tl.load(qsl_ptr + b + 1) - q_start
-    if mblock * BLOCK_M < q_len:
+    if mblock * TOKENS < q_len:
         seq_len = tl.load(seq_lens_ptr + b)
         prefix = seq_len - q_len
-        qi = mblock * BLOCK_M + tl.arange(0, BLOCK_M)
-        row_valid = qi < q_len
+        rows = tl.arange(0, BLOCK_M)
+        if PACK_GQA:
+            kvh = tl.program_id(0)
+            head = kvh * GROUP + rows % GROUP
+            qi = mblock * TOKENS + rows // GROUP
+            row_valid = (qi < q_len) & (rows < TOKENS * GROUP)
+        else:
+            head = tl.program_id(0)
+            kvh = head // GROUP
+            qi = mblock * TOKENS + rows
+            row_valid = qi < q_len
         row_limit = tl.where(row_valid, prefix + qi, -1)
-        kv_end = tl.minimum(seq_len, prefix + (mblock + 1) * BLOCK_M)
+        kv_end = tl.minimum(seq_len, prefix + (mblock + 1) * TOKENS)
         # Keys before this block's first query row are visible to all of its rows: those whole tiles
         # skip the causal mask; only the tiles on the diagonal build it.
-        full_end = ((prefix + mblock * BLOCK_M) // BLOCK_N) * BLOCK_N
+        full_end = ((prefix + mblock * TOKENS) // BLOCK_N) * BLOCK_N
         tokens = (q_start + qi).to(tl.int64)
         dims = tl.arange(0, BLOCK_D)
         qmask = row_valid[:, None] & (dims < HEAD_DIM)[None, :]
-        q = tl.load(
-            q_ptr + tokens[:, None] * stride_qt + head * stride_qh + dims[None, :], mask=qmask, other=0.0
-        )
+        if PACK_GQA:
+            head_rows = (head * stride_qh)[:, None]
+            out_head_rows = (head * stride_oh)[:, None]
+        else:
+            head_rows = head * stride_qh
+            out_head_rows = head * stride_oh
+        q = tl.load(q_ptr + tokens[:, None] * stride_qt + head_rows + dims[None, :], mask=qmask, other=0.0)
         qk_scale = sm_scale * 1.4426950408889634
         if HAS_SCALE:
             qk_scale = qk_scale * tl.load(k_scale_ptr)
@@ -82,7 +99,7 @@ def _prefill_kernel(
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
         pt_row = page_table + b.to(tl.int64) * stride_pt
-        head_off = (head // GROUP).to(tl.int64) * stride_ch
+        head_off = kvh.to(tl.int64) * stride_ch
         for n0 in range(0, full_end, BLOCK_N):
             acc, m_i, l_i = attend_tile(
                 acc, m_i, l_i, q, k_cache, v_cache, pt_row, n0, kv_end, row_limit, head_off, stride_cp,
@@ -99,7 +116,7 @@ def _prefill_kernel(
             acc = acc * tl.load(v_scale_ptr)
         o = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
         tl.store(
-            out_ptr + tokens[:, None] * stride_ot + head * stride_oh + dims[None, :],
+            out_ptr + tokens[:, None] * stride_ot + out_head_rows + dims[None, :],
             o.to(out_ptr.dtype.element_ty),
             mask=qmask,
         )
@@ -146,6 +163,7 @@ class PrefillTiles:
     block_n: int    # keys per inner step
     num_warps: int
     num_stages: int
+    pack_gqa: bool = False  # rows = tokens x the query heads of one KV head (block_m % group == 0)
 
 
 def prefill_tiles(head_dim: int, max_query_len: int, dtype: torch.dtype) -> PrefillTiles:
@@ -180,7 +198,12 @@ def launch_prefill(
     has_scale = is_fp8 or k_scale is not None
     ks = scale_tensor(1.0 if k_scale is None else k_scale, q.device) if has_scale else seq_lens
     vs = scale_tensor(1.0 if v_scale is None else v_scale, q.device) if has_scale else seq_lens
-    grid = (hq, triton.cdiv(max_query_len, tiles.block_m), b)
+    group = hq // hkv
+    pack = tiles.pack_gqa and group > 1
+    if pack:
+        check(tiles.block_m >= group, "packed tiles: block_m must hold a whole group of query heads")
+    rows_per_block = tiles.block_m // group if pack else tiles.block_m
+    grid = (hkv if pack else hq, triton.cdiv(max_query_len, rows_per_block), b)
     _prefill_kernel[grid](
         q,
         k_cache,
@@ -201,7 +224,7 @@ def launch_prefill(
         k_cache.stride(0),
         k_cache.stride(1),
         k_cache.stride(2),
-        GROUP=hq // hkv,
+        GROUP=group,
         PAGE_SIZE=k_cache.shape[1],
         BLOCK_M=tiles.block_m,
         BLOCK_N=tiles.block_n,
@@ -210,6 +233,7 @@ def launch_prefill(
         HAS_SOFT_CAP=soft_cap is not None and soft_cap > 0,
         HAS_SCALE=has_scale,
         DOT_UPCAST=dot_upcast(),
+        PACK_GQA=pack,
         num_warps=tiles.num_warps,
         num_stages=tiles.num_stages,
     )

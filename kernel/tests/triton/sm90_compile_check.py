@@ -48,6 +48,13 @@ def _compile_only(self, *args, grid, warmup, **kwargs):
     return kernel
 
 
+def _packed_prefill_tiles():
+    from lightspeed_kernel.triton.attention_prefill import PrefillTiles
+
+    return [PrefillTiles(128, 64, 4, 3, True), PrefillTiles(128, 128, 8, 3, True), PrefillTiles(64, 64, 4, 3, True),
+            PrefillTiles(256, 64, 8, 3, True)]
+
+
 def cases():
     from lightspeed_kernel.reference import moe as ref_moe
     from lightspeed_kernel.triton import (
@@ -64,6 +71,7 @@ def cases():
         sampling,
     )
 
+    PACKED_PREFILL_TILES = _packed_prefill_tiles()
     bf, f16, f32 = torch.bfloat16, torch.float16, torch.float32
     e4m3 = torch.float8_e4m3fn
     for dt in (bf, f16, f32):
@@ -112,6 +120,20 @@ def cases():
                         lambda kc=kc, q=q, pt=pt, kw=kw: attention_prefill.attention_prefill(
                             q, kc, kc, pt, qsl, sl, **kw
                         ),
+                    )
+        if dt == bf:  # every prefill launch shape the chooser or the H200 sweep may use
+            for t in (attention_prefill.prefill_tiles(128, 8192, bf), attention_prefill.prefill_tiles(128, 800, bf),
+                      *PACKED_PREFILL_TILES):
+                for cache_dt in (bf, e4m3):
+                    kc = torch.zeros(10, 16, 8, 128, dtype=cache_dt)
+                    scale = {} if cache_dt == bf else {"k_scale": 0.5, "v_scale": 0.5}
+                    yield (
+                        f"prefill tiles {tuple(vars(t).values())} {cache_dt}",
+                        lambda kc=kc, q=q, t=t, scale=scale: attention_prefill.launch_prefill(
+                            q, kc, kc, torch.ones(4, 3, dtype=torch.int32), torch.arange(5, dtype=torch.int32),
+                            torch.full((4,), 20, dtype=torch.int32), torch.empty_like(q), 4, 32, 8, 128,
+                            max_query_len=1, scale=0.08, soft_cap=None, k_scale=scale.get("k_scale"),
+                            v_scale=scale.get("v_scale"), tiles=t),
                     )
         qmulti = torch.randn(16, 32, 128, dtype=dt)
         qsl4 = torch.tensor([0, 4, 8, 12, 16], dtype=torch.int32)

@@ -134,6 +134,22 @@ def test_prefill_whole_tiles_left_of_the_diagonal(device, head_dim):
     )
 
 
+@pytest.mark.parametrize("hq,hkv", [(4, 2), (8, 2), (6, 1), (2, 2)])
+@pytest.mark.parametrize("block_m", [16, 32])
+def test_prefill_with_query_heads_packed_per_kv_head(device, hq, hkv, block_m):
+    # Rows = tokens x the query heads of one KV head (6 heads: 16 rows hold 2 tokens, 4 rows idle);
+    # long prefixes put most tiles left of the diagonal; a zero-length request rides along.
+    batch = paged_batch([70, 0, 33, 5], [45, 17, 0, 3], 16, hq, hkv, 32, torch.float32, device, seed=7)
+    want = ref.attention_prefill(*_args(batch), **_kw(batch))
+    q, kc, vc, table, qsl, seq_lens = _args(batch)
+    kw = _kw(batch)
+    out = torch.full_like(q, float("nan"))
+    pre.launch_prefill(q, kc, vc, table, qsl, seq_lens, out, table.shape[0], hq, hkv, q.shape[2],
+                       max_query_len=kw["max_query_len"], scale=kw["scale"], soft_cap=None, k_scale=None,
+                       v_scale=None, tiles=pre.PrefillTiles(block_m, 16, 4, 1, pack_gqa=True))
+    _check(out, want, torch.float32)
+
+
 @pytest.mark.parametrize("soft_cap", [None, 20.0])
 def test_prefill_soft_cap_fp8_gqa(device, soft_cap):
     batch = paged_batch(
