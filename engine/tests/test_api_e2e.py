@@ -120,6 +120,25 @@ def test_structured_output_regex(llm):
     assert obj.outputs[0].text.lstrip().startswith("{")
 
 
+def test_random_weights_close_a_bounded_json_schema(llm):
+    """Whitespace between JSON elements is bounded (JSON_MAX_WHITESPACE): unbounded, random weights
+    spend every token on whitespace inside the object and it never closes."""
+    import json
+
+    schema = {"type": "object", "additionalProperties": False, "required": ["name", "age", "city"],
+              "properties": {"name": {"type": "string", "maxLength": 6},
+                             "age": {"type": "integer", "minimum": 0, "maximum": 99},
+                             "city": {"enum": ["Paris", "Oslo"]}}}
+    params = [SamplingParams(temperature=1.0, seed=seed, max_tokens=80,
+                             structured_output=StructuredOutputParams(json_schema=schema)) for seed in range(4)]
+    for out in llm.generate(["A person:"] * 4, params):
+        text = out.outputs[0].text
+        assert out.outputs[0].finish_reason == "stop", text
+        value = json.loads(text)
+        assert set(value) == {"name", "age", "city"} and value["city"] in ("Paris", "Oslo"), value
+        assert re.search(r"\s{17}", text) is None, text
+
+
 def test_bad_requests_fail_alone(llm):
     good = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
     with pytest.raises(ValueError, match="out of vocabulary"):

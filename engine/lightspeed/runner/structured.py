@@ -37,6 +37,11 @@ def _reason(error: Exception) -> str:
 
 
 log = logging.getLogger("lightspeed.runner")
+# Most whitespace characters JSON output may put between two elements. Unbounded (xgrammar's default),
+# a weak or random-weight model spends its whole budget on whitespace inside a constrained object and
+# never closes it (seen with dummy weights: a tool call's arguments cut off at max_tokens); 16 still
+# allows pretty-printing (a newline and 12 spaces at depth 3 with indent 4).
+JSON_MAX_WHITESPACE = 16
 
 KINDS = ("json_schema", "json_object", "regex", "grammar")
 # Distinct grammars waiting for the worker at once: a large schema can take seconds to compile, so
@@ -100,9 +105,9 @@ class GrammarCompiler:
             self._compiler = xgr.GrammarCompiler(info, max_threads=2, cache_enabled=False)
         try:
             if kind == "json_schema":
-                return self._compiler.compile_json_schema(spec)
+                return self._compiler.compile_json_schema(spec, max_whitespace_cnt=JSON_MAX_WHITESPACE)
             if kind == "json_object":  # any JSON object (as OpenAI's json_object mode)
-                return self._compiler.compile_json_schema('{"type": "object"}')
+                return self._compiler.compile_json_schema('{"type": "object"}', max_whitespace_cnt=JSON_MAX_WHITESPACE)
             if kind == "regex":
                 return self._compiler.compile_regex(spec)
             if kind == "grammar":

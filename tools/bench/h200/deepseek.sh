@@ -3,7 +3,9 @@
 #   bash tools/bench/h200/deepseek.sh tests  OUTDIR   # GPU tests: Triton MLA + FP8 kernels, CUDA graphs
 #   bash tools/bench/h200/deepseek.sh decode OUTDIR   # deepseek-v3-6l FP8: decode step vs speed of light
 #   bash tools/bench/h200/deepseek.sh serve  OUTDIR [AGENTIC_SECONDS] [TOKENIZER_DIR]
-#                                                      # lightspeed serve + the agentic sweep at c = 1, 4, 16
+#                                                      # lightspeed serve, tools/bench/api_check.py (chat,
+#                                                      # streaming, tools, structured output), then the
+#                                                      # agentic sweep at c = 1, 4, 16
 # The dummy model has DeepSeek-V3's 129280-token vocabulary; any tokenizer folder drives the workload
 # (ids past its vocabulary decode to nothing), by default the one the 8B-shaped runs use.
 set -uo pipefail
@@ -24,6 +26,8 @@ serve)
   server=$!
   for i in $(seq 600); do curl -sf localhost:8000/health >/dev/null && break; kill -0 $server 2>/dev/null || break; sleep 1; done
   echo "lightspeed ready after ${i}s"
+  # chat, streaming, a forced and a required tool call, a JSON schema, completions, bad input
+  python3 tools/bench/api_check.py --base-url http://127.0.0.1:8000 --out "$out/deepseek_api_check.json"
   lightspeed-bench agentic --base-url http://127.0.0.1:8000 --tokenizer "$tok" --no-progress --cache-page-size 16 \
     --system-prompt-tokens 2000 --first-turn-tokens 20000 --turn-tokens 800 --turns 6 --output-tokens 200 \
     --concurrency 1,4,16 --max-duration "$secs" --request-timeout 120 --output-dir "$out" \
