@@ -164,7 +164,8 @@ def bench_decode(dev, quick, shapes, sweep_shapes) -> tuple[list, list]:
         for block_n in (32, 64, 128):
             for warps in (4, 8):
                 for stages in (2, 3):
-                    for split_mult in (1, 2):
+                    # batch 1 fills the GPU only through splits: try up to 4x the planned count
+                    for split_mult in (1, 2, 4) if batch == 1 else (1, 2):
                         splits = max(1, round(base.num_splits * split_mult))
                         plan = dec.plan_decode(
                             batch,
@@ -550,7 +551,7 @@ def main(argv=None) -> int:
         sweep_shapes = (
             []
             if (args.quick or args.no_sweep or args.no_decode_sweep)
-            else [(16, 16, 8192), (16, 64, 8192), (16, 256, 32768)]
+            else [(16, 1, 8192), (16, 1, 32768), (16, 16, 8192), (16, 64, 8192), (16, 256, 32768)]
         )
         tokens, moe_batches, moe_kw = 16384, [1, 4, 16, 64, 256], {}
     torch.manual_seed(0)
