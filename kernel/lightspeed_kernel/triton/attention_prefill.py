@@ -169,7 +169,7 @@ class PrefillTiles:
 def prefill_tiles(head_dim: int, max_query_len: int, dtype: torch.dtype) -> PrefillTiles:
     """Launch shape for one prefill call. Long query blocks (128 rows, 8 warps: two warp groups of
     wgmma on sm_90) amortise each K/V tile over more rows; shorter chunks keep 64 rows so the grid
-    still fills the GPU. A 3-stage ring hides the paged gathers behind the MMAs."""
+    still fills the GPU. Two stages measured as good as three or better (LONG_QUERY_ROWS)."""
     if dot_upcast():  # interpreter: small tiles run faster on numpy
         return PrefillTiles(16, 16, 4, 1)
     block_d = next_pow2(head_dim)
@@ -178,14 +178,16 @@ def prefill_tiles(head_dim: int, max_query_len: int, dtype: torch.dtype) -> Pref
     if dtype == torch.float32:  # fp32 tiles take twice the shared memory
         return PrefillTiles(64, 64, 4, 2)
     if max_query_len >= LONG_QUERY_ROWS:
-        return PrefillTiles(128, 128, 8, 3)
-    return PrefillTiles(64, 64, 4, 3)
+        return PrefillTiles(128, 128, 8, 2)
+    return PrefillTiles(64, 64, 4, 2)
 
 
-# Query length from which 128 x 128 tiles are used. The H200 sweep (bench/results/prefill_attention_*):
-# 128 x 128 / 8 warps / 3 stages is best from 4K new tokens up (360-373 TFLOP/s before the FMA-folded
-# softmax), 64 x 64 / 4 warps best for a 3.6K chunk (348 vs 319), the two tie at 800 tokens.
-LONG_QUERY_ROWS = 4096
+# Query length from which 128 x 128 tiles are used. The H200 sweep of this kernel
+# (bench/results/prefill_attention_2026-12-01_181726_nvidia-h200.md): below 8K new tokens 64 x 64 /
+# 4 warps / 2 stages is best (800 over 22K cached: 292 TFLOP/s vs 277 with 3 stages; 3.6K over 16K: 371
+# vs 354; 4K fresh: 362 vs 345 for 128 x 128); from 16K up 128 x 128 / 8 warps / 2 stages (378-390, 1-2%
+# over 3 stages and over 64 x 64); at 8K the two are within 2%.
+LONG_QUERY_ROWS = 8192
 
 
 def launch_prefill(
