@@ -79,15 +79,20 @@ def summarise(prof, steps: int, wall_s: float) -> dict:
     }
 
 
-def run_scenario(engine, m, name: str, prompts: list[list[int]], max_tokens: int, skip_steps: int, trace_dir):
-    """Submit prompts, step `skip_steps` unprofiled (prefill for decode scenarios), profile the rest."""
+def run_scenario(engine, m, name: str, prompts: list[list[int]], max_tokens: int, decode_only: bool, trace_dir):
+    """Submit prompts and profile their steps; decode_only: step unprofiled until every request has its
+    first token (their prefill chunks done), so only decode steps are profiled."""
     from torch.profiler import ProfilerActivity, profile
 
     spec = m.SamplingSpec(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, min_tokens=max_tokens)
     for i, p in enumerate(prompts):
-        assert engine.add_request(m.AddRequest(f"{name}-{i}", p, spec)) is None
-    for _ in range(skip_steps):
-        engine.step()
+        error = engine.add_request(m.AddRequest(f"{name}-{i}", p, spec))
+        if error is not None:
+            raise RuntimeError(f"{name}: request {i} rejected: {error}")
+    started: set[str] = set()
+    while decode_only and len(started) < len(prompts):
+        started.update(engine.step().request_ids)
+    engine.step()  # the first step planned behind the last prefill may still carry its chunk
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
     steps = 0
     with profile(activities=activities) as prof:
@@ -151,12 +156,12 @@ def main(argv=None) -> int:
 
     results = {}
     decode_tokens = 8 if small else 64
-    results["decode_b1"] = run_scenario(engine, m, "decode_b1", [rand(ctx)], decode_tokens, 2, trace)
+    results["decode_b1"] = run_scenario(engine, m, "decode_b1", [rand(ctx)], decode_tokens, True, trace)
     results["decode_b32"] = run_scenario(engine, m, "decode_b32", [rand(ctx) for _ in range(4 if small else 32)],
-                                         decode_tokens, 2, trace)
+                                         decode_tokens, True, trace)
     first = rand(long_prompt)
-    results["prefill_20k"] = run_scenario(engine, m, "prefill_20k", [first], 1, 0, trace)
-    results["turn_800"] = run_scenario(engine, m, "turn_800", [first + rand(turn)], 1, 0, trace)
+    results["prefill_20k"] = run_scenario(engine, m, "prefill_20k", [first], 1, False, trace)
+    results["turn_800"] = run_scenario(engine, m, "turn_800", [first + rand(turn)], 1, False, trace)
     for name, r in results.items():
         print(f"{name}: {r['wall_ms_per_step']:.3f} ms/step wall, GPU busy {r['gpu_busy_fraction']:.1%}, "
               f"{r['kernels_per_step']:.0f} kernels/step, " +

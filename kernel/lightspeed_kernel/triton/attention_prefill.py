@@ -163,7 +163,7 @@ class PrefillTiles:
     block_n: int    # keys per inner step
     num_warps: int
     num_stages: int
-    pack_gqa: bool = False  # rows = tokens x the query heads of one KV head (block_m % group == 0)
+    pack_gqa: bool = False  # rows = tokens x the query heads of one KV head (block_m >= group; spare rows idle)
 
 
 def prefill_tiles(head_dim: int, max_query_len: int, dtype: torch.dtype) -> PrefillTiles:
