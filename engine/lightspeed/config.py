@@ -151,8 +151,9 @@ class EngineConfig:
     enforce_eager: bool = _f(False, "Disable CUDA graphs (and on CPU the native graphs of decode steps): run "
                              "every step eagerly.")
     speculative_config: SpeculativeConfig | None = _f(
-        None, 'Speculative decoding, as JSON with vLLM\'s keys: {"method": "ngram" | "suffix" | "mtp" | "eagle3", '
-        '"num_speculative_tokens": k (1..15), "model": draft folder (eagle3), "prompt_lookup_min/max" (ngram), '
+        None, 'Speculative decoding, as JSON with vLLM\'s keys: {"method": "ngram" | "ngram_gpu" | "suffix" | "mtp" | '
+        '"eagle3", "num_speculative_tokens": k (1..15), "model": draft folder (eagle3), "prompt_lookup_min/max" '
+        '(ngram; ngram_gpu drafts on the device and keeps steps overlapped), '
         '"suffix_decoding_*" (suffix)}. Outputs are exactly those without it (greedy: token for token; '
         'sampled: the same distribution, and the same tokens for a seed).')
     cuda_graph_max_batch_size: int = _f(256, "Largest decode batch replayed from a CUDA graph (capped by "

@@ -204,8 +204,9 @@ def test_graph_replay_equals_eager_forward(long_tiny_model_dir, dtype, kv_cache_
 @gpu
 @pytest.mark.parametrize("speculative_config", [
     {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1},
+    {"method": "ngram_gpu", "num_speculative_tokens": 3, "prompt_lookup_min": 1},
     {"method": "eagle3", "num_speculative_tokens": 3},
-], ids=["ngram", "eagle3"])
+], ids=["ngram", "ngram_gpu", "eagle3"])
 def test_speculative_engine_with_graphs_generates_what_eager_does(long_tiny_model_dir, tmp_path,
                                                                    speculative_config):
     """Speculative steps replayed from the k + 1 token graphs (and a device drafter reading the

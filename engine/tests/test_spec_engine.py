@@ -57,7 +57,8 @@ def smol(default_model_path, tmp_path_factory):
     return default_model_path, tokenizer, baseline, head
 
 
-@pytest.mark.parametrize("method, overlap", [("ngram", True), ("ngram", False), ("suffix", True), ("eagle3", True)])
+@pytest.mark.parametrize("method, overlap", [("ngram", True), ("ngram", False), ("ngram_gpu", True),
+                                             ("ngram_gpu", False), ("suffix", True), ("eagle3", True)])
 def test_greedy_outputs_equal_without_speculation_on_real_weights(smol, method, overlap):
     path, tokenizer, baseline, head = smol
     config = {"method": method, "num_speculative_tokens": 4}
@@ -86,6 +87,23 @@ def test_host_drafters_collect_each_step_before_planning_the_next(smol):
     submit(engine, "a", prompt, GREEDY)
     run = run_until_idle(engine)
     assert run.overlapped_steps == 0 and len(run.tokens["a"]) == GREEDY.max_tokens
+
+
+def test_device_ngram_drafts_keep_steps_overlapped_and_accept_like_the_host_drafter(smol):
+    # ngram_gpu drafts on the device after each verification: the loop keeps overlapping, and its
+    # drafts continue the true tokens, so acceptance does not fall as host drafts behind a step do.
+    path, tokenizer, baseline, _ = smol
+    accepted = {}
+    for method, overlap in (("ngram", False), ("ngram_gpu", True)):
+        engine = make_engine(path, async_scheduling=overlap, speculative_config={"method": method,
+                             "num_speculative_tokens": 4}, **SMOL)
+        assert engine.runner.needs_host_tokens() == (method == "ngram")
+        assert _conversation(engine, tokenizer) == baseline
+        stats = engine.stats()
+        accepted[method] = stats.spec_num_accepted_tokens / max(1, stats.spec_num_draft_tokens)
+    submit(engine, "a", [1, 2, 3], GREEDY)
+    assert run_until_idle(engine).overlapped_steps > 0
+    assert accepted["ngram_gpu"] >= 0.8 * accepted["ngram"] > 0, accepted
 
 
 # A vocabulary restricted to 4 tokens by logit bias (the rest are ~e^-30 less likely), with a
@@ -121,14 +139,16 @@ def _run_seeds(engine, seeds, **overrides) -> Run:
 
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 4}
+NGRAM_GPU = {**NGRAM, "method": "ngram_gpu"}
 
 
 @pytest.mark.parametrize("model, config, overlap", [
     ("tiny", NGRAM, False),
     ("tiny", NGRAM, True),
+    ("tiny", NGRAM_GPU, True),
     ("tiny", {"method": "suffix", "num_speculative_tokens": 5}, True),
     ("tiny-deepseek-v3", {"method": "mtp", "num_speculative_tokens": 2}, True),
-], ids=["ngram-sync", "ngram-overlap", "suffix-overlap", "mtp-overlap"])
+], ids=["ngram-sync", "ngram-overlap", "ngram_gpu-overlap", "suffix-overlap", "mtp-overlap"])
 @pytest.mark.parametrize("overrides", [{}, TRANSFORMS], ids=["plain", "every-transform"])
 def test_seeded_sampling_gives_the_same_tokens(small_vocab_model_dir, model, config, overlap, overrides):
     """The verifier's draw at each position is the engine's draw there without drafts."""
@@ -141,7 +161,7 @@ def test_seeded_sampling_gives_the_same_tokens(small_vocab_model_dir, model, con
     assert spec.tokens == plain.tokens and spec.finished == plain.finished
     # Drafts are accepted (so the penalties' draft counts matter) where this workload lets them:
     # random MTP weights draft nothing useful; penalties make the overlapped guesses miss.
-    if config is NGRAM and not (overlap and overrides):
+    if (config is NGRAM and not (overlap and overrides)) or config is NGRAM_GPU:
         assert engine.stats().spec_num_accepted_tokens > 0
 
 
@@ -211,12 +231,26 @@ def test_device_drafts_fill_the_draft_slots_and_are_accepted(tiny_model_dir):
     assert stats.spec_num_accepted_tokens >= stats.spec_num_draft_tokens * 0.8 > 0
 
 
+def test_device_drafts_behind_a_partly_rejected_row_are_still_verified(tiny_model_dir):
+    """Under overlap the row behind an in-flight row that rejected drafts moves down on the
+    device; device drafts made after that verification continue its true last token, so they
+    are verified, not voided (drafting the true next token, then wrong ones: every drafting row
+    keeps exactly 2 tokens)."""
+    prompt = list(range(10, 50))
+    plain = _run_one(make_engine(tiny_model_dir), prompt)["a"]
+    engine = _oracle_engine(tiny_model_dir, prompt, plain, right=1, async_scheduling=True)
+    run = run_until_idle(engine)
+    assert run.tokens["a"] == plain and run.overlapped_steps > 0
+    lengths = engine.stats().spec_acceptance_lengths
+    assert lengths[2] >= 5 and lengths[1] <= 1, lengths  # the last rows may be cut by max_tokens
+
+
 def _run_one(engine, prompt):
     submit(engine, "a", prompt, GREEDY)
     return run_until_idle(engine).tokens
 
 
-def _oracle_engine(model_dir, prompt, answer):
+def _oracle_engine(model_dir, prompt, answer, right=None, **overrides):
     from lightspeed.spec.decoder import SpecDecoder
     from lightspeed.spec.model_drafter import ModelDrafter
 
@@ -230,7 +264,7 @@ def _oracle_engine(model_dir, prompt, answer):
             self._counts = np.zeros(self.drafts.shape[0], dtype=np.int32)
             self.sequence = torch.tensor(prompt + answer + [0] * (k + 2))
 
-        def run(self, plan, t, hidden, tokens, accepted):
+        def run(self, plan, t, tokens, accepted, keep, hidden=None):
             nd = int(plan.num_decodes)
             rows = np.concatenate([np.arange(nd), plan.sample_batch_rows[int(plan.num_decode_tokens):]])
             kept = torch.as_tensor(plan.query_start_loc[:nd].astype(np.int64)) + (accepted - 1 if accepted is not None
@@ -238,9 +272,12 @@ def _oracle_engine(model_dir, prompt, answer):
             last = torch.cat([kept, torch.as_tensor(plan.logits_indices[int(plan.num_decode_tokens):].astype(np.int64))])
             after = t.positions[last] + 2  # the token after the bonus token
             index = (after[:, None] + torch.arange(self.k)).clamp(max=self.sequence.shape[0] - 1)
-            self.drafts[torch.as_tensor(plan.req_slots[rows].astype(np.int64))] = self.sequence[index]
+            drafts = self.sequence[index]
+            if right is not None:  # only the first `right` drafts are the answer's tokens
+                drafts[:, right:] = (drafts[:, right:] + 1) % 256
+            self.drafts[torch.as_tensor(plan.req_slots[rows].astype(np.int64))] = drafts
 
-    engine = make_engine(model_dir, speculative_config={"method": "ngram", "num_speculative_tokens": 3})
+    engine = make_engine(model_dir, speculative_config={"method": "ngram", "num_speculative_tokens": 3}, **overrides)
     runner = engine.runner
     oracle = Oracle(3, runner)
     runner.spec = SpecDecoder(runner.spec.config, oracle, max_num_seqs=oracle.drafts.shape[0],

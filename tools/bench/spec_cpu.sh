@@ -5,6 +5,7 @@
 # the venv active (`source .venv/bin/activate` after `make install`):
 #   bash tools/bench/spec_cpu.sh OUTDIR [SECONDS]             # methods: METHODS="none ngram" (default)
 #   METHODS="ngram suffix" EXTRA=--no-async-scheduling bash tools/bench/spec_cpu.sh OUTDIR 150
+#   METHODS="none ngram ngram_gpu" CONCURRENCY=1,4 bash tools/bench/spec_cpu.sh OUTDIR 100
 # Results: OUTDIR/spec_cpu_smol_<method>.{json,csv,png} (lightspeed-bench), OUTDIR/metrics_<method>.txt
 # (the server's spec counters after the run), OUTDIR/serve_<method>.log.
 set -uo pipefail
@@ -21,7 +22,7 @@ for method in ${METHODS:-none ngram}; do
   for i in $(seq 300); do curl -sf localhost:8011/health >/dev/null && break; sleep 1; done
   echo "$method ready after ${i}s"
   lightspeed-bench agentic --base-url http://127.0.0.1:8011 --trace "$trace" --no-progress --cache-page-size 16 \
-    --concurrency 1 --max-duration "$secs" --request-timeout 300 --output-dir "$out" \
+    --concurrency "${CONCURRENCY:-1}" --max-duration "$secs" --request-timeout 300 --output-dir "$out" \
     --name "spec_cpu_smol_${method}" --label "cpu smol $method" 2>&1 | tail -4
   curl -s localhost:8011/metrics | grep -E "^lightspeed:spec_decode" > "$out/metrics_$method.txt" || true
   cat "$out/metrics_$method.txt"

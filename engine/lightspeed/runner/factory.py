@@ -168,15 +168,18 @@ def _build(config: EngineConfig, ranks, output_tokens_of, load_tokenizer) -> Bui
     layout = kv_layout_for(model_config, config.page_size, kv_dtype, *((attention.tp_size, attention.tp_rank)
                                                                         if attention is not None else ()))
     spec_config = config.speculative_config
-    if spec_config is not None and spec_config.on_device:
+    if spec_config is not None and spec_config.draft_model:
         # A draft model (MTP block, EAGLE-3 layer) caches into one more layer of the same pool.
         layout = dataclasses.replace(layout, num_layers=layout.num_layers + 1)
-    # Activations + logits of the largest step, and the per-request sampling tables (pre-sized for
-    # every sequence), stay outside the KV budget on GPU.
+    # Activations + logits of the largest step, the per-request sampling tables (pre-sized for
+    # every sequence) and ngram_gpu's token history stay outside the KV budget on GPU.
     max_stop_ids = config.max_stop_token_ids + MAX_EOS_TOKEN_IDS
+    from ..spec.decoder import build_spec_decoder, spec_table_bytes
+
     reserve = (config.max_num_batched_tokens * model_config.hidden_size * 24
                + config.max_num_seqs * model_config.vocab_size * 4 * 4 + (512 << 20)
-               + table_bytes(config.max_num_seqs, model_config.vocab_size, config.max_logit_bias, max_stop_ids))
+               + table_bytes(config.max_num_seqs, model_config.vocab_size, config.max_logit_bias, max_stop_ids)
+               + spec_table_bytes(spec_config, config.max_num_seqs, max_model_len))
     budget = device_kv_budget(device, config.gpu_memory_utilization, config.kv_cache_memory, reserve)
     pages_per_seq = -(-max_model_len // config.page_size)
     # More pages than every slot at full length could ever use would only waste memory.
@@ -216,17 +219,16 @@ def _build(config: EngineConfig, ranks, output_tokens_of, load_tokenizer) -> Bui
                          device=device, engine_seed=config.seed, load_tokenizer=load_tokenizer,
                          output_tokens_of=output_tokens_of, max_logit_bias=config.max_logit_bias,
                          max_stop_ids=max_stop_ids, grammar_cache_size=config.grammar_cache_size)
-    from ..spec.decoder import build_spec_decoder
-
     runner.spec = build_spec_decoder(spec_config, model=model, model_config=model_config,
                                      max_num_seqs=config.max_num_seqs, device=device, page_size=config.page_size,
                                      kv_cache=kv_cache, model_path=config.model, load_format=load_format,
                                      max_model_len=max_model_len, seed=config.seed)
-    if runner.spec is not None and runner.spec.drafter.on_device:
+    if runner.spec is not None and spec_config.draft_model:
         runner.spec.drafter.token_at = runner.known_token
     if runner.spec is not None and runner.spec.drafts_on_host and config.async_scheduling:
         log.info("speculative decoding with %s drafts: each step is collected before the next is planned "
-                 "(drafts proposed behind an unverified step are mostly rejected)", spec_config.method)
+                 "(drafts proposed behind an unverified step are mostly rejected); method ngram_gpu drafts "
+                 "on the device and keeps steps overlapped", spec_config.method)
     # After the KV cache exists: the graphs bake in its addresses.
     runner.graphs = _graphs(config, ranks, model, kv_cache, max_model_len, model_config.vocab_size, device,
                             quantized=quantization in ("int8", "int4", "gguf"), spec=runner.spec)

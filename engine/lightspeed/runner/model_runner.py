@@ -270,7 +270,7 @@ class ModelRunner:
         s.record(tokens, slots, h_slots, keep)
         self._prev_sampled = tokens
         if self.spec is not None:
-            self.spec.after_sample(plan, t, step, spec_launch, tokens, accepted, self._hidden)
+            self.spec.after_sample(plan, t, step, spec_launch, tokens, accepted, keep, self._hidden)
             self._hidden = None
         launched = LaunchedStep(int(plan.step_id), t.h_sample_req_ids, _to_host(tokens.to(torch.int32)),
                                 structured_rows=structured_rows if structured_rows.size else None,

@@ -3,8 +3,9 @@
     --speculative-config '{"method": "ngram", "num_speculative_tokens": 4}'
     LLM(speculative_config={"method": "eagle3", "model": "/path/to/eagle3-head", "num_speculative_tokens": 3})
 
-Methods: "ngram" (prompt lookup over the request's own tokens), "suffix" (also the outputs of
-recent requests of the same conversation), "mtp" (DeepSeek-V3 / Kimi-K2's multi-token-prediction
+Methods: "ngram" (prompt lookup over the request's own tokens, on the host), "ngram_gpu" (the same
+lookup on the device, so steps keep overlapping), "suffix" (also the outputs of recent requests of
+the same conversation), "mtp" (DeepSeek-V3 / Kimi-K2's multi-token-prediction
 module of the served checkpoint), "eagle3" (an EAGLE-3 head for a Llama-3 model, from a Hugging
 Face folder). Bad values raise ValueError naming the key, at start-up.
 """
@@ -16,7 +17,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-METHODS = ("ngram", "suffix", "mtp", "eagle3")
+METHODS = ("ngram", "ngram_gpu", "suffix", "mtp", "eagle3")
 # The attention kernels take at most 16 query tokens per request: the input plus 15 drafts.
 MAX_SPECULATIVE_TOKENS = 15
 
@@ -28,8 +29,8 @@ class SpeculativeConfig:
     method: str
     num_speculative_tokens: int
     model: str | None = None                        # eagle3: the head's folder; mtp: default the served model
-    prompt_lookup_min: int = 3                      # ngram: shortest tail match that drafts
-    prompt_lookup_max: int = 8                      # ngram: longest tail compared
+    prompt_lookup_min: int = 3                      # ngram, ngram_gpu: shortest tail match that drafts
+    prompt_lookup_max: int = 8                      # ngram, ngram_gpu: longest tail compared
     suffix_decoding_max_tree_depth: int = 24        # suffix: longest tail compared
     suffix_decoding_max_cached_requests: int = 1000  # suffix: finished requests kept for matching
     suffix_decoding_max_spec_factor: float = 1.0    # suffix: drafts <= factor * match length
@@ -60,7 +61,14 @@ class SpeculativeConfig:
 
     @property
     def on_device(self) -> bool:
-        """Drafts come from a model on the device (mtp, eagle3) rather than from the CPU."""
+        """Drafts are made on the device right after verification (mtp, eagle3, ngram_gpu), not
+        by the host from collected tokens: such steps can overlap."""
+        return self.method in ("mtp", "eagle3", "ngram_gpu")
+
+    @property
+    def draft_model(self) -> bool:
+        """Drafts come from a model (mtp, eagle3): it caches into one more KV layer and reads the
+        target's hidden states."""
         return self.method in ("mtp", "eagle3")
 
     @classmethod

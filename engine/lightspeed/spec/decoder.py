@@ -11,8 +11,9 @@ The runner calls it at fixed points of a step; the engine's loop only passes `pl
     collect(...)            once the step's tokens are on the host: accepted counts for the
                             scheduler, commits for a CPU drafter, metrics
 
-The drafter (`LookupDrafter`: ngram / suffix on the CPU; `ModelDrafter`: MTP / EAGLE-3 on the
-device) only proposes; verification is the same for all (spec/step.py).
+The drafter (`LookupDrafter`: ngram / suffix on the CPU; `DeviceLookupDrafter`: ngram_gpu;
+`ModelDrafter`: MTP / EAGLE-3 on the device) only proposes; verification is the same for all
+(spec/step.py).
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from ..runner.inputs import upload
 from .config import SpeculativeConfig
+from .device_lookup import DeviceLookupDrafter, history_bytes, sampling_rows
 from .inputs import chain_ok, deferred_rows, fill_device_drafts, shift_provisional_rows
 from .lookup import LookupDrafter, conversation_group
 from .step import SpecStep
@@ -38,7 +41,11 @@ class SpecLaunch:
     decode_slots: np.ndarray                  # int32 [num_decodes]
     decode_first: np.ndarray                  # int32 [num_decodes]: each decode row's first sample
     step: SpecStep | None = None
-    verdict: torch.Tensor | None = None       # int64 [2, num_decodes] on the host: accepted, chain ok
+    verdict: torch.Tensor | None = None       # int64 [2 or 3, num_decodes] on the host: accepted, chain ok,
+                                              # [matched drafts (a drafter that reports them)]
+    row_matched: torch.Tensor | None = None   # int32 [num_decodes] on the device: drafts that came from a match
+    found_slots: np.ndarray | None = None     # ngram_gpu: slots it searched for after this step ...
+    found: torch.Tensor | None = None         # ... and what each search matched (int32 on the host)
 
 
 @dataclass
@@ -67,7 +74,7 @@ class SpecDecoder:
 
     @property
     def needs_hidden(self) -> bool:
-        return self.drafter.on_device
+        return self.drafter.needs_hidden
 
     @property
     def drafts_on_host(self) -> bool:
@@ -108,21 +115,28 @@ class SpecDecoder:
         step = SpecStep.build(plan, self.device)
         if self.drafter.on_device:
             fill_device_drafts(plan, t, self.drafter.drafts)
-        if rows.size:
+            if isinstance(self.drafter, DeviceLookupDrafter):
+                launch.row_matched = self.drafter.valid_drafts(upload(launch.decode_slots.astype(np.int64), self.device))
+        if rows.size and not self.drafter.on_device:
+            # Device drafts were made after the in-flight step's verification: they continue its
+            # true last token, wherever the row moved to, so only host drafts need the check.
             step.chain_ok = chain_ok(plan, t, rows, shift, guess_by_row, nd)
         launch.step = step
         return step, launch
 
     def after_sample(self, plan, t, step: SpecStep | None, launch: SpecLaunch, tokens: torch.Tensor,
-                     accepted: torch.Tensor | None, hidden: torch.Tensor | None) -> None:
+                     accepted: torch.Tensor | None, keep: torch.Tensor | None, hidden: torch.Tensor | None) -> None:
         from ..runner.model_runner import _to_host
 
         if step is not None:
             self._prev_rejected = step.rejected_by_sample(accepted, tokens.shape[0])
             ok = step.chain_ok if step.chain_ok is not None else torch.ones_like(accepted, dtype=torch.bool)
-            launch.verdict = _to_host(torch.stack([accepted, ok.long()]))
+            parts = [accepted, ok.long()] + ([launch.row_matched.long()] if launch.row_matched is not None else [])
+            launch.verdict = _to_host(torch.stack(parts))
         if self.drafter.on_device:
-            self.drafter.run(plan, t, hidden, tokens, accepted)
+            found = self.drafter.run(plan, t, tokens, accepted, keep, hidden)
+            if found is not None:
+                launch.found, launch.found_slots = _to_host(found), plan.req_slots[sampling_rows(plan)].copy()
 
     def collect(self, launch: SpecLaunch, sample_slots: np.ndarray, tokens: np.ndarray,
                 owned: np.ndarray) -> np.ndarray | None:
@@ -135,14 +149,23 @@ class SpecDecoder:
             verdict = launch.verdict.numpy()
             accepted, ok = verdict[0], verdict[1].astype(bool)
         drafted = launch.row_drafts
+        if launch.verdict is not None and verdict.shape[0] > 2:
+            # Only matched drafts count as drafts (a draft slot without a match holds token 0; should
+            # it equal the target's token, that token is kept but not counted as an accepted draft).
+            drafted = np.minimum(drafted, verdict[2]).astype(np.int32)
         with_drafts = drafted > 0
+        lengths_kept = np.minimum(accepted, drafted + 1)
         st = self.stats
         st.num_drafts += int(with_drafts.sum())
         st.num_draft_tokens += int(drafted.sum())
-        st.num_accepted_tokens += int((accepted - 1)[with_drafts].sum())
-        lengths, counts = np.unique(accepted[with_drafts], return_counts=True)
+        st.num_accepted_tokens += int((lengths_kept - 1)[with_drafts].sum())
+        lengths, counts = np.unique(lengths_kept[with_drafts], return_counts=True)
         for length, count in zip(lengths.tolist(), counts.tolist(), strict=True):
             st.acceptance_lengths[length] += count
+        if launch.found is not None:  # searches of rows whose request still holds its slot
+            ndt = int((launch.row_drafts + 1).sum())
+            still = np.concatenate([owned[launch.decode_first], owned[ndt:]])
+            self.drafter.observe(launch.found_slots[still], launch.found.numpy()[still])
         if not self.drafter.on_device:
             self._collect_lookup(launch, sample_slots, tokens, owned, accepted, ok)
         return accepted.astype(np.int32) if launch.verdict is not None else None
@@ -170,6 +193,13 @@ class SpecDecoder:
                              partial, tokens[last].astype(np.int64))
 
 
+def spec_table_bytes(config: SpeculativeConfig | None, max_num_seqs: int, max_model_len: int) -> int:
+    """Device bytes speculative decoding allocates beside the KV cache (ngram_gpu's token history)."""
+    if config is None or config.method != "ngram_gpu":
+        return 0
+    return history_bytes(max_num_seqs, max_model_len, config.num_speculative_tokens)
+
+
 def build_spec_decoder(config: SpeculativeConfig | None, *, model, model_config, max_num_seqs: int,
                        device: torch.device, page_size: int, kv_cache=None, model_path: str | None = None,
                        load_format: str = "auto", max_model_len: int = 0, seed: int = 0) -> SpecDecoder | None:
@@ -177,7 +207,9 @@ def build_spec_decoder(config: SpeculativeConfig | None, *, model, model_config,
     draft model that cannot serve this target (start-up error)."""
     if config is None:
         return None
-    if config.on_device:
+    if config.method == "ngram_gpu":
+        drafter = DeviceLookupDrafter(config, max_num_seqs=max_num_seqs, max_model_len=max_model_len, device=device)
+    elif config.draft_model:
         from .model_drafter import build_model_drafter
 
         drafter = build_model_drafter(config, model=model, model_config=model_config, max_num_seqs=max_num_seqs,

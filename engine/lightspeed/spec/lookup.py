@@ -30,6 +30,7 @@ def conversation_group(session_id: str | None, prompt: list[int]) -> int:
 
 class LookupDrafter:
     on_device = False
+    needs_hidden = False
     lookahead = 0
 
     def __init__(self, config: SpeculativeConfig, max_num_seqs: int):

@@ -31,6 +31,7 @@ from .config import SpeculativeConfig
 
 class ModelDrafter:
     on_device = True
+    needs_hidden = True
 
     def __init__(self, head: torch.nn.Module, *, method: str, target: torch.nn.Module, k: int, max_num_seqs: int,
                  device: torch.device, kv_cache, page_size: int, max_model_len: int):
@@ -93,11 +94,13 @@ class ModelDrafter:
                 upload(np.asarray(known, np.int64), ids.device).to(following.dtype)
         return following
 
-    def run(self, plan, t: StepTensors, hidden: torch.Tensor, tokens: torch.Tensor,
-            accepted: torch.Tensor | None) -> None:
+    def run(self, plan, t: StepTensors, tokens: torch.Tensor, accepted: torch.Tensor | None,
+            keep: torch.Tensor | None, hidden: torch.Tensor | None = None) -> None:
+        """Draft for every request the step sampled (see the module note); returns None (every
+        draft slot is filled with a prediction: no match counts to report)."""
         nd, ndt = int(plan.num_decodes), int(plan.num_decode_tokens)
         if plan.sample_batch_rows.shape[0] == 0:
-            return
+            return None
         device = hidden.device
         meta = self._meta(t.query_start_loc, t.seq_lens, t.page_table, t.slot_mapping, nd, ndt,
                           int(plan.max_query_len), decode_query_bound(plan))

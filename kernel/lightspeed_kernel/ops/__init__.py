@@ -23,6 +23,7 @@ from .norm import fused_add_rms_norm, rms_norm
 from .quantize import quant_fp8_per_block, quant_fp8_per_token, quant_fp8_per_token_head
 from .rope import apply_rope, rope_cos_sin_cache, yarn_get_mscale
 from .sampling import apply_penalties, compute_logprobs, sample
+from .spec import ngram_lookup
 
 __all__ = [
     "apply_penalties",
@@ -43,6 +44,7 @@ __all__ = [
     "linear_quantized",
     "linear_w4",
     "linear_w8",
+    "ngram_lookup",
     "moe_topk",
     "quant_fp8_per_block",
     "quant_fp8_per_token",

@@ -22,6 +22,7 @@ MODULES = (
     "fused_moe",
     "fused_moe_fp8",
     "sampling",
+    "spec",
 )
 
 AVAILABLE = False

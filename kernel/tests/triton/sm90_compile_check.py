@@ -69,6 +69,7 @@ def cases():
         quantize,
         rope,
         sampling,
+        spec,
     )
 
     PACKED_PREFILL_TILES = _packed_prefill_tiles()
@@ -194,6 +195,12 @@ def cases():
         ),
     )
     yield "logprobs", lambda: sampling.compute_logprobs(lg, torch.zeros(4, dtype=torch.int64), 5)
+    history = torch.zeros(8, 4096, dtype=torch.int32)
+    yield (
+        "ngram lookup",
+        lambda: spec.ngram_lookup(history, torch.arange(4), torch.full((8,), 100), k=4, n_min=3, n_max=8,
+                                  max_len=4096),
+    )
 
 
 def main(argv: list[str]) -> int:

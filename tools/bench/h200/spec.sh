@@ -3,9 +3,9 @@
 # (tools/bench/requote_trace.py), against the same server without speculation, at c = 1, 4, 16.
 # Each call stays under 10 minutes; run the methods as separate calls:
 #   bash tools/bench/h200/spec.sh tests OUTDIR                      # GPU tests (spec CUDA graphs, device drafters)
-#   bash tools/bench/h200/spec.sh smol  OUTDIR none|ngram|suffix [SECONDS] [K]
+#   bash tools/bench/h200/spec.sh smol  OUTDIR none|ngram|ngram_gpu|suffix [SECONDS] [K]
 #                                       # SmolLM2-135M (real weights: they re-quote) served with that method
-#   bash tools/bench/h200/spec.sh 8b    OUTDIR none|ngram|suffix [SECONDS] [K]
+#   bash tools/bench/h200/spec.sh 8b    OUTDIR none|ngram|ngram_gpu|suffix [SECONDS] [K]
 #                                       # the 8B-shaped dummy model: overhead only (random weights do not re-quote)
 # CONCURRENCY=16 (environment) runs other levels than 1,4,16.
 # Results: OUTDIR/spec_<model>_<method>_<UTC time>.{json,csv,png}; each JSON holds per level tok/s/user,
@@ -21,12 +21,11 @@ tests)
   echo "gpu tests rc=$? $(tail -1 "$out/spec_gpu_tests.log")"; exit 0 ;;
 smol) model=() tok=(); name=smol ;;
 8b) model=(.dw-model/llama8b-smol --load-format dummy) tok=(--tokenizer .dw-model/llama8b-smol); name=llama8b ;;
-*) echo "usage: $0 tests|smol|8b OUTDIR [none|ngram|suffix] [SECONDS] [K]" >&2; exit 2 ;;
+*) echo "usage: $0 tests|smol|8b OUTDIR [none|ngram|ngram_gpu|suffix] [SECONDS] [K]" >&2; exit 2 ;;
 esac
 case $method in
 none) spec=() ;;
-ngram) spec=(--speculative-config "{\"method\": \"ngram\", \"num_speculative_tokens\": $k}") ;;
-suffix) spec=(--speculative-config "{\"method\": \"suffix\", \"num_speculative_tokens\": $k}") ;;
+ngram|ngram_gpu|suffix) spec=(--speculative-config "{\"method\": \"$method\", \"num_speculative_tokens\": $k}") ;;
 *) echo "unknown method $method" >&2; exit 2 ;;
 esac
 trace=$out/requote.jsonl
