@@ -59,8 +59,9 @@ def _import_triton_kernels() -> bool:
 
 TRITON_AVAILABLE = _import_triton_kernels()
 
-# After every built-in backend registered; deepgemm registers DeepGEMM's fp8 GEMM when `deep_gemm` imports.
-from . import deepgemm, ops  # noqa: E402, F401
+# After every built-in backend registered; deepgemm registers DeepGEMM's fp8 GEMM when `deep_gemm` imports,
+# flashinfer FlashInfer's paged attention when `flashinfer` is installed (imported at its first call).
+from . import deepgemm, flashinfer, ops  # noqa: E402, F401
 
 __all__ = [
     "ANY",

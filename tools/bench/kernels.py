@@ -11,7 +11,10 @@ Writes OUT/kernels_<date-time>_<device>.json (every measurement) and .md (tables
 - fused MoE at Qwen3-30B-A3B shapes (128 experts, top-8, hidden 2048, expert intermediate 768):
   time vs the reference per-expert loop, vs cuBLAS GEMMs of the same token rows through one expert
   (a dense lower bound on the arithmetic) and vs the bytes of the distinct active experts' weights;
-- a sweep of decode tile configurations (block_n, warps, stages, splits) for tuning.
+- a sweep of decode tile configurations (block_n, warps, stages, splits) for tuning;
+- with --flashinfer (flashinfer installed, tools/bench/h200/flashinfer_setup.sh): FlashInfer's paged
+  decode on the same data beside ours in the decode table (its planned kernel in a CUDA graph, and
+  eager with a fresh plan per call: what the first layer of an eager step pays, plan + host sync).
 Timing: triton.testing.do_bench (CUDA events, L2 flushed between runs, median).
 """
 
@@ -110,7 +113,30 @@ def _sdpa_decode(q, k_cache, v_cache, page_table, hkv):
     return k, v, (lambda: F.scaled_dot_product_attention(qg, k, v, scale=scale)), qg
 
 
-def bench_decode(dev, quick, shapes, sweep_shapes) -> tuple[list, list]:
+def _flashinfer_decode(paged, args, kw, ours, ms, quick) -> dict:
+    """FlashInfer (a lightspeed_kernel.flashinfer.FlashInferPaged) on one decode case: graph replays of
+    its planned kernel; eager plan + run with fresh metadata each call; agreement with our output."""
+    fi_out = torch.empty_like(args[0])
+    try:
+        launch = paged.prepare("decode", *args, out=fi_out, **kw)  # plans (and JIT-compiles) here
+        if launch is None:
+            return {"flashinfer_error": "FlashInfer does not take this case"}
+        fi_ms = bench_graph_ms(launch, quick)
+
+        def replan():  # a new seq_lens tensor each call: a new plan, as every eager step's first layer
+            return paged.prepare("decode", *args[:5], args[5].clone(), out=fi_out, **kw)()
+
+        return {
+            "flashinfer_ms": fi_ms,
+            "flashinfer_plan_run_ms": bench_ms(replan, quick),
+            "ours_over_flashinfer": ms / fi_ms,
+            "rel_err_vs_flashinfer": rel_err(ours, fi_out),
+        }
+    except Exception as e:  # a failed JIT build or capture is part of the record
+        return {"flashinfer_error": f"{type(e).__name__}: {str(e)[:200]}"}
+
+
+def bench_decode(dev, quick, shapes, sweep_shapes, flashinfer=None) -> tuple[list, list]:
     from lightspeed_kernel.triton import attention_decode as dec
 
     hq, hkv, d = 32, 8, 128
@@ -137,6 +163,9 @@ def bench_decode(dev, quick, shapes, sweep_shapes) -> tuple[list, list]:
             "tb_per_s": kv_bytes / ms / 1e9,
             "hbm_fraction": kv_bytes / ms / 1e9 / (HBM_BYTES_PER_S / 1e12),
         }
+        if flashinfer is not None:
+            row.update(_flashinfer_decode(flashinfer, (q, kc, vc, pt, qsl, sl), {"max_query_len": 1, "scale": scale},
+                                          out, ms, quick))
         try:
             k, v, sdpa, _ = _sdpa_decode(q, kc, vc, pt, hkv)
             ref = sdpa().reshape(batch, hq, d)
@@ -149,7 +178,9 @@ def bench_decode(dev, quick, shapes, sweep_shapes) -> tuple[list, list]:
         rows.append(row)
         print(
             f"decode ps={page_size} B={batch} ctx={ctx}: {ms * 1e3:.1f} us, {row['hbm_fraction']:.1%} HBM, "
-            f"splits={plan.num_splits}, vs sdpa x{row.get('speedup_vs_sdpa') or float('nan'):.2f}",
+            f"splits={plan.num_splits}, vs sdpa x{row.get('speedup_vs_sdpa') or float('nan'):.2f}"
+            + (f", flashinfer {row.get('flashinfer_ms', float('nan')) * 1e3:.1f} us {row.get('flashinfer_error', '')}"
+               if flashinfer is not None else ""),
             flush=True,
         )
         del q, kc, vc, pt, ws, out
@@ -425,22 +456,33 @@ def to_markdown(result: dict) -> str:
         f"{result['copy_bandwidth']['tb_per_s']:.2f} TB/s (read + write).",
         "",
     ]
+    fi_cols = any("flashinfer_ms" in r or "flashinfer_error" in r for r in result.get("decode", []))
     lines += [
         "## Paged decode attention (Llama-3-8B: 32 q / 8 kv heads, D 128, bf16, 1 query token)",
         "",
-        "Times are CUDA-graph replays (as decode runs in the engine); eager adds Python launch overhead.",
+        "Times are CUDA-graph replays (as decode runs in the engine); eager adds Python launch overhead."
+        + (" FlashInfer: its planned kernel replayed in a graph; `plan+run` is eager with a fresh plan per "
+           "call (host sync included); `ours / FI` < 1 means ours is faster." if fi_cols else ""),
         "",
-        "| page | batch | context | splits | time (us) | eager (us) | TB/s | HBM fraction | SDPA (us) | x SDPA | rel err vs SDPA |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| page | batch | context | splits | time (us) | eager (us) | TB/s | HBM fraction | SDPA (us) | x SDPA | rel err vs SDPA |"
+        + (" FlashInfer (us) | ours / FI | FI plan+run eager (us) | rel err vs FI |" if fi_cols else ""),
+        "|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|---|---|" if fi_cols else ""),
     ]
     for r in result.get("decode", []):
         sd = r.get("sdpa_ms")
         sdpa_us = "" if sd is None else f"{sd * 1e3:.1f}"
         speedup = "" if sd is None else f"{r['speedup_vs_sdpa']:.2f}"
+        fi = ""
+        if fi_cols and "flashinfer_ms" in r:
+            fi = (f" {r['flashinfer_ms'] * 1e3:.1f} | {r['ours_over_flashinfer']:.2f} | "
+                  f"{r['flashinfer_plan_run_ms'] * 1e3:.1f} | {r['rel_err_vs_flashinfer']:.1e} |")
+        elif fi_cols:
+            fi = f" {r.get('flashinfer_error', '')} | | | |"
         lines.append(
             f"| {r['page_size']} | {r['batch']} | {r['context']} | {r['num_splits']} | "
             f"{r['triton_ms'] * 1e3:.1f} | {r.get('triton_eager_ms', float('nan')) * 1e3:.1f} | "
             f"{r['tb_per_s']:.2f} | {r['hbm_fraction']:.1%} | {sdpa_us} | {speedup} | {r.get('rel_err_vs_sdpa', float('nan')):.1e} |"
+            + fi
         )
     if result.get("decode_sweep"):
         lines += [
@@ -513,6 +555,8 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--no-sweep", action="store_true", help="no tile sweeps at all")
     ap.add_argument("--no-decode-sweep", action="store_true", help="skip the decode tile sweep (the slowest)")
+    ap.add_argument("--flashinfer", action="store_true",
+                    help="time FlashInfer's paged decode beside ours (needs flashinfer and a GPU)")
     args = ap.parse_args(argv)
 
     import triton
@@ -523,6 +567,14 @@ def main(argv=None) -> int:
             "no CUDA device: run with --smoke (TRITON_INTERPRET=1) to check the script only", file=sys.stderr
         )
         return 2
+    flashinfer = None
+    if args.flashinfer:
+        if dev.type != "cuda":
+            print("--flashinfer needs a CUDA device", file=sys.stderr)
+            return 2
+        from lightspeed_kernel.flashinfer import FlashInferPaged, load_library
+
+        flashinfer = FlashInferPaged(load_library())
     commit = args.commit
     if commit is None:
         try:
@@ -541,6 +593,7 @@ def main(argv=None) -> int:
         "triton": triton.__version__,
         "python": platform.python_version(),
         "hbm_reference_tb_per_s": HBM_BYTES_PER_S / 1e12,
+        "flashinfer": getattr(flashinfer.lib, "__version__", "?") if flashinfer is not None else None,
     }
     if args.smoke:
         decode_shapes = [(16, 2, 64), (64, 1, 128)]
@@ -558,7 +611,7 @@ def main(argv=None) -> int:
     result = {"meta": meta, "copy_bandwidth": measure_copy_bandwidth(dev, args.quick), "errors": {}}
     print(f"copy bandwidth {result['copy_bandwidth']['tb_per_s']:.2f} TB/s", flush=True)
     sections = [
-        ("decode", lambda: bench_decode(dev, args.quick, decode_shapes, [])[0]),
+        ("decode", lambda: bench_decode(dev, args.quick, decode_shapes, [], flashinfer)[0]),
         ("elementwise", lambda: bench_elementwise(dev, args.quick, tokens)),
         (
             "moe",

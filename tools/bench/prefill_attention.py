@@ -10,6 +10,8 @@ Timed with triton.testing.do_bench (it flushes L2 between runs).
 
     python tools/bench/prefill_attention.py --out bench/results            # on the H200, ~3 minutes
     python tools/bench/prefill_attention.py --out /tmp/x --smoke           # CPU interpreter, tiny shapes
+    python tools/bench/prefill_attention.py --out bench/results --flashinfer   # + FlashInfer (auto = FA3
+        on sm_90, and FA2) on the same paged data, planned outside the timing (h200/flashinfer_setup.sh)
 """
 
 from __future__ import annotations
@@ -83,6 +85,8 @@ def main(argv=None) -> int:
     ap.add_argument("--baseline", default=None,
                     help="folder of an earlier lightspeed_kernel package copy (renamed, registration off): "
                          "its attention_prefill is timed beside, as the before of a change")
+    ap.add_argument("--flashinfer", action="store_true",
+                    help="time FlashInfer's paged prefill (backend auto = FA3 on sm_90, and fa2) beside ours")
     args = ap.parse_args(argv)
 
     from lightspeed_kernel.triton import attention_prefill as pre
@@ -98,6 +102,12 @@ def main(argv=None) -> int:
         base = importlib.import_module(f"{folder.name}.triton.attention_prefill")
 
     dev = "cpu" if args.smoke else "cuda"
+    flashinfer = {}
+    if args.flashinfer:
+        from lightspeed_kernel.flashinfer import FlashInferPaged, load_library
+
+        lib = load_library()
+        flashinfer = {"flashinfer": FlashInferPaged(lib), "flashinfer_fa2": FlashInferPaged(lib, prefill_backend="fa2")}
     hq, hkv, d, page = (4, 2, 32, 16) if args.smoke else (32, 8, 128, 16)
     dtype = torch.float32 if args.smoke else torch.bfloat16
     if args.smoke:
@@ -137,6 +147,15 @@ def main(argv=None) -> int:
                                    scale=scale)
             ms = bench(fn)
             row["baseline"] = {"ms": ms, "tflops": flops / ms / 1e9, "max_abs_diff": (fn() - want).abs().max().item()}
+        for key, paged in flashinfer.items():
+            try:  # prepare() plans (and JIT-compiles) outside the timing; the timed call only runs
+                fn = paged.prepare("prefill", q, kc, vc, table, qsl, seq_lens, max_query_len=new, scale=scale,
+                                   out=torch.empty_like(q))
+                ms = bench(fn)
+                row[key] = {"ms": ms, "tflops": flops / ms / 1e9,
+                            "max_abs_diff": (fn().float() - want.float()).abs().max().item()}
+            except Exception as e:  # a failed JIT build is part of the record
+                row[key] = {"error": f"{type(e).__name__}: {str(e)[:160]}"}
         if not args.smoke:
             try:
                 fn = sdpa_fn(q, k, v, cached, hq, hkv)
@@ -149,7 +168,8 @@ def main(argv=None) -> int:
         rows.append(row)
         best = max((v for v in row["tiles"].values() if "ms" in v), key=lambda v: v["tflops"], default=None)
         print(f"cached {cached:>6} new {new:>6}: chosen {row['tiles'].get(str(row['chosen']))} best {best} "
-              f"sdpa {row.get('sdpa')} baseline {row.get('baseline')}", flush=True)
+              f"sdpa {row.get('sdpa')} baseline {row.get('baseline')} flashinfer {row.get('flashinfer')} "
+              f"fa2 {row.get('flashinfer_fa2')}", flush=True)
 
     device = torch.cuda.get_device_name(0) if dev == "cuda" else "cpu-interpreter"
     result = {"device": device, "commit": args.commit or git_commit(), "torch": torch.__version__,
@@ -167,6 +187,10 @@ def to_markdown(result: dict) -> str:
              f"visible causal pairs; MFU vs {PEAK_BF16_FLOPS / 1e12:.0f} TFLOP/s.", "",
              "| cached | new | chosen tiles (m, n, warps, stages) | ms | TFLOP/s | MFU | best tiles | best TFLOP/s "
              "| SDPA ms | SDPA TFLOP/s | baseline ms | baseline TFLOP/s |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    fi = any("flashinfer" in r for r in result["rows"])
+    if fi:
+        lines[-2] += " FlashInfer auto (FA3) ms | TFLOP/s | FlashInfer FA2 ms | TFLOP/s |"
+        lines[-1] += "---|---|---|---|"
     for r in result["rows"]:
         chosen = r["tiles"].get(str(r["chosen"]), {})
         timed = {k: v for k, v in r["tiles"].items() if "ms" in v}
@@ -178,6 +202,10 @@ def to_markdown(result: dict) -> str:
                      f"{f(chosen.get('tflops'), 0)} | {f((chosen.get('tflops') or 0) / PEAK_BF16_FLOPS * 1e12 * 100, 0)}% | "
                      f"{best_k} | {f(best.get('tflops'), 0)} | {f(sd.get('ms'), 3)} | {f(sd.get('tflops'), 0)} | "
                      f"{f(bl.get('ms'), 3)} | {f(bl.get('tflops'), 0)} |")
+        if fi:
+            fa3, fa2 = r.get("flashinfer", {}), r.get("flashinfer_fa2", {})
+            lines[-1] += "".join(f" {f(x.get('ms'), 3) if 'error' not in x else x['error'][:40]} | {f(x.get('tflops'), 0)} |"
+                                 for x in (fa3, fa2))
     return "\n".join(lines) + "\n"
 
 
