@@ -5,13 +5,16 @@ Triton kernels go in the PLUGIN band (NVIDIA, compute capability >= 8.0: bf16 MM
 the torch references go in the REFERENCE band and run anywhere, in fp32 / fp16 / bf16, so the CPU
 still gets a kernel (and fp32 parity tests get fp32 math). The impls are callables with the
 one-shot signatures of :func:`mla_decode` / :func:`mla_prefill` / :func:`pack_kv`; the decode
-impl also carries ``plan`` / ``run`` (the CUDA-graph path) and ``workspace_bytes``.
+impl also carries ``plan`` / ``run`` (the CUDA-graph path) and ``workspace_bytes``. FlashInfer's
+MLA decode (``flashinfer_mla.py``) registers in the PORTABLE band, below Triton, when the package
+is installed; nothing registers and nothing fails without it.
 """
 
 from __future__ import annotations
 
 import torch
 
+from . import flashinfer_mla
 from .cache import pack_kv, pack_kv_reference
 from .decode import decode_workspace_bytes, mla_decode, plan_decode, run_decode
 from .prefill import mla_prefill
@@ -92,3 +95,5 @@ def register(registry=None) -> None:
         lk.register_kernel("mla", mode, name=name, solution=solution, priority=priority, capability=cap,
                            dtypes=list(dtypes), features=features, traits=traits, tags=tags,
                            registry=reg)(impl)
+    if ("decode", flashinfer_mla.KERNEL_NAME) not in have:
+        flashinfer_mla.discover(reg, page_sizes=PAGE_SIZES)

@@ -1,6 +1,6 @@
 """MLA kernel benchmark on one GPU: decode sweep, fold on/off, the seeds' cases, prefill.
 
-    python tools/bench/mla.py --out DIR [--budget-s 150] [--tile-sweep]
+    python tools/bench/mla.py --out DIR [--budget-s 150] [--tile-sweep] [--flashinfer]
 
 Writes DIR/mla_bench_<date-time>_<device>.json and .md. Every figure is measured here: µs per call
 (median of CUDA-graph replays, each after a 256 MiB write that flushes the L2, timed by CUDA events
@@ -11,6 +11,9 @@ the point's roofline max(bytes / 4.27 TB/s, FLOPs / MMA peak): absorbed MLA cost
 query row per cached token, so many heads x query tokens make a point compute-bound (the MMA peak
 is 810 TFLOP/s bf16; FP8 caches are judged against FP8 MMAs at twice that).
 Points run in priority order (targets first) until --budget-s is spent; what did not run is listed.
+--flashinfer puts FlashInfer's MLA decode beside ours on each point (timed the same way, on the same
+queries and pages, its output checked against ours; see FlashInferColumn); without the library the
+table says why and the rest runs.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ BF16_FLOPS = 810e12
 MMA_FLOPS = {"bf16": BF16_FLOPS, "fp8": 2 * BF16_FLOPS}  # wgmma e4m3 runs at twice the bf16 rate
 D_QK, D_V = 576, 512  # absorbed MLA: queries against latent ‖ rope, values = the latent
 FLUSH_BYTES = 256 << 20  # more than the H200's L2 (50 MiB), written before each timed replay
+SCALE = 192**-0.5  # DeepSeek's softmax scale (qk head dim 192)
 
 
 def decode_cost(kind: str, batch: int, heads: int, q_len: int, ctx: int, bytes_per_token: int) -> dict:
@@ -96,13 +100,70 @@ def measure_ceilings() -> dict:
     return {"copy_TBps_read_plus_write": round(copy_tbps, 3), "bf16_gemm_TFLOPs": round(2 * 8192**3 / ms / 1e9, 1)}
 
 
-class DecodeBench:
-    """One big cache per kind; each point takes random pages of it."""
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    out, ref = out.float(), ref.float()
+    return ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
-    def __init__(self, max_tokens: int, page_size: int = 64):
+
+class FlashInferColumn:
+    """FlashInfer's MLA decode (lightspeed_mla.flashinfer_mla) on each point's inputs, or why it cannot run.
+
+    bf16 points read our packed cache (views, no copy). FlashInfer cannot read our FP8 cache (bf16 rope,
+    one latent scale a token), so FP8 points run its own FP8 format made from ours once
+    (`fp8_format_copy`: e4m3 rope with one scale, 592 B a token against our 644); their fraction is of
+    the point's roofline for our format, so compare the µs. `err` is FlashInfer's output against ours.
+    """
+
+    def __init__(self, load=None, backend: str | None = None):
+        try:
+            from lightspeed_mla import flashinfer_mla
+
+            lib = (load or flashinfer_mla.load_library)()
+        except Exception as e:  # noqa: BLE001 - not installed, a broken install, an old version: say which
+            self.runner, self.why = None, f"{type(e).__name__}: {e}"[:300]
+            self.info = {"why": self.why}
+            return
+        self.fim, self.why = flashinfer_mla, None
+        self.runner = flashinfer_mla.FlashInferMLA(lib, backend=backend)
+        self.info = {"version": getattr(sys.modules.get("flashinfer"), "__version__", "?"),
+                     "backend": backend or "fa3 on sm_90, else fa2"}
+        self._fp8_copies: dict[int, object] = {}
+
+    def measure(self, kind, cache, page_table, qsl, lens, q, ours, ours_us, roofline_us, time_fn) -> dict:
+        """fi_us, fi_of_roofline, fi_speedup (ours µs / FlashInfer µs), fi_err, fi_backend, fi_graph; or
+        fi_error."""
+        if self.runner is None:
+            return {}  # the table's header says why
+        try:
+            kv = cache
+            if kind == "fp8":
+                if id(cache) not in self._fp8_copies:
+                    self._fp8_copies[id(cache)] = self.fim.fp8_format_copy(cache)
+                kv = self._fp8_copies[id(cache)]
+            plan = self.runner.plan(qsl, lens, page_table, q.shape[1], page_size=cache.page_size, softmax_scale=SCALE,
+                                    kv_dtype=torch.float8_e4m3fn if kind == "fp8" else torch.bfloat16)
+            out, capturing = torch.empty_like(ours), []
+
+            def call():
+                capturing.append(q.is_cuda and torch.cuda.is_current_stream_capturing())
+                self.runner.run(plan, q, kv, out)
+
+            us = time_fn(call)
+            err = rel_err(out, ours)
+        except Exception as e:  # noqa: BLE001 - a point FlashInfer fails is a result too
+            return {"fi_error": f"{type(e).__name__}: {e}"[:200]}
+        return {"fi_us": round(us, 2), "fi_of_roofline": round(roofline_us / us, 3),
+                "fi_speedup": round(ours_us / us, 2), "fi_err": round(err, 4), "fi_backend": plan.backend,
+                "fi_graph": capturing[-1]}  # timed from a CUDA graph (the last call was its capture), else eager
+
+
+class DecodeBench:
+    """One big cache per kind; each point takes random pages of it. `time_fn(fn) -> µs`."""
+
+    def __init__(self, max_tokens: int, page_size: int = 64, time_fn=_time_us):
         from lightspeed_mla import MLACache
 
-        self.page_size = page_size
+        self.page_size, self.time_fn = page_size, time_fn
         self.num_pages = max_tokens // page_size
         self.caches = {}
         for kind in ("bf16", "fp8"):
@@ -118,7 +179,7 @@ class DecodeBench:
             self.caches[kind] = c
         self.ws = torch.empty(1 << 31, dtype=torch.uint8, device="cuda")
 
-    def run(self, kind, batch, heads, q_len, ctx, fold=None, tile=None):
+    def run(self, kind, batch, heads, q_len, ctx, fold=None, tile=None, flashinfer: FlashInferColumn | None = None):
         from lightspeed_mla import plan_decode, run_decode
 
         cache = self.caches[kind]
@@ -128,14 +189,14 @@ class DecodeBench:
         T = batch * q_len
         qsl = torch.arange(batch + 1, dtype=torch.int32) * q_len
         lens = torch.full((batch,), ctx, dtype=torch.int32)
-        plan = plan_decode(self.ws, qsl, lens, heads, page_size=self.page_size, softmax_scale=192**-0.5,
+        plan = plan_decode(self.ws, qsl, lens, heads, page_size=self.page_size, softmax_scale=SCALE,
                            cache_kind=kind, fold=fold, tile=tile)
         q = torch.randn(T, heads, 576, device="cuda").to(torch.bfloat16)
         out = torch.empty(T, heads, 512, device="cuda", dtype=torch.bfloat16)
-        us = _time_us(lambda: run_decode(plan, q, cache, page_table, out))
+        us = self.time_fn(lambda: run_decode(plan, q, cache, page_table, out))
         cost = decode_cost(kind, batch, heads, q_len, ctx, cache.bytes_per_token)
         t = plan.tile
-        return {
+        row = {
             "kind": kind, "batch": batch, "heads": heads, "q_len": q_len, "ctx": ctx, "us": round(us, 2),
             "hbm_frac": round(cost["bytes"] / (us * 1e-6) / HBM_BPS, 3),
             "tflops": round(cost["flops"] / (us * 1e-6) / 1e12, 1),
@@ -143,6 +204,10 @@ class DecodeBench:
             "bound": cost["bound"], "fold": plan.fold, "splits": plan.num_splits,
             "tile": f"{t.block_m}x{t.block_n} w{t.num_warps} s{t.num_stages}{' swap' if t.swap_ab else ''}",
         }
+        if flashinfer is not None:
+            row.update(flashinfer.measure(kind, cache, page_table, qsl, lens, q, out, us, cost["roofline_us"],
+                                          self.time_fn))
+        return row
 
 
 def prefill_point(q_len=8192, kv_len=8192, heads=128, tile=None) -> dict:
@@ -157,7 +222,7 @@ def prefill_point(q_len=8192, kv_len=8192, heads=128, tile=None) -> dict:
     cu_q = torch.tensor([0, q_len], device=dev, dtype=torch.int32)
     cu_k = torch.tensor([0, kv_len], device=dev, dtype=torch.int32)
     out = torch.empty(q_len, heads, 128, device=dev, dtype=torch.bfloat16)
-    us = _time_us(lambda: mla_prefill(q_nope, q_rope, k_nope, k_rope, v, cu_q, cu_k, q_len, 192**-0.5, out=out,
+    us = _time_us(lambda: mla_prefill(q_nope, q_rope, k_nope, k_rope, v, cu_q, cu_k, q_len, SCALE, out=out,
                                       tile=tile))
     prefix = kv_len - q_len
     pairs = q_len * prefix + q_len * (q_len + 1) / 2
@@ -241,10 +306,11 @@ def write_markdown(results: dict, path: Path) -> None:
               "|---|---|---|---|---|---|"]
     for r in results["fold_speedup"]:
         lines.append(f"| {r['kind']} | {r['batch']} | {r['ctx']} | {r['fold_us']} | {r['nofold_us']} | {r['speedup']} |")
-    lines += ["", "## Decode (absorbed, page 64)", "",
+    fi = results.get("flashinfer")
+    lines += ["", "## Decode (absorbed, page 64)", ""] + _flashinfer_note(fi) + [
               "| tag | kv | batch | heads | q_len | ctx | µs | roofline µs | of roofline | HBM frac | TFLOP/s | bound | "
-              "fold | splits | tile |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "fold | splits | tile |" + (" FlashInfer µs | FI of roofline | ours µs / FI µs | FI err |" if fi else ""),
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|---|---|" if fi else "")]
     for r in results["decode"]:
         if "error" in r:
             lines.append(f"| {r['tag']} | {r['kind']} | {r['batch']} | {r['heads']} | {r['q_len']} | {r['ctx']} | "
@@ -253,12 +319,34 @@ def write_markdown(results: dict, path: Path) -> None:
         lines.append(f"| {r['tag']} | {r['kind']} | {r['batch']} | {r['heads']} | {r['q_len']} | {r['ctx']} | "
                      f"{r['us']} | {r['roofline_us']} | {r['of_roofline']} | {r['hbm_frac']} | {r['tflops']} | "
                      f"{r['bound']} | {r['fold']} | {r['splits']} | "
-                     f"{r['tile']} |")
+                     f"{r['tile']} |" + (_flashinfer_cells(r, fi) if fi else ""))
     if results["skipped"]:
         lines += ["", f"Not run (budget): {len(results['skipped'])} sweep points, e.g. {results['skipped'][:6]}"]
     if results["tile_sweep"]:
         lines += ["", "## Tile sweep", "", "```"] + [json.dumps(r) for r in results["tile_sweep"]] + ["```"]
     path.write_text("\n".join(lines) + "\n")
+
+
+def _flashinfer_note(info: dict | None) -> list[str]:
+    if not info:
+        return []
+    if "why" in info:
+        return [f"FlashInfer: not measured here ({info['why']}).", ""]
+    return [f"FlashInfer {info['version']} MLA decode (backend {info['backend']}) on the same queries and pages, "
+            "timed the same way; its err is against our output. FP8 rows run FlashInfer's own FP8 format "
+            "(a copy of our cache: e4m3 rope with one scale, 592 B a token against our 644), judged against "
+            "our format's roofline: compare the µs.", ""]
+
+
+def _flashinfer_cells(r: dict, info: dict) -> str:
+    if "why" in info:
+        return " n/a (above) | | | |"
+    if "fi_error" in r:
+        return f" error: {r['fi_error']} | | | |"
+    if "fi_us" not in r:
+        return " — | | | |"  # not measured on this point (fold off: a knob of ours)
+    eager = "" if r.get("fi_graph", True) else " (eager)"
+    return f" {r['fi_us']}{eager} | {r['fi_of_roofline']} | {r['fi_speedup']} | {r['fi_err']} |"
 
 
 def main(argv=None) -> int:
@@ -268,6 +356,11 @@ def main(argv=None) -> int:
     ap.add_argument("--tile-sweep", action="store_true", help="also time alternative tiles (tuning)")
     ap.add_argument("--skip-prefill", action="store_true")
     ap.add_argument("--commit", default=None, help="git commit to record (the device copy has no .git)")
+    ap.add_argument("--flashinfer", action="store_true",
+                    help="also time FlashInfer's MLA decode on each point (on the H200: source "
+                         "tools/bench/h200/flashinfer_setup.sh, then mla/scripts/flashinfer_mla_sources.sh install)")
+    ap.add_argument("--flashinfer-backend", choices=("fa3", "fa2"), default=None,
+                    help="FlashInfer's MLA backend (default: fa3 on sm_90, else fa2)")
     args = ap.parse_args(argv)
     import triton
 
@@ -278,6 +371,10 @@ def main(argv=None) -> int:
                "triton": triton.__version__, "ceilings": measure_ceilings(), "prefill": [], "decode": [],
                "fold_speedup": [], "skipped": [], "tile_sweep": []}
     print("ceilings", results["ceilings"], flush=True)
+    flashinfer = FlashInferColumn(backend=args.flashinfer_backend) if args.flashinfer else None
+    results["flashinfer"] = flashinfer.info if flashinfer else None
+    if flashinfer:
+        print("flashinfer", flashinfer.info, flush=True)
     bench = DecodeBench(max_tokens=128 * 81920 + 4096)
     if args.tile_sweep:
         tile_sweep(bench, results)
@@ -290,7 +387,7 @@ def main(argv=None) -> int:
             results["skipped"].append([kind, b, h, ql, ctx])
             continue
         try:
-            r = bench.run(kind, b, h, ql, ctx, fold=fold)
+            r = bench.run(kind, b, h, ql, ctx, fold=fold, flashinfer=flashinfer if tag != "fold_off" else None)
         except Exception as e:  # noqa: BLE001 - record and go on
             r = {"kind": kind, "batch": b, "heads": h, "q_len": ql, "ctx": ctx, "error": f"{type(e).__name__}: {e}"[:200]}
         r["tag"] = tag
