@@ -228,7 +228,7 @@ def _build(config: EngineConfig, ranks, output_tokens_of, load_tokenizer) -> Bui
     if runner.spec is not None and runner.spec.drafts_on_host and config.async_scheduling:
         log.info("speculative decoding with %s drafts: each step is collected before the next is planned "
                  "(drafts proposed behind an unverified step are mostly rejected); method ngram_gpu drafts "
-                 "on the device and keeps steps overlapped", spec_config.method)
+                 "on the device without that wait (engine/README.md compares them)", spec_config.method)
     # After the KV cache exists: the graphs bake in its addresses.
     runner.graphs = _graphs(config, ranks, model, kv_cache, max_model_len, model_config.vocab_size, device,
                             quantized=quantization in ("int8", "int4", "gguf"), spec=runner.spec)

@@ -14,7 +14,9 @@ def ngram_lookup(history: torch.Tensor, rows: torch.Tensor, lengths: torch.Tenso
     history: [N, W] int32 token rows; rows: [R] int64, the rows to draft for; lengths: [N], the
     known tokens of each row; max_len: a host-side bound of lengths[rows] (no device read).
     For row r of length L: the longest tail of n_min..n_max tokens that also ends earlier, at
-    i <= L - 2 (ties: the latest i); its drafts are the known tokens after i, at most k.
+    i <= L - 2; ties go to the i with the most known tokens after it (at most k), then the latest
+    (so a repeating run drafts k tokens, not the one after its last repeat); its drafts are the
+    known tokens after i, at most k.
     Returns (drafts int64 [R, k], 0 past the match's known tokens; matched counts int32 [R]).
     """
     return impl_for("spec", "ngram_lookup", history)(history, rows, lengths, k=k, n_min=n_min, n_max=n_max,

@@ -26,8 +26,12 @@ def ngram_lookup(history: torch.Tensor, rows: torch.Tensor, lengths: torch.Tenso
         run[:, j:] &= tokens[:, : width - j] == tails[:, j: j + 1]
         run[:, :j] = False
         match_len += run
-    score = torch.where(match_len >= n_min, match_len.long() * width + col[None, :], -1)
-    best, end = score.max(dim=1) if width else (torch.full_like(lengths, -1), torch.zeros_like(lengths))
+    # Longest match, then the most known tokens after it (at most k: a match just before the tail
+    # of a repeating run has one), then the latest.
+    follow = (lengths[:, None] - 1 - col[None, :]).clamp(min=0, max=k)
+    score = torch.where(match_len >= n_min, (match_len.long() * (k + 1) + follow) * width + col[None, :], -1)
+    best, _ = score.max(dim=1) if width else (torch.full_like(lengths, -1), None)
+    end = best.clamp(min=0) % max(width, 1)
     at = end[:, None] + 1 + torch.arange(k, device=device)[None, :]
     known = (best >= 0)[:, None] & (at < lengths[:, None])
     drafts = torch.where(known, tokens.gather(1, at.clamp(max=max(width - 1, 0))).long(), 0)

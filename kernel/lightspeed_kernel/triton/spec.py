@@ -35,7 +35,9 @@ def _ngram_lookup_kernel(history_ptr, rows_ptr, lengths_ptr, drafts_ptr, valid_p
             tok = tl.load(base + i - j, mask=ok, other=0)
             run = ok & (tok == tail)
             match_len += run.to(tl.int64)
-        score = tl.where(match_len >= N_MIN, match_len * (length + 1) + i, -1)
+        # Longest match, then the most known tokens after it (at most k), then the latest.
+        follow = tl.minimum(length - 1 - i, k)
+        score = tl.where(match_len >= N_MIN, (match_len * (k + 1) + follow) * (length + 1) + i, -1)
         best = tl.maximum(best, tl.max(score, axis=0))
     end = tl.maximum(best, 0) % (length + 1)
     m = tl.arange(0, K_PAD).to(tl.int64)

@@ -8,13 +8,15 @@ from lightspeed_kernel.triton import spec
 
 
 def python_lookup(tokens: list[int], k: int, n_min: int, n_max: int) -> list[int]:
-    """Longest tail (n_min..n_max tokens) ending earlier, latest on a tie; the known tokens after it."""
+    """Longest tail (n_min..n_max tokens) ending earlier; ties: most known tokens after it (at most k),
+    then latest; the known tokens after it."""
     length, best_len, best_end = len(tokens), 0, -1
     for end in range(length - 1):
         m = 0
         while m < n_max and end - m >= 0 and tokens[end - m] == tokens[length - 1 - m]:
             m += 1
-        if m >= n_min and (m > best_len or (m == best_len and end > best_end)):
+        follow = min(length - 1 - end, k)
+        if m >= n_min and (m, follow, end) > (best_len, min(length - 1 - best_end, k), best_end):
             best_len, best_end = m, end
     return [] if best_end < 0 else tokens[best_end + 1: best_end + 1 + k]
 
@@ -58,6 +60,15 @@ def test_long_rows_span_several_blocks(device):
     assert torch.equal(got[0].cpu(), want[0].cpu()) and torch.equal(got[1].cpu(), want[1].cpu())
     for i, row in enumerate(token_rows):
         assert want[0][i, : want[1][i]].tolist() == python_lookup(row, 5, 2, 6)
+
+
+def test_a_repeating_run_drafts_k_tokens(device):
+    # The latest repeat of "4" ends just before the tail, with one token after it; an earlier one
+    # has k after it: the run drafts k tokens.
+    history, rows, lengths, max_len = _table([[9, 4, 4, 4, 4, 4, 4, 4, 4]], device)
+    for fn in (ref.ngram_lookup, spec.ngram_lookup):
+        drafts, valid = fn(history, rows, lengths, k=3, n_min=2, n_max=3, max_len=max_len)
+        assert drafts[0].tolist() == [4, 4, 4] and valid[0].item() == 3
 
 
 def test_no_rows(device):
