@@ -1,0 +1,119 @@
+#!/usr/bin/env python
+"""Host-side torch ops per engine step outside the model forward, per speculative method.
+
+Why: for a small model the H200 finishes a step's kernels before the host has launched the next
+(bench/results/spec_h200_smol_2026-12-01_2228), so every op the speculative path adds around the
+forward (input fix-ups, verification, draft search, bookkeeping) is step time. This counts them on
+any machine: the real Engine on a tiny random Llama (eager, so CPU and GPU count alike), every aten
+op dispatched during `Engine.step` except the model forward and views (no kernel behind them), divided
+by the steps taken. A device op of the draft search counts as one launch (its Triton kernel on GPU).
+
+    python tools/bench/spec_host_ops.py --out bench/results        # ~1 minute on CPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import tempfile
+from pathlib import Path
+
+import torch
+from result_files import git_commit, result_stem
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+
+# aten ops that only make views: no kernel launch behind them
+VIEW_OPS = ("slice", "select", "view", "unsqueeze", "squeeze", "detach", "lift_fresh", "resolve_", "alias",
+            "expand", "as_strided", "aten.t.", "permute", "split", "unbind")
+TINY = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 1024, "hidden_size": 64,
+        "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "max_position_embeddings": 512, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "torch_dtype": "float32"}
+METHODS = (("none", True), ("ngram", False), ("ngram_gpu", True), ("suffix", False))
+
+
+class OpCounter(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.counts: collections.Counter[str] = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = str(func)
+        if not any(v in name for v in VIEW_OPS):
+            self.counts[name] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def uncounted(fn):
+    def call(*args, **kwargs):
+        with _disable_current_modes():
+            return fn(*args, **kwargs)
+    return call
+
+
+def count(model_dir: str, method: str, overlap: bool, *, rows: int, tokens: int) -> dict:
+    from lightspeed.config import EngineConfig
+    from lightspeed.core import messages as m
+    from lightspeed.core.engine import Engine
+    from lightspeed.spec import device_lookup
+
+    spec = None if method == "none" else {"method": method, "num_speculative_tokens": 4, "prompt_lookup_min": 1}
+    engine = Engine(EngineConfig(model=model_dir, load_format="dummy", kv_cache_memory="64MiB", max_num_seqs=rows,
+                                 max_model_len=512, enforce_eager=True, async_scheduling=overlap,
+                                 speculative_config=spec))
+    sampling = m.SamplingSpec(max_tokens=tokens, temperature=0.0, ignore_eos=True)
+
+    def submit_all(tag: str) -> None:
+        for i in range(rows):  # repeating prompts: the drafters find matches
+            assert engine.add_request(m.AddRequest(f"{tag}{i}", [5 + i % 3, 6, 7, 8] * 20, sampling)) is None
+
+    def drain() -> int:
+        steps = 0
+        while engine.has_work() or engine.has_pending_copies():
+            engine.step()
+            steps += 1
+        return steps
+
+    submit_all("warm")
+    drain()
+    engine.runner.forward_eager = uncounted(engine.runner.forward_eager)
+    search = device_lookup.ops.ngram_lookup
+    device_lookup.ops = type("Ops", (), {"ngram_lookup": staticmethod(uncounted(search))})
+    counter = OpCounter()
+    submit_all("run")
+    try:
+        with counter:
+            steps = drain()
+    finally:
+        device_lookup.ops = __import__("lightspeed_kernel").ops
+    extra = 1 if method == "ngram_gpu" else 0  # the draft search: one kernel launch on GPU
+    total = sum(counter.counts.values())
+    return {"method": method, "overlap": overlap, "steps": steps, "output_tokens": rows * tokens,
+            "ops_per_step": round(total / steps + extra, 1), "top_ops": counter.counts.most_common(12)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--rows", type=int, default=16, help="concurrent requests")
+    ap.add_argument("--tokens", type=int, default=60, help="output tokens per request")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory() as folder:
+        (Path(folder) / "config.json").write_text(json.dumps(TINY))
+        runs = [count(folder, method, overlap, rows=args.rows, tokens=args.tokens) for method, overlap in METHODS]
+    result = {"commit": git_commit(), "rows": args.rows, "tokens": args.tokens, "runs": runs}
+    stem = result_stem(args.out, "spec_host_ops")
+    stem.with_suffix(".json").write_text(json.dumps(result, indent=1))
+    lines = [f"# Host ops per engine step outside the forward (commit {result['commit']}, {args.rows} requests "
+             f"x {args.tokens} tokens, tiny Llama, eager)", "",
+             "| method | overlapped | steps | ops per step | ops per output token |", "|---|---|---|---|---|"]
+    for r in runs:
+        lines.append(f"| {r['method']} | {r['overlap']} | {r['steps']} | {r['ops_per_step']} | "
+                     f"{r['ops_per_step'] * r['steps'] / r['output_tokens']:.2f} |")
+    stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
