@@ -36,18 +36,21 @@ def shift_provisional_rows(plan, t: StepTensors, rows: np.ndarray, src: np.ndarr
     row (int64 [B], 0 for rows that are not deferred)."""
     device = t.input_ids.device
     num_rows = plan.query_start_loc.shape[0] - 1
-    packed = upload(np.concatenate([rows.astype(np.int64), src]), device)
-    dev_rows, dev_src = packed[: rows.shape[0]], packed[rows.shape[0]:]
+    n, num_tokens = rows.shape[0], t.positions.shape[0]
+    token_rows = np.repeat(np.arange(num_rows, dtype=np.int64), np.diff(plan.query_start_loc))
+    first = plan.query_start_loc[:-1][rows].astype(np.int64)
+    # One upload for every host array of the fix-up (each upload is a pinned copy and a launch).
+    packed = upload(np.concatenate([rows.astype(np.int64), src, first, token_rows]), device)
+    dev_rows, dev_src, dev_first = packed[:n], packed[n:2 * n], packed[2 * n:3 * n]
+    dev_token_rows = packed[3 * n:3 * n + num_tokens]
     shift = torch.zeros(num_rows, dtype=torch.int64, device=device)
     shift[dev_rows] = prev_rejected[dev_src]
-    token_rows = upload(np.repeat(np.arange(num_rows, dtype=np.int64), np.diff(plan.query_start_loc)), device)
-    positions = t.positions - shift[token_rows]
-    pages = t.page_table.long()[token_rows, positions // page_size]
+    positions = t.positions - shift[dev_token_rows]
+    pages = t.page_table[dev_token_rows, positions // page_size]
     t.positions = positions
-    t.slot_mapping = pages * page_size + positions % page_size
-    t.seq_lens = (t.seq_lens.long() - shift).to(t.seq_lens.dtype)
-    first = upload(plan.query_start_loc[:-1][rows].astype(np.int64), device)
-    t.input_ids[first] = prev_sampled[dev_src - shift[dev_rows]].to(t.input_ids.dtype)
+    t.slot_mapping = pages.long() * page_size + positions % page_size
+    t.seq_lens = t.seq_lens - shift.to(t.seq_lens.dtype)
+    t.input_ids[dev_first] = prev_sampled[dev_src - shift[dev_rows]].to(t.input_ids.dtype)
     return shift
 
 

@@ -37,6 +37,7 @@ class SpecStep:
     has_draft_next: torch.Tensor    # bool [num_decode_tokens]: a draft follows this position
     chain_ok: torch.Tensor | None = None  # bool [num_decodes]: the row's drafts continue its true input
     has_drafts: bool = False
+    dev_row_drafts: torch.Tensor | None = None  # int64 [num_decodes]: row_drafts on the device
 
     @classmethod
     def build(cls, plan, device: torch.device) -> SpecStep:
@@ -49,10 +50,11 @@ class SpecStep:
         h_sample_pos = np.zeros(int(plan.num_samples), dtype=np.int64)
         h_sample_pos[:ndt] = pos  # decode rows sample every token, in order, first in the plan
         has_next = pos < row_drafts[rows]
-        packed = upload(np.concatenate([h_sample_pos, rows, has_next.astype(np.int64)]), device)
+        packed = upload(np.concatenate([h_sample_pos, rows, has_next.astype(np.int64), row_drafts.astype(np.int64)]),
+                        device)
         s = h_sample_pos.shape[0]
-        return cls(nd, ndt, row_drafts, h_sample_pos, packed[:s], packed[s:s + ndt], packed[s + ndt:].bool(),
-                   has_drafts=bool(row_drafts.any()))
+        return cls(nd, ndt, row_drafts, h_sample_pos, packed[:s], packed[s:s + ndt], packed[s + ndt:s + 2 * ndt].bool(),
+                   has_drafts=bool(row_drafts.any()), dev_row_drafts=packed[s + 2 * ndt:])
 
     def draft_prefix_pairs(self, plan) -> tuple[np.ndarray, np.ndarray]:
         """(sample index, input token index) for every draft before each decode sample: penalties
@@ -89,8 +91,7 @@ class SpecStep:
         """int64 [S]: for each sample, the drafts its row rejected (0 for prefill samples): what the
         next plan's provisional row of that request moves down by."""
         rejected = torch.zeros(num_samples, dtype=torch.int64, device=accepted.device)
-        row_drafts = upload(self.row_drafts.astype(np.int64), accepted.device)
-        rejected[: self.num_decode_tokens] = (row_drafts + 1 - accepted)[self.decode_rows]
+        rejected[: self.num_decode_tokens] = (self.dev_row_drafts + 1 - accepted)[self.decode_rows]
         return rejected
 
     def draft_counts(self, plan, input_ids: torch.Tensor, num_samples: int, vocab_size: int) -> torch.Tensor:
