@@ -1,4 +1,5 @@
-"""Triton kernels of every op family (except bf16 gemm), registered at PERFORMANT priority on CUDA.
+"""Triton kernels of every op family, registered at PERFORMANT priority on CUDA (except gemv.py's
+skinny bf16 GEMM: PORTABLE, below cuBLAS, opt-in until measured on the H200).
 
 Importing this package never fails: without Triton (or when a Triton module cannot be built on
 this install) `AVAILABLE` is False, `IMPORT_ERROR` says why, and the registry just has fewer
@@ -18,6 +19,7 @@ MODULES = (
     "attention_decode",
     "attention_prefill",
     "fp8_gemm",
+    "gemv",
     "moe_topk",
     "fused_moe",
     "fused_moe_fp8",

@@ -4,19 +4,24 @@ Compiled Triton is stricter than the interpreter the CPU tests run (loop-carried
 conditions, shared-memory budgets), so this drives each public launcher with CPU tensors while a
 stand-in driver reports an sm_90 target and every launch is turned into a compile-only warm-up.
 Run: `python kernel/tests/triton/sm90_compile_check.py [name substrings]` (TRITON_INTERPRET unset); exits 1 on a
-failure and prints each kernel's shared memory and register count.
+failure and prints each kernel's shared memory, register count and spill bytes.
 """
 
 # ruff: noqa: B023  (each yielded case runs before the generator advances, so late binding is harmless)
 from __future__ import annotations
 
 import os
+import re
+import subprocess
 import sys
+import tempfile
 import traceback
+from pathlib import Path
 
 os.environ.pop("TRITON_INTERPRET", None)
 
 import torch  # noqa: E402
+import triton.backends.nvidia  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.runtime import driver  # noqa: E402
 from triton.runtime.jit import JITFunction  # noqa: E402
@@ -40,6 +45,20 @@ class _Sm90StandIn:
 
 COMPILED: list = []
 _run = JITFunction.run
+_CUOBJDUMP = Path(triton.backends.nvidia.__file__).with_name("bin") / "cuobjdump"
+
+
+def _resources(kernel) -> str:
+    """Registers and spill bytes of the compiled cubin (the stand-in driver never loads it, so the
+    kernel's own n_regs is unset): `cuobjdump -res-usage`, Triton's bundled copy."""
+    if not _CUOBJDUMP.exists():
+        return "regs ?"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(kernel.asm["cubin"])
+        f.flush()
+        usage = subprocess.run([str(_CUOBJDUMP), "-res-usage", f.name], capture_output=True, text=True).stdout
+    found = re.search(r"REG:(\d+) STACK:(\d+) SHARED:\d+ LOCAL:(\d+)", usage)
+    return f"regs {found[1]:>3}  spill {int(found[2]) + int(found[3])} B" if found else "regs ?"
 
 
 def _compile_only(self, *args, grid, warmup, **kwargs):
@@ -53,6 +72,26 @@ def _packed_prefill_tiles():
 
     return [PrefillTiles(128, 64, 4, 3, True), PrefillTiles(128, 128, 8, 3, True), PrefillTiles(64, 64, 4, 3, True),
             PrefillTiles(256, 64, 8, 3, True)]
+
+
+def _gemv_cases():
+    """The skinny GEMM's pick for each Llama-3.1-8B decode shape, and its sweep's largest tiles."""
+    from lightspeed_kernel.triton import gemv
+
+    shapes = ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128256, 4096))
+    weights = {nk: torch.empty(nk, dtype=torch.bfloat16) for nk in shapes}  # never touched: compile only
+    for m in (1, 2, 4, 8, 16):
+        configs = {gemv.choose_config(m, n, k, 132): (n, k) for n, k in shapes}
+        space = gemv.sweep_configs(m, 4096, 4096, 132)
+        for path in (False, True):  # the largest shared-memory and per-thread tiles of each path
+            mine = [c for c in space if c.use_dot == path]
+            for key in (lambda c: c.smem_bytes(m), lambda c: c.block_n * c.block_k / c.num_warps):
+                if mine:
+                    configs.setdefault(max(mine, key=key), (4096, 4096))
+        for cfg, (n, k) in configs.items():
+            x, w = torch.empty(m, k, dtype=torch.bfloat16), weights[n, k]
+            yield (f"gemv m{m} {n}x{k} {tuple(vars(cfg).values())}",
+                   lambda x=x, w=w, cfg=cfg: gemv.launch(x, w, w[0], cfg))
 
 
 def cases():
@@ -174,6 +213,7 @@ def cases():
             f"fp8 gemm m{m}",
             lambda a=a, b=b, m=m: fp8_gemm.fp8_block_gemm(a, torch.ones(m, 8), b, torch.ones(16, 8)),
         )
+    yield from _gemv_cases()
     lg = torch.randn(4, 1000)
     one = torch.ones(4)
     yield (
@@ -220,10 +260,7 @@ def main(argv: list[str]) -> int:
             continue
         for kname, kernel in COMPILED[before:]:
             md = kernel.metadata
-            print(
-                f"ok   {name:40s} {kname:28s} smem {md.shared:6d} B  regs {getattr(kernel, 'n_regs', '?')}",
-                flush=True,
-            )
+            print(f"ok   {name:40s} {kname:28s} smem {md.shared:6d} B  {_resources(kernel)}", flush=True)
     print(f"{failures} failures")
     return 1 if failures else 0
 
