@@ -257,27 +257,27 @@ def load_library():
     return lib
 
 
-class _Lazy:
-    """The library and its planner, made at the first call (thread-safe)."""
+class LazyLibrary:
+    """`make(load())`, built at the first `get()` (thread-safe): FlashInfer's import takes seconds
+    and starts CUDA, so adapters (this one, lightspeed_mla's) load it only when a kernel runs. An
+    import-time failure becomes an ImportError naming `who`."""
 
-    def __init__(self, load: Callable[[], object], options: dict):
-        self._load, self._options = load, options
-        self._paged: FlashInferPaged | None = None
+    def __init__(self, load: Callable[[], object], make: Callable[[object], object], who: str):
+        self._load, self._make, self._who = load, make, who
+        self._value = None
         self._lock = threading.Lock()
 
-    def get(self) -> FlashInferPaged:
-        if self._paged is None:
+    def get(self):
+        if self._value is None:
             with self._lock:
-                if self._paged is None:
+                if self._value is None:
                     try:
                         lib = self._load()
                     except Exception as e:  # noqa: BLE001 - any import-time failure of the library
-                        raise ImportError(
-                            f"{DECODE_KERNEL}/{PREFILL_KERNEL}: {LIBRARY} is installed but does not load: "
-                            f"{type(e).__name__}: {e}"
-                        ) from e
-                    self._paged = FlashInferPaged(lib, **self._options)
-        return self._paged
+                        raise ImportError(f"{self._who}: {LIBRARY} is installed but does not load: "
+                                          f"{type(e).__name__}: {e}") from e
+                    self._value = self._make(lib)
+        return self._value
 
 
 def _fallback(mode: str, q, *args, **kwargs):
@@ -295,11 +295,11 @@ _SPEC = dict(solution="flashinfer", priority=Priority.PORTABLE, dtypes=Q_DTYPES,
              features=("fp8_kv", "soft_cap", "gqa"), tags=("flashinfer",))
 
 
-def register(load: Callable[[], object] = load_library, registry=None, **options) -> _Lazy:
+def register(load: Callable[[], object] = load_library, registry=None, **options) -> LazyLibrary:
     """Register `flashinfer_paged_decode` and `flashinfer_paged_prefill`; `load()` returns the
     library at the first call; `options` go to :class:`FlashInferPaged`. Returns the lazy holder
     (its `get()` gives the planner)."""
-    lazy = _Lazy(load, options)
+    lazy = LazyLibrary(load, lambda lib: FlashInferPaged(lib, **options), f"{DECODE_KERNEL}/{PREFILL_KERNEL}")
 
     @register_kernel("attention", "decode", name=DECODE_KERNEL, registry=registry, **_SPEC)
     def flashinfer_paged_decode(q, k_cache, v_cache, page_table, query_start_loc, seq_lens, *, max_query_len,

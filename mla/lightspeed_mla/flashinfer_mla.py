@@ -316,27 +316,6 @@ def load_library():
     return lib
 
 
-class _Lazy:
-    """The library and its planner, made at the first call (thread-safe)."""
-
-    def __init__(self, load: Callable[[], object], options: dict):
-        self._load, self._options = load, options
-        self._runner: FlashInferMLA | None = None
-        self._lock = threading.Lock()
-
-    def get(self) -> FlashInferMLA:
-        if self._runner is None:
-            with self._lock:
-                if self._runner is None:
-                    try:
-                        lib = self._load()
-                    except Exception as e:  # noqa: BLE001 - any import-time failure of the library
-                        raise ImportError(f"{KERNEL_NAME}: {LIBRARY} is installed but does not load: "
-                                          f"{type(e).__name__}: {e}") from e
-                    self._runner = FlashInferMLA(lib, **self._options)
-        return self._runner
-
-
 def _next_kernel(q, cache, page_table, seq_lens, query_start_loc, softmax_scale, *, out, return_lse,
                  **plan_overrides):
     """What FlashInfer does not take: our Triton kernel on a GPU where Triton imports, else the reference."""
@@ -354,12 +333,13 @@ def _next_kernel(q, cache, page_table, seq_lens, query_start_loc, softmax_scale,
     return (o, lse) if return_lse else o
 
 
-def register(registry=None, *, page_sizes, load: Callable[[], object] = load_library, **options) -> _Lazy:
+def register(registry=None, *, page_sizes, load: Callable[[], object] = load_library, **options):
     """Register `mla_decode_flashinfer` (PORTABLE band, bf16 caches of `page_sizes`); `load()` returns
     `flashinfer.mla` at the first call; `options` go to :class:`FlashInferMLA`. Returns the lazy holder."""
     import lightspeed_kernel as lk
+    from lightspeed_kernel.flashinfer import LazyLibrary
 
-    lazy = _Lazy(load, options)
+    lazy = LazyLibrary(load, lambda lib: FlashInferMLA(lib, **options), KERNEL_NAME)
 
     @lk.register_kernel("mla", "decode", name=KERNEL_NAME, solution="flashinfer", priority=lk.Priority.PORTABLE,
                         capability={"vendors": ("nvidia",), "min_compute_capability": (8, 0)},
