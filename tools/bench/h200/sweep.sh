@@ -21,10 +21,17 @@ lightspeed-bench agentic "${common[@]}" "${random[@]}" --concurrency 1,32 --outp
   --name "${name}_random" --label "$name" 2>&1 | tail -5
 # c=128 alone, so the GPU-busy and py-spy samples cover that level (after its warm-up), not a guess of
 # when it starts inside a multi-level run.
+# The bench builds and tokenises the level's 512 prompts first (~16 s at 128) with the GPU idle, so the
+# samplers start once the GPU reports work (then 4 s more, past the first prefills), not on a timer.
 if [ -n "${PROFILE_PID:-}" ]; then
-  (sleep 6; nvidia-smi dmon -s u -c 10 > "$out/${name}_dmon_c128.txt" 2>&1) &
-  (sleep 6; py-spy record -p "$PROFILE_PID" -d 10 -r 200 -f raw --nonblocking -o "$out/${name}_pyspy_c128.txt" \
-     > "$out/${name}_pyspy.log" 2>&1) &
+  (for _ in $(seq 120); do
+     busy=$(nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits | head -1)
+     [ "${busy:-0}" -gt 0 ] && break; sleep 0.5
+   done; sleep 4
+   nvidia-smi dmon -s u -c 10 > "$out/${name}_dmon_c128.txt" 2>&1 &
+   py-spy record -p "$PROFILE_PID" -d 10 -r 200 -f raw --nonblocking -o "$out/${name}_pyspy_c128.txt" \
+     > "$out/${name}_pyspy.log" 2>&1
+   wait) &
 fi
 lightspeed-bench agentic "${common[@]}" "${random[@]}" --concurrency 128 --output-dir "$out" \
   --name "${name}_random128" --label "$name" 2>&1 | tail -3
