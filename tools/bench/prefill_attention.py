@@ -30,11 +30,15 @@ PEAK_BF16_FLOPS = 810e12
 SHAPES = [(0, 8192), (8192, 8192), (16384, 3616), (22000, 800), (0, 4096), (0, 16384), (20000, 4096),
           (20000, 16384), (0, 32768), (20000, 32768)]
 SMOKE_SHAPES = [(0, 40), (37, 20)]
-# (block_m, block_n, warps, stages[, pack_gqa])
+# (block_m, block_n, warps, stages[, pack_gqa[, warp_specialize]])
 SWEEP = [(64, 64, 4, 2), (64, 64, 4, 3), (64, 128, 4, 2), (64, 128, 8, 3), (64, 32, 4, 3), (128, 64, 8, 2),
          (128, 64, 8, 3), (128, 64, 8, 4), (128, 128, 8, 2), (128, 128, 8, 3), (128, 32, 8, 3), (128, 64, 4, 3),
          # query heads packed per KV head (rows = tokens x heads of a group): not measured yet
-         (128, 64, 4, 3, True), (128, 128, 8, 3, True), (64, 64, 4, 3, True), (256, 64, 8, 3, True)]
+         (128, 64, 4, 3, True), (128, 128, 8, 3, True), (64, 64, 4, 3, True), (256, 64, 8, 3, True),
+         # the mask-free loop warp-specialised (Triton's autoWS on sm_90): not measured yet
+         # (one warp group, 4 warps, does not compile with it: the consumers need two)
+         (128, 128, 8, 2, False, True), (128, 128, 8, 3, False, True), (128, 64, 8, 2, False, True),
+         (128, 64, 8, 3, False, True)]
 
 
 def paged_case(cached: int, new: int, hq: int, hkv: int, d: int, page: int, dtype, dev, seed=0):
@@ -81,6 +85,10 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--smoke", action="store_true", help="CPU interpreter run on tiny shapes (checks the script)")
     ap.add_argument("--no-sweep", action="store_true", help="the chosen tiles only")
+    ap.add_argument("--ws-only", action="store_true",
+                    help="sweep only the warp-specialised tiles (beside the chosen ones)")
+    ap.add_argument("--shapes", default=None,
+                    help="comma-separated CACHED:NEW pairs instead of the default grid, e.g. 22000:800,8192:8192")
     ap.add_argument("--commit", default=None, help="commit measured (default: git's HEAD)")
     ap.add_argument("--baseline", default=None,
                     help="folder of an earlier lightspeed_kernel package copy (renamed, registration off): "
@@ -121,14 +129,18 @@ def main(argv=None) -> int:
             return triton.testing.do_bench(fn, warmup=10, rep=60)
 
     rows = []
-    for cached, new in SMOKE_SHAPES if args.smoke else SHAPES:
+    shapes = SMOKE_SHAPES if args.smoke else SHAPES
+    if args.shapes:
+        shapes = [tuple(int(x) for x in pair.split(":")) for pair in args.shapes.split(",")]
+    sweep = [t for t in SWEEP if not args.ws_only or (len(t) > 5 and t[5])]
+    for cached, new in shapes:
         q, kc, vc, table, qsl, seq_lens, k, v = paged_case(cached, new, hq, hkv, d, page, dtype, dev)
         scale = d ** -0.5
         flops = causal_flops(cached, new, hq, d)
         want = pre.attention_prefill(q, kc, vc, table, qsl, seq_lens, max_query_len=new, scale=scale)
         chosen = pre.prefill_tiles(d, new, dtype)
         tiles = [chosen] + ([] if args.no_sweep or args.smoke else
-                            [pre.PrefillTiles(*t) for t in SWEEP if pre.PrefillTiles(*t) != chosen])
+                            [pre.PrefillTiles(*t) for t in sweep if pre.PrefillTiles(*t) != chosen])
         row = {"cached": cached, "new": new, "gflop": flops / 1e9, "chosen": list(vars(chosen).values()),
                "tiles": {}}
         for t in tiles:

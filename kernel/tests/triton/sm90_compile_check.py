@@ -71,7 +71,10 @@ def _packed_prefill_tiles():
     from lightspeed_kernel.triton.attention_prefill import PrefillTiles
 
     return [PrefillTiles(128, 64, 4, 3, True), PrefillTiles(128, 128, 8, 3, True), PrefillTiles(64, 64, 4, 3, True),
-            PrefillTiles(256, 64, 8, 3, True)]
+            PrefillTiles(256, 64, 8, 3, True),
+            # the warp-specialised mask-free loop of the H200 sweep (tools/bench/prefill_attention.py)
+            PrefillTiles(128, 128, 8, 2, False, True), PrefillTiles(128, 128, 8, 3, False, True),
+            PrefillTiles(128, 64, 8, 2, False, True), PrefillTiles(128, 64, 8, 3, False, True)]
 
 
 def _gemv_cases():

@@ -150,6 +150,22 @@ def test_prefill_with_query_heads_packed_per_kv_head(device, hq, hkv, block_m):
     _check(out, want, torch.float32)
 
 
+def test_prefill_with_the_mask_free_loop_warp_specialised(device):
+    # Triton's autoWS on sm_90 reorders loads and MMAs across warps; the result must not move. The
+    # interpreter has no warps (the launch drops the flag there), so on CPU this checks the plumbing.
+    batch = paged_batch([300, 0, 129], [200, 150, 70], 16, 8, 2, 128, torch.bfloat16, device, seed=11)
+    want = ref.attention_prefill(*_args(batch), **_kw(batch))
+    q, kc, vc, table, qsl, seq_lens = _args(batch)
+    kw = _kw(batch)
+    tiles = pre.PrefillTiles(128, 64, 8, 2, warp_specialize=True) if device == "cuda" else \
+        pre.PrefillTiles(32, 16, 4, 1, warp_specialize=True)
+    out = torch.full_like(q, float("nan"))
+    pre.launch_prefill(q, kc, vc, table, qsl, seq_lens, out, table.shape[0], 8, 2, 128,
+                       max_query_len=kw["max_query_len"], scale=kw["scale"], soft_cap=None, k_scale=None,
+                       v_scale=None, tiles=tiles)
+    _check(out, want, torch.bfloat16)
+
+
 @pytest.mark.parametrize("soft_cap", [None, 20.0])
 def test_prefill_soft_cap_fp8_gqa(device, soft_cap):
     batch = paged_batch(
