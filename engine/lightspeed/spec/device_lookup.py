@@ -63,7 +63,7 @@ class DeviceLookupDrafter:
         if tokens.shape[0] > self.width:
             raise ValueError(f"{tokens.shape[0]} tokens exceed the draft history ({self.width})")
         self.history[slot, : tokens.shape[0]] = upload(tokens, self.device)
-        self.lengths[slot] = tokens.shape[0]
+        self.lengths[slot].fill_(tokens.shape[0])  # not `= n`: a 0-dim pageable copy stalls the host
         self.enabled[slot] = enabled
         self.matched[slot] = True  # until its first search reports: draft
 
