@@ -13,8 +13,5 @@ lightspeed serve $M --tokenizer $M --load-format dummy --port 8000 --max-model-l
 server=$!
 for i in $(seq 240); do curl -sf localhost:8000/health >/dev/null && break; kill -0 $server 2>/dev/null || break; sleep 1; done
 echo "lightspeed ready after ${i}s"
-# Anchored on the interpreter: a bare `pgrep -f lightspeed.core.engine_core` also matches any shell
-# whose command line names it (a `bash -c` wrapping this script's lines, say).
-core=$(pgrep -f '^\S*python\S* -m lightspeed[.]core[.]engine_core' | head -1)
-PROFILE_PID=$core bash tools/bench/h200/sweep.sh lightspeed "$out" $M "$secs"
+PROFILE=1 bash tools/bench/h200/sweep.sh lightspeed "$out" $M "$secs"
 kill $server; wait $server

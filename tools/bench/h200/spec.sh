@@ -7,7 +7,7 @@
 #                                       # SmolLM2-135M (real weights: they re-quote) served with that method
 #   bash tools/bench/h200/spec.sh 8b    OUTDIR none|ngram|ngram_gpu|suffix [SECONDS] [K]
 #                                       # the 8B-shaped dummy model: overhead only (random weights do not re-quote)
-# CONCURRENCY=16 (environment) runs other levels than 1,4,16.
+# CONCURRENCY=16 (environment) runs other levels than 1,4,16; PROFILE=1 samples the engine core (below).
 # Results: OUTDIR/spec_<model>_<method>_<UTC time>.{json,csv,png}; each JSON holds per level tok/s/user,
 # output tokens/min, and the server's spec_acceptance_length (tokens a drafting row keeps per step).
 set -uo pipefail
@@ -35,6 +35,9 @@ lightspeed serve "${model[@]}" "${tok[@]}" --port 8000 --max-model-len 8192 --ma
 server=$!
 for i in $(seq 300); do curl -sf localhost:8000/health >/dev/null && break; kill -0 $server 2>/dev/null || break; sleep 1; done
 echo "lightspeed ($name, $method) ready after ${i}s"
+# PROFILE=1: py-spy on the engine core + dmon for 10 s, 8 s after the GPU first works (use it with a
+# single CONCURRENCY level, so the sample is of that level).
+[ -n "${PROFILE:-}" ] && bash tools/bench/h200/profile_core.sh "$out" "spec_${name}_${method}_${stamp}" 8 10 &
 lightspeed-bench agentic --base-url http://127.0.0.1:8000 --trace "$trace" --no-progress --cache-page-size 16 \
   --concurrency "${CONCURRENCY:-1,4,16}" --max-duration "$secs" --request-timeout 120 --output-dir "$out" \
   --name "spec_${name}_${method}_${stamp}" --label "$name $method k=$k" 2>&1 | tail -6

@@ -3,7 +3,7 @@
 # the agentic workload of the served-path issue at c = 1, 4, 16 (AGENTIC_SECONDS per level) and c = 32
 # (twice as long), then random 1024/128 at 1 and 32, and at 128 on its own (`*_random128`).
 #   bash tools/bench/h200/sweep.sh NAME OUTDIR MODEL_DIR [AGENTIC_SECONDS]
-# While the random c=128 level runs, PROFILE_PID (if set) is sampled by py-spy and the GPU by dmon.
+# PROFILE=1: while the random c=128 level runs, the engine core is sampled by py-spy and the GPU by dmon.
 set -uo pipefail
 name=$1 out=$2 model=$3 secs=${4:-30}
 port=${PORT:-8000}
@@ -19,20 +19,9 @@ lightspeed-bench agentic "${common[@]}" "${agentic[@]}" --concurrency 32 --max-d
 random=(--mode random --input-tokens 1024 --output-tokens 128 --max-duration 20 --request-timeout 120)
 lightspeed-bench agentic "${common[@]}" "${random[@]}" --concurrency 1,32 --output-dir "$out" \
   --name "${name}_random" --label "$name" 2>&1 | tail -5
-# c=128 alone, so the GPU-busy and py-spy samples cover that level (after its warm-up), not a guess of
-# when it starts inside a multi-level run.
-# The bench builds and tokenises the level's 512 prompts first (~16 s at 128) with the GPU idle, so the
-# samplers start once the GPU reports work (then 4 s more, past the first prefills), not on a timer.
-if [ -n "${PROFILE_PID:-}" ]; then
-  (for _ in $(seq 120); do
-     busy=$(nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits | head -1)
-     [ "${busy:-0}" -gt 0 ] && break; sleep 0.5
-   done; sleep 4
-   nvidia-smi dmon -s u -c 10 > "$out/${name}_dmon_c128.txt" 2>&1 &
-   py-spy record -p "$PROFILE_PID" -d 10 -r 200 -f raw --nonblocking -o "$out/${name}_pyspy_c128.txt" \
-     > "$out/${name}_pyspy.log" 2>&1
-   wait) &
-fi
+# c=128 alone, so the samples cover that level, not a guess of when it starts in a multi-level run;
+# sampled by dmon and (for Lightspeed) py-spy once the GPU reports work (profile_core.sh).
+[ -n "${PROFILE:-}" ] && bash tools/bench/h200/profile_core.sh "$out" "${name}_c128" 4 10 &
 lightspeed-bench agentic "${common[@]}" "${random[@]}" --concurrency 128 --output-dir "$out" \
   --name "${name}_random128" --label "$name" 2>&1 | tail -3
 wait

@@ -14,5 +14,5 @@ bash /tmp/peer/install_on_device.sh /tmp/peer /tmp/vsite > "$out/vllm_install.lo
 server=$!
 for i in $(seq 300); do curl -sf localhost:8000/health >/dev/null && break; kill -0 $server 2>/dev/null || break; sleep 1; done
 echo "vllm ready after ${i}s"
-bash tools/bench/h200/sweep.sh vllm "$out" $M "$secs"
+PROFILE=1 bash tools/bench/h200/sweep.sh vllm "$out" $M "$secs"  # dmon at c=128 (no py-spy: no engine core)
 kill $server; wait $server
