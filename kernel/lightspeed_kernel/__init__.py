@@ -60,8 +60,9 @@ def _import_triton_kernels() -> bool:
 TRITON_AVAILABLE = _import_triton_kernels()
 
 # After every built-in backend registered; deepgemm registers DeepGEMM's fp8 GEMM when `deep_gemm` imports,
-# flashinfer FlashInfer's paged attention when `flashinfer` is installed (imported at its first call).
-from . import deepgemm, flashinfer, ops  # noqa: E402, F401
+# flashinfer FlashInfer's paged attention when `flashinfer` is installed (imported at its first call),
+# sdpa a paged prefill through torch's own fused attention (opt-in until measured).
+from . import deepgemm, flashinfer, ops, sdpa  # noqa: E402, F401
 
 __all__ = [
     "ANY",

@@ -85,6 +85,9 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--smoke", action="store_true", help="CPU interpreter run on tiny shapes (checks the script)")
     ap.add_argument("--no-sweep", action="store_true", help="the chosen tiles only")
+    ap.add_argument("--sdpa-split", action="store_true",
+                    help="also time sdpa_split_prefill (torch's fused attention, rectangle + square) with its "
+                         "cudnn and flash backends")
     ap.add_argument("--ws-only", action="store_true",
                     help="sweep only the warp-specialised tiles (beside the chosen ones)")
     ap.add_argument("--shapes", default=None,
@@ -168,6 +171,21 @@ def main(argv=None) -> int:
                             "max_abs_diff": (fn().float() - want.float()).abs().max().item()}
             except Exception as e:  # a failed JIT build is part of the record
                 row[key] = {"error": f"{type(e).__name__}: {str(e)[:160]}"}
+        if args.sdpa_split:
+            from lightspeed_kernel.sdpa import SplitPrefill
+
+            for backend in ("cudnn", "flash"):
+                split = SplitPrefill(backend)
+                try:
+                    fn = functools.partial(split, q, kc, vc, table, qsl, seq_lens, scale=scale, out=torch.empty_like(q))
+                    got = fn()
+                    if got is None:
+                        raise RuntimeError(next(iter(split._probed.values())))
+                    ms = bench(fn)
+                    row[f"sdpa_split_{backend}"] = {"ms": ms, "tflops": flops / ms / 1e9,
+                                                    "max_abs_diff": (got.float() - want.float()).abs().max().item()}
+                except Exception as e:  # an unavailable backend is part of the record
+                    row[f"sdpa_split_{backend}"] = {"error": f"{type(e).__name__}: {str(e)[:160]}"}
         if not args.smoke:
             try:
                 fn = sdpa_fn(q, k, v, cached, hq, hkv)
@@ -181,7 +199,8 @@ def main(argv=None) -> int:
         best = max((v for v in row["tiles"].values() if "ms" in v), key=lambda v: v["tflops"], default=None)
         print(f"cached {cached:>6} new {new:>6}: chosen {row['tiles'].get(str(row['chosen']))} best {best} "
               f"sdpa {row.get('sdpa')} baseline {row.get('baseline')} flashinfer {row.get('flashinfer')} "
-              f"fa2 {row.get('flashinfer_fa2')}", flush=True)
+              f"fa2 {row.get('flashinfer_fa2')} sdpa_split {row.get('sdpa_split_cudnn')} / "
+              f"{row.get('sdpa_split_flash')}", flush=True)
 
     device = torch.cuda.get_device_name(0) if dev == "cuda" else "cpu-interpreter"
     result = {"device": device, "commit": args.commit or git_commit(), "torch": torch.__version__,
@@ -203,6 +222,10 @@ def to_markdown(result: dict) -> str:
     if fi:
         lines[-2] += " FlashInfer auto (FA3) ms | TFLOP/s | FlashInfer FA2 ms | TFLOP/s |"
         lines[-1] += "---|---|---|---|"
+    split = any("sdpa_split_cudnn" in r for r in result["rows"])
+    if split:
+        lines[-2] += " SDPA split cuDNN ms | TFLOP/s | SDPA split flash ms | TFLOP/s |"
+        lines[-1] += "---|---|---|---|"
     for r in result["rows"]:
         chosen = r["tiles"].get(str(r["chosen"]), {})
         timed = {k: v for k, v in r["tiles"].items() if "ms" in v}
@@ -218,6 +241,9 @@ def to_markdown(result: dict) -> str:
             fa3, fa2 = r.get("flashinfer", {}), r.get("flashinfer_fa2", {})
             lines[-1] += "".join(f" {f(x.get('ms'), 3) if 'error' not in x else x['error'][:40]} | {f(x.get('tflops'), 0)} |"
                                  for x in (fa3, fa2))
+        if split:
+            lines[-1] += "".join(f" {f(x.get('ms'), 3) if 'error' not in x else x['error'][:40]} | {f(x.get('tflops'), 0)} |"
+                                 for x in (r.get("sdpa_split_cudnn", {}), r.get("sdpa_split_flash", {})))
     return "\n".join(lines) + "\n"
 
 

@@ -32,3 +32,13 @@ def test_causal_flops_count_visible_pairs():
     # 2 new tokens over 3 cached: rows see 4 and 5 keys -> 9 pairs, 4 * D * Hq FLOPs each
     assert prefill_attention.causal_flops(3, 2, hq=1, d=1) == 4 * 9
     assert prefill_attention.causal_flops(0, 4, hq=2, d=8) == 4 * 8 * 2 * (1 + 2 + 3 + 4)
+
+
+def test_prefill_bench_smoke_runs_every_option(tmp_path, monkeypatch):
+    # the whole script on CPU (interpreter kernels, tiny shapes), with the torch-SDPA split timed
+    # beside the Triton kernel: a broken option costs a device call otherwise
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert prefill_attention.main(["--smoke", "--sdpa-split", "--shapes", "5:7,0:9", "--out", str(tmp_path)]) == 0
+    (md,) = tmp_path.glob("prefill_attention_*.md")
+    text = md.read_text()
+    assert "SDPA split cuDNN" in text and text.count("\n| ") == 3  # header + two shapes

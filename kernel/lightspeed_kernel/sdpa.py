@@ -1,0 +1,195 @@
+"""Paged prefill through torch's own fused attention (`attention/prefill`, `sdpa_split_prefill`).
+
+Why: on the H200, torch's `scaled_dot_product_attention` with `is_causal=True` over contiguous K/V
+runs at 587-598 TFLOP/s where our Triton paged kernel reaches 370-390 and FlashInfer's FA3 454-569
+(bench/results/prefill_attention_2026-12-01_181726_nvidia-h200.md, flashinfer_h200_2026-12-01_2221/).
+But torch has no paged, bottom-right-causal form: over a cached prefix the masked call falls to
+~340. So each request's attention is split where the two halves are each a shape torch runs fast:
+
+    new tokens x cached prefix   a full rectangle, no mask
+    new tokens x new tokens      a square, top-left causal (= bottom-right for a square)
+
+and the halves are merged with their log-sum-exps: o = (o1 e^l1 + o2 e^l2) / (e^l1 + e^l2), in fp32.
+The private aten ops that return the log-sum-exp are used (cuDNN's on CUDA, else FlashAttention's;
+`_scaled_dot_product_flash_attention_for_cpu` on CPU, where the tests run).
+
+GQA without copying K/V per query head: in the rectangle every query row of a KV head sees the same
+keys, so the G query heads of a group become G x L rows of one "head" ([Hkv, 1, G*L, D] against
+[Hkv, 1, P, D]); only the square (L keys, small next to the prefix) repeats its K/V per query head.
+Per step there is one host read of the lengths (to slice requests), cached by the identity of the
+metadata tensors as the FlashInfer adapter does, so the other layers of the step read nothing.
+Per request and layer: one gather of its pages, two attention calls, a handful of small ops.
+
+Not measured on a GPU yet: registered in the PORTABLE band for NVIDIA, below the Triton kernel, so
+it runs only when asked for (`LIGHTSPEED_KERNEL_OVERRIDE_ATTENTION_PREFILL=sdpa_split_prefill`);
+`tools/bench/prefill_attention.py --sdpa-split` measures it. Handed to the next kernel in line:
+fp8 caches, soft cap, scales, fp32, CUDA-graph capture (the host read), and any call the probe of
+the backend at first use found unsupported.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import threading
+
+import torch
+
+from .registry import Priority, register_kernel
+
+KERNEL = "sdpa_split_prefill"
+Q_DTYPES = (torch.float16, torch.bfloat16)
+# LIGHTSPEED_SDPA_PREFILL_BACKEND: "cudnn" (default on CUDA, FA3-class on Hopper) or "flash".
+BACKEND_ENV = "LIGHTSPEED_SDPA_PREFILL_BACKEND"
+
+
+def _attend(q, k, v, causal: bool, scale: float, backend: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """q [B, H, Lq, D], k/v [B, H, Lk, D] -> (out [B, H, Lq, D] in q's dtype, lse [B, H, Lq] fp32)."""
+    if q.device.type == "cpu":
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, scale=scale)
+    elif backend == "cudnn":
+        out, lse = torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, causal, False,
+                                                                     scale=scale)[:2]
+    else:
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal, False, scale=scale)[:2]
+    b, h, lq = q.shape[:3]
+    return out, lse.reshape(b, h, -1)[..., :lq].float()
+
+
+def attend_request(q, keys, values, prefix: int, scale: float, backend: str = "cudnn") -> torch.Tensor:
+    """One request: q [L, Hq, D] (its new tokens), keys/values [prefix + L, Hkv, D] (its whole
+    context, contiguous) -> [L, Hq, D], bottom-right causal. The split and merge of the module note."""
+    length, hq, d = q.shape
+    hkv = keys.shape[1]
+    group = hq // hkv
+    qh = q.transpose(0, 1).unsqueeze(0)  # [1, Hq, L, D]
+    # the square: new tokens among themselves, K/V repeated per query head (L rows only)
+    k_new = keys[prefix:].transpose(0, 1).repeat_interleave(group, dim=0).unsqueeze(0)
+    v_new = values[prefix:].transpose(0, 1).repeat_interleave(group, dim=0).unsqueeze(0)
+    out, lse = _attend(qh, k_new, v_new, True, scale, backend)
+    if prefix == 0:
+        return out[0].transpose(0, 1)
+    # the rectangle: a KV head's G query heads stacked as G*L rows of one head
+    q_rows = q.view(length, hkv, group, d).permute(1, 2, 0, 3).reshape(hkv, 1, group * length, d)
+    k_old = keys[:prefix].transpose(0, 1).unsqueeze(1)  # [Hkv, 1, P, D]
+    v_old = values[:prefix].transpose(0, 1).unsqueeze(1)
+    out_old, lse_old = _attend(q_rows, k_old, v_old, False, scale, backend)
+    out_old = out_old.reshape(hkv, group, length, d).reshape(1, hq, length, d)
+    lse_old = lse_old.reshape(1, hq, length)
+    top = torch.maximum(lse, lse_old)
+    w_new, w_old = torch.exp(lse - top).unsqueeze(-1), torch.exp(lse_old - top).unsqueeze(-1)
+    merged = (out.float() * w_new + out_old.float() * w_old) / (w_new + w_old)
+    return merged[0].transpose(0, 1).to(q.dtype)
+
+
+def unsupported_reason(q, k_cache, v_cache, soft_cap, k_scale, v_scale, out) -> str | None:
+    """Why this path cannot take the call (None when it can)."""
+    if q.dtype not in Q_DTYPES:
+        return f"q dtype {q.dtype}"
+    if k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
+        return f"cache dtypes {k_cache.dtype}/{v_cache.dtype} with q {q.dtype} (fp8 caches need dequantising)"
+    if soft_cap is not None and soft_cap > 0:
+        return "soft cap"
+    if k_scale is not None or v_scale is not None:
+        return "k/v scales"
+    if q.dim() != 3 or k_cache.dim() != 4 or q.shape[1] % k_cache.shape[2] or k_cache.shape[3] != q.shape[2]:
+        return f"shapes q {list(q.shape)} cache {list(k_cache.shape)}"
+    if out is not None and (out.shape != q.shape or out.dtype != q.dtype):
+        return "out is not a [T, Hq, D] tensor of q's dtype"
+    if q.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return "CUDA-graph capture (the lengths are read on the host)"
+    return None
+
+
+def _identity(t: torch.Tensor) -> tuple:
+    return (t.data_ptr(), t.device, tuple(t.shape), t.stride(), t._version)
+
+
+class SplitPrefill:
+    """The op with its per-step host lengths and its backend choice (a probe at first use)."""
+
+    def __init__(self, backend: str | None = None):
+        self.backend = backend or os.environ.get(BACKEND_ENV, "cudnn")
+        if self.backend not in ("cudnn", "flash"):
+            raise ValueError(f"{BACKEND_ENV}={self.backend!r}: expected 'cudnn' or 'flash'")
+        self._lock = threading.Lock()
+        self._lengths_key, self._held, self._lengths = None, None, None
+        self._probed: dict[tuple, str | None] = {}  # (device, dtype, head dim) -> why not (None: fine)
+        self.host_reads = 0  # lengths read back (one per step in serving)
+
+    def _host_lengths(self, query_start_loc, seq_lens) -> tuple[list[int], list[int]]:
+        key = (_identity(query_start_loc), _identity(seq_lens))
+        with self._lock:
+            if key != self._lengths_key:
+                host = torch.cat([query_start_loc.to(torch.int64), seq_lens.to(torch.int64)]).cpu().tolist()
+                b = seq_lens.shape[0]
+                self._lengths_key, self._held = key, (query_start_loc, seq_lens)  # held: addresses stay theirs
+                self._lengths = (host[: b + 1], host[b + 1 :])
+                self.host_reads += 1
+            return self._lengths
+
+    def _probe(self, q: torch.Tensor) -> str | None:
+        """Run the backend once on a tiny problem of this dtype and head dim against plain math."""
+        key = (q.device, q.dtype, q.shape[2])
+        if key not in self._probed:
+            g = torch.Generator(device="cpu").manual_seed(0)
+            d = q.shape[2]
+            qq, kk, vv = (torch.randn(1, 2, n, d, generator=g).to(q.device, q.dtype) for n in (8, 24, 24))
+            try:
+                out, lse = _attend(qq, kk, vv, False, d**-0.5, self.backend)
+                want = torch.softmax((qq.float() @ kk.float().transpose(-1, -2)) * d**-0.5, -1) @ vv.float()
+                ok = (out.float() - want).abs().max().item() < 0.05 and torch.isfinite(lse).all().item()
+                self._probed[key] = None if ok else f"{self.backend} backend gave wrong results"
+            except Exception as e:  # noqa: BLE001 - an absent or broken backend: use the next kernel
+                self._probed[key] = f"{self.backend} backend unavailable: {type(e).__name__}: {str(e)[:120]}"
+        return self._probed[key]
+
+    def __call__(self, q, k_cache, v_cache, page_table, query_start_loc, seq_lens, *, scale, out=None):
+        """None when the call is not one this path takes (the caller goes to the next kernel)."""
+        if self._probe(q) is not None:
+            return None
+        starts, lens = self._host_lengths(query_start_loc, seq_lens)
+        if out is None:
+            out = torch.empty_like(q)
+        page_size = k_cache.shape[1]
+        for b, total in enumerate(lens):
+            first, last = starts[b], starts[b + 1]
+            if last == first:
+                continue
+            pages = page_table[b, : -(-total // page_size)].long()
+            keys = k_cache.index_select(0, pages).flatten(0, 1)[:total]
+            values = v_cache.index_select(0, pages).flatten(0, 1)[:total]
+            out[first:last] = attend_request(q[first:last], keys, values, total - (last - first), scale, self.backend)
+        return out
+
+
+def _next_kernel(q, *args, **kwargs):
+    """The Triton kernel on a GPU where it loaded, else the reference."""
+    triton = sys.modules.get(f"{__package__}.triton")
+    if q.is_cuda and triton is not None and getattr(triton, "AVAILABLE", False):
+        module = importlib.import_module(f"{__package__}.triton.attention_prefill")
+    else:
+        module = importlib.import_module(f"{__package__}.reference.attention")
+    return module.attention_prefill(q, *args, **kwargs)
+
+
+SPLIT = SplitPrefill()
+
+
+@register_kernel("attention", "prefill", name=KERNEL, solution="torch_sdpa", priority=Priority.PORTABLE,
+                 dtypes=Q_DTYPES, capability={"vendors": ("nvidia",), "min_compute_capability": (8, 0)},
+                 features=("fp8_kv", "soft_cap", "gqa"), tags=("sdpa",))  # the first two: handed on
+def sdpa_split_prefill(q, k_cache, v_cache, page_table, query_start_loc, seq_lens, *, max_query_len, scale,
+                       soft_cap=None, k_scale=None, v_scale=None, out=None):
+    """Paged causal prefill over a cached prefix via torch's fused attention; not yet measured."""
+    if unsupported_reason(q, k_cache, v_cache, soft_cap, k_scale, v_scale, out) is None:
+        got = SPLIT(q, k_cache, v_cache, page_table, query_start_loc, seq_lens, scale=scale, out=out)
+        if got is not None:
+            return got
+    return _next_kernel(q, k_cache, v_cache, page_table, query_start_loc, seq_lens, max_query_len=max_query_len,
+                        scale=scale, soft_cap=soft_cap, k_scale=k_scale, v_scale=v_scale, out=out)
+
+
+__all__ = ["BACKEND_ENV", "KERNEL", "SPLIT", "SplitPrefill", "attend_request", "sdpa_split_prefill",
+           "unsupported_reason"]
