@@ -1,8 +1,8 @@
 """Paged prefill through torch's own fused attention (`attention/prefill`, `sdpa_split_prefill`).
 
 Why: on the H200, torch's `scaled_dot_product_attention` with `is_causal=True` over contiguous K/V
-runs at 587-598 TFLOP/s where our Triton paged kernel reaches 370-390 and FlashInfer's FA3 454-569
-(bench/results/prefill_attention_2026-12-01_181726_nvidia-h200.md, flashinfer_h200_2026-12-01_2221/).
+runs at 525-598 TFLOP/s (4K-32K tokens) where our Triton paged kernel reaches 345-390 and FlashInfer's
+FA3 454-569 (bench/results/prefill_attention_2026-12-01_181726_nvidia-h200.md, flashinfer_h200_2026-12-01_2221/).
 But torch has no paged, bottom-right-causal form: over a cached prefix the masked call falls to
 ~340. So each request's attention is split where the two halves are each a shape torch runs fast:
 
@@ -63,7 +63,9 @@ def attend_request(q, keys, values, prefix: int, scale: float, backend: str = "c
     length, hq, d = q.shape
     hkv = keys.shape[1]
     group = hq // hkv
-    qh = q.transpose(0, 1).unsqueeze(0)  # [1, Hq, L, D]
+    # Every operand is made contiguous in [B, H, S, D]: the fused kernels' stride rules differ by
+    # backend and version, and these copies are small next to the attention itself.
+    qh = q.transpose(0, 1).unsqueeze(0).contiguous()  # [1, Hq, L, D]
     # the square: new tokens among themselves, K/V repeated per query head (L rows only)
     k_new = keys[prefix:].transpose(0, 1).repeat_interleave(group, dim=0).unsqueeze(0)
     v_new = values[prefix:].transpose(0, 1).repeat_interleave(group, dim=0).unsqueeze(0)
@@ -72,8 +74,8 @@ def attend_request(q, keys, values, prefix: int, scale: float, backend: str = "c
         return out[0].transpose(0, 1)
     # the rectangle: a KV head's G query heads stacked as G*L rows of one head
     q_rows = q.view(length, hkv, group, d).permute(1, 2, 0, 3).reshape(hkv, 1, group * length, d)
-    k_old = keys[:prefix].transpose(0, 1).unsqueeze(1)  # [Hkv, 1, P, D]
-    v_old = values[:prefix].transpose(0, 1).unsqueeze(1)
+    k_old = keys[:prefix].transpose(0, 1).unsqueeze(1).contiguous()  # [Hkv, 1, P, D]
+    v_old = values[:prefix].transpose(0, 1).unsqueeze(1).contiguous()
     out_old, lse_old = _attend(q_rows, k_old, v_old, False, scale, backend)
     out_old = out_old.reshape(hkv, group, length, d).reshape(1, hq, length, d)
     lse_old = lse_old.reshape(1, hq, length)
@@ -117,6 +119,7 @@ class SplitPrefill:
         self._lengths_key, self._held, self._lengths = None, None, None
         self._probed: dict[tuple, str | None] = {}  # (device, dtype, head dim) -> why not (None: fine)
         self.host_reads = 0  # lengths read back (one per step in serving)
+        self.failed: str | None = None  # why a real call failed (then every call is handed on)
 
     def _host_lengths(self, query_start_loc, seq_lens) -> tuple[list[int], list[int]]:
         key = (_identity(query_start_loc), _identity(seq_lens))
@@ -147,20 +150,27 @@ class SplitPrefill:
 
     def __call__(self, q, k_cache, v_cache, page_table, query_start_loc, seq_lens, *, scale, out=None):
         """None when the call is not one this path takes (the caller goes to the next kernel)."""
-        if self._probe(q) is not None:
+        if self._probe(q) is not None or self.failed is not None:
             return None
         starts, lens = self._host_lengths(query_start_loc, seq_lens)
         if out is None:
             out = torch.empty_like(q)
         page_size = k_cache.shape[1]
-        for b, total in enumerate(lens):
-            first, last = starts[b], starts[b + 1]
-            if last == first:
-                continue
-            pages = page_table[b, : -(-total // page_size)].long()
-            keys = k_cache.index_select(0, pages).flatten(0, 1)[:total]
-            values = v_cache.index_select(0, pages).flatten(0, 1)[:total]
-            out[first:last] = attend_request(q[first:last], keys, values, total - (last - first), scale, self.backend)
+        try:
+            for b, total in enumerate(lens):
+                first, last = starts[b], starts[b + 1]
+                if last == first:
+                    continue
+                pages = page_table[b, : -(-total // page_size)].long()
+                keys = k_cache.index_select(0, pages).flatten(0, 1)[:total]
+                values = v_cache.index_select(0, pages).flatten(0, 1)[:total]
+                out[first:last] = attend_request(q[first:last], keys, values, total - (last - first), scale,
+                                                 self.backend)
+        except (RuntimeError, NotImplementedError) as e:
+            # a shape the backend refuses (its limits are not all known up front): this call and every
+            # later one go to the next kernel, which rewrites all of `out`
+            self.failed = f"{self.backend} backend failed: {type(e).__name__}: {str(e)[:160]}"
+            return None
         return out
 
 

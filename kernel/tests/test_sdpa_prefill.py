@@ -111,6 +111,20 @@ def test_a_backend_that_fails_its_probe_hands_every_call_on(monkeypatch):
     _close(sdpa.sdpa_split_prefill(*args, **kw), ref.attention_prefill(*args, **kw), torch.bfloat16)
 
 
+def test_a_call_the_backend_refuses_hands_it_and_every_later_call_on(monkeypatch):
+    def refuses(*a, **k):
+        raise RuntimeError("cuDNN: no execution plan for this shape")
+
+    split = sdpa.SplitPrefill()
+    monkeypatch.setattr(sdpa, "SPLIT", split)
+    monkeypatch.setattr(sdpa, "attend_request", refuses)
+    args, kw = _batch([30, 0], [6, 9])
+    _close(sdpa.sdpa_split_prefill(*args, **kw), ref.attention_prefill(*args, **kw), torch.bfloat16)
+    assert split.failed.startswith("cudnn backend failed: RuntimeError")
+    monkeypatch.undo()
+    assert split(*args, scale=kw["scale"]) is None  # stays handed on
+
+
 def test_unknown_backend_name_is_a_clear_error(monkeypatch):
     monkeypatch.setenv(sdpa.BACKEND_ENV, "fa9")
     with pytest.raises(ValueError, match="expected 'cudnn' or 'flash'"):
