@@ -30,6 +30,7 @@ the backend at first use found unsupported.
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 import sys
 import threading
@@ -39,6 +40,7 @@ import torch
 from .registry import Priority, register_kernel
 
 KERNEL = "sdpa_split_prefill"
+_LOG = logging.getLogger(__name__)
 Q_DTYPES = (torch.float16, torch.bfloat16)
 # LIGHTSPEED_SDPA_PREFILL_BACKEND: "cudnn" (default on CUDA, FA3-class on Hopper) or "flash".
 BACKEND_ENV = "LIGHTSPEED_SDPA_PREFILL_BACKEND"
@@ -133,20 +135,35 @@ class SplitPrefill:
             return self._lengths
 
     def _probe(self, q: torch.Tensor) -> str | None:
-        """Run the backend once on a tiny problem of this dtype and head dim against plain math."""
+        """Run the backend once per dtype and head dim on tiny problems (a rectangle, a causal
+        square) against plain math, output and log-sum-exp both: the merge is only as right as the
+        LSE's convention (natural log of the scaled scores' exp-sum), which these ops do not document."""
         key = (q.device, q.dtype, q.shape[2])
         if key not in self._probed:
-            g = torch.Generator(device="cpu").manual_seed(0)
-            d = q.shape[2]
-            qq, kk, vv = (torch.randn(1, 2, n, d, generator=g).to(q.device, q.dtype) for n in (8, 24, 24))
-            try:
-                out, lse = _attend(qq, kk, vv, False, d**-0.5, self.backend)
-                want = torch.softmax((qq.float() @ kk.float().transpose(-1, -2)) * d**-0.5, -1) @ vv.float()
-                ok = (out.float() - want).abs().max().item() < 0.05 and torch.isfinite(lse).all().item()
-                self._probed[key] = None if ok else f"{self.backend} backend gave wrong results"
-            except Exception as e:  # noqa: BLE001 - an absent or broken backend: use the next kernel
-                self._probed[key] = f"{self.backend} backend unavailable: {type(e).__name__}: {str(e)[:120]}"
+            self._probed[key] = self._check_backend(q.device, q.dtype, q.shape[2])
+            if self._probed[key] is not None:
+                _LOG.warning("sdpa_split_prefill hands every call on: %s", self._probed[key])
         return self._probed[key]
+
+    def _check_backend(self, device, dtype, d: int) -> str | None:
+        g = torch.Generator(device="cpu").manual_seed(0)
+        scale = d**-0.5
+        for lq, lk, causal in ((8, 24, False), (24, 24, True)):
+            qq, kk, vv = (torch.randn(1, 2, n, d, generator=g).to(device, dtype) for n in (lq, lk, lk))
+            try:
+                out, lse = _attend(qq, kk, vv, causal, scale, self.backend)
+            except Exception as e:  # noqa: BLE001 - an absent or broken backend: use the next kernel
+                return f"{self.backend} backend unavailable: {type(e).__name__}: {str(e)[:120]}"
+            scores = (qq.float() @ kk.float().transpose(-1, -2)) * scale
+            if causal:
+                scores = scores.masked_fill(torch.ones(lq, lk, dtype=torch.bool, device=device).triu(1), float("-inf"))
+            want_out = torch.softmax(scores, -1) @ vv.float()
+            want_lse = torch.logsumexp(scores, -1)
+            if (out.float() - want_out).abs().max().item() > 0.05:
+                return f"{self.backend} backend gave wrong outputs (causal={causal})"
+            if (lse - want_lse).abs().max().item() > 0.02:
+                return f"{self.backend} backend's log-sum-exp is not the natural log of the scaled scores"
+        return None
 
     def __call__(self, q, k_cache, v_cache, page_table, query_start_loc, seq_lens, *, scale, out=None):
         """None when the call is not one this path takes (the caller goes to the next kernel)."""
@@ -170,6 +187,7 @@ class SplitPrefill:
             # a shape the backend refuses (its limits are not all known up front): this call and every
             # later one go to the next kernel, which rewrites all of `out`
             self.failed = f"{self.backend} backend failed: {type(e).__name__}: {str(e)[:160]}"
+            _LOG.warning("sdpa_split_prefill hands this and every later call on: %s", self.failed)
             return None
         return out
 

@@ -125,6 +125,20 @@ def test_a_call_the_backend_refuses_hands_it_and_every_later_call_on(monkeypatch
     assert split(*args, scale=kw["scale"]) is None  # stays handed on
 
 
+def test_a_backend_whose_log_sum_exp_has_another_base_fails_its_probe(monkeypatch):
+    real = sdpa._attend
+
+    def log2_lse(*a, **k):
+        out, lse = real(*a, **k)
+        return out, lse * 1.4426950408889634
+
+    split = sdpa.SplitPrefill()
+    monkeypatch.setattr(sdpa, "_attend", log2_lse)
+    args, kw = _batch([10], [4])
+    assert split(*args, scale=kw["scale"]) is None
+    assert "log-sum-exp" in next(iter(split._probed.values()))
+
+
 def test_unknown_backend_name_is_a_clear_error(monkeypatch):
     monkeypatch.setenv(sdpa.BACKEND_ENV, "fa9")
     with pytest.raises(ValueError, match="expected 'cudnn' or 'flash'"):
