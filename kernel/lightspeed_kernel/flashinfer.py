@@ -110,7 +110,9 @@ def _capturing(device: torch.device) -> bool:
 
 
 def _identity(t: torch.Tensor) -> tuple:
-    return (t.data_ptr(), t.device, tuple(t.shape), t.stride(), t._version)
+    # Inference tensors (all of the engine's step metadata) carry no version counter: their identity
+    # is their address, kept theirs because the planned tensors are held.
+    return (t.data_ptr(), t.device, t.dtype, tuple(t.shape), t.stride(), -1 if t.is_inference() else t._version)
 
 
 def unsupported_reason(q, k_cache, v_cache, k_scale, v_scale, out) -> str | None:

@@ -10,7 +10,7 @@ But torch has no paged, bottom-right-causal form: over a cached prefix the maske
     new tokens x new tokens      a square, top-left causal (= bottom-right for a square)
 
 and the halves are merged with their log-sum-exps: o = (o1 e^l1 + o2 e^l2) / (e^l1 + e^l2), in fp32.
-The private aten ops that return the log-sum-exp are used (cuDNN's on CUDA, else FlashAttention's;
+The private aten ops that return the log-sum-exp are used (FlashAttention's on CUDA, or cuDNN's;
 `_scaled_dot_product_flash_attention_for_cpu` on CPU, where the tests run).
 
 GQA without copying K/V per query head: in the rectangle every query row of a KV head sees the same
@@ -42,7 +42,9 @@ from .registry import Priority, register_kernel
 KERNEL = "sdpa_split_prefill"
 _LOG = logging.getLogger(__name__)
 Q_DTYPES = (torch.float16, torch.bfloat16)
-# LIGHTSPEED_SDPA_PREFILL_BACKEND: "cudnn" (default on CUDA, FA3-class on Hopper) or "flash".
+# LIGHTSPEED_SDPA_PREFILL_BACKEND: "flash" (default: the backend SDPA picks first, so the one behind the
+# 525-598 TFLOP/s measured) or "cudnn" (torch builds a cuDNN graph per new shape on the host: in
+# serving nearly every prefill step has new shapes, so measure it cold before choosing it).
 BACKEND_ENV = "LIGHTSPEED_SDPA_PREFILL_BACKEND"
 
 
@@ -59,7 +61,7 @@ def _attend(q, k, v, causal: bool, scale: float, backend: str) -> tuple[torch.Te
     return out, lse.reshape(b, h, -1)[..., :lq].float()
 
 
-def attend_request(q, keys, values, prefix: int, scale: float, backend: str = "cudnn") -> torch.Tensor:
+def attend_request(q, keys, values, prefix: int, scale: float, backend: str = "flash") -> torch.Tensor:
     """One request: q [L, Hq, D] (its new tokens), keys/values [prefix + L, Hkv, D] (its whole
     context, contiguous) -> [L, Hq, D], bottom-right causal. The split and merge of the module note."""
     length, hq, d = q.shape
@@ -75,7 +77,7 @@ def attend_request(q, keys, values, prefix: int, scale: float, backend: str = "c
     if prefix == 0:
         return out[0].transpose(0, 1)
     # the rectangle: a KV head's G query heads stacked as G*L rows of one head
-    q_rows = q.view(length, hkv, group, d).permute(1, 2, 0, 3).reshape(hkv, 1, group * length, d)
+    q_rows = q.view(length, hkv, group, d).permute(1, 2, 0, 3).reshape(hkv, 1, group * length, d).contiguous()
     k_old = keys[:prefix].transpose(0, 1).unsqueeze(1).contiguous()  # [Hkv, 1, P, D]
     v_old = values[:prefix].transpose(0, 1).unsqueeze(1).contiguous()
     out_old, lse_old = _attend(q_rows, k_old, v_old, False, scale, backend)
@@ -107,14 +109,16 @@ def unsupported_reason(q, k_cache, v_cache, soft_cap, k_scale, v_scale, out) -> 
 
 
 def _identity(t: torch.Tensor) -> tuple:
-    return (t.data_ptr(), t.device, tuple(t.shape), t.stride(), t._version)
+    # Inference tensors (all of the engine's step metadata) carry no version counter: their identity
+    # is their address, kept theirs because the last planned tensors are held.
+    return (t.data_ptr(), t.device, t.dtype, tuple(t.shape), t.stride(), -1 if t.is_inference() else t._version)
 
 
 class SplitPrefill:
     """The op with its per-step host lengths and its backend choice (a probe at first use)."""
 
     def __init__(self, backend: str | None = None):
-        self.backend = backend or os.environ.get(BACKEND_ENV, "cudnn")
+        self.backend = backend or os.environ.get(BACKEND_ENV, "flash")
         if self.backend not in ("cudnn", "flash"):
             raise ValueError(f"{BACKEND_ENV}={self.backend!r}: expected 'cudnn' or 'flash'")
         self._lock = threading.Lock()
@@ -202,7 +206,14 @@ def _next_kernel(q, *args, **kwargs):
     return module.attention_prefill(q, *args, **kwargs)
 
 
-SPLIT = SplitPrefill()
+SPLIT: SplitPrefill | None = None  # made at the first call: a bad LIGHTSPEED_SDPA_PREFILL_BACKEND fails there
+
+
+def _split() -> SplitPrefill:
+    global SPLIT
+    if SPLIT is None:
+        SPLIT = SplitPrefill()
+    return SPLIT
 
 
 @register_kernel("attention", "prefill", name=KERNEL, solution="torch_sdpa", priority=Priority.PORTABLE,
@@ -212,7 +223,7 @@ def sdpa_split_prefill(q, k_cache, v_cache, page_table, query_start_loc, seq_len
                        soft_cap=None, k_scale=None, v_scale=None, out=None):
     """Paged causal prefill over a cached prefix via torch's fused attention; not yet measured."""
     if unsupported_reason(q, k_cache, v_cache, soft_cap, k_scale, v_scale, out) is None:
-        got = SPLIT(q, k_cache, v_cache, page_table, query_start_loc, seq_lens, scale=scale, out=out)
+        got = _split()(q, k_cache, v_cache, page_table, query_start_loc, seq_lens, scale=scale, out=out)
         if got is not None:
             return got
     return _next_kernel(q, k_cache, v_cache, page_table, query_start_loc, seq_lens, max_query_len=max_query_len,

@@ -255,6 +255,18 @@ def test_one_plan_per_step_then_a_new_plan_for_new_metadata(fake_flashinfer):
     assert sum(e[0] == "init" for e in fake_flashinfer) == 2
 
 
+def test_metadata_made_under_inference_mode_plans_once_per_step(fake_flashinfer):
+    # the engine builds each step's metadata under inference_mode: no version counter to read
+    prefill = _forced("prefill")
+    for step in range(2):
+        with torch.inference_mode():
+            args, kw = _batch([40 + step, 3], [9, 5], seed=step)
+            for _layer in range(3):
+                got = prefill(*args, **kw)
+        torch.testing.assert_close(got, ref.attention_prefill(*args, **kw))
+    assert sum(e[0] == "plan" for e in fake_flashinfer) == 2
+
+
 def test_prepared_call_only_runs(fake_flashinfer):
     args, kw = _batch([70, 2], [3, 1], page_size=32)
     paged = fi.FlashInferPaged(sys.modules["flashinfer"])

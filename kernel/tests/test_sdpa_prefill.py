@@ -46,17 +46,40 @@ def test_split_and_merge_equal_one_causal_attention(prefix, length, heads):
     _close(got, want, torch.float32)
 
 
+class _Unusable:
+    def __call__(self, *args, **kwargs):
+        raise AssertionError("the split path ran for a call it must hand on")
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("page_size", [16, 64])
 def test_paged_batches_equal_the_reference(dtype, page_size):
-    # page boundaries, a zero-length row between others, a fresh prompt, one-token rows
+    # page boundaries, a zero-length row between others, a fresh prompt, one-token rows; called on a
+    # fresh SplitPrefill, so a failure inside it cannot hide behind the hand-on to the reference
     cached, q_lens = [0, 15, 16, 70, 0, 129], [23, 1, 0, 45, 1, 17]
     args, kw = _batch(cached, q_lens, page_size=page_size, dtype=dtype)
-    got = sdpa.sdpa_split_prefill(*args, **kw)
-    _close(got, ref.attention_prefill(*args, **kw), dtype)
+    want = ref.attention_prefill(*args, **kw)
+    split = sdpa.SplitPrefill()
+    got = split(*args, scale=kw["scale"])
+    assert got is not None and split.failed is None
+    _close(got, want, dtype)
     out = torch.full_like(args[0], float("nan"))
-    assert sdpa.sdpa_split_prefill(*args, **kw, out=out) is out
-    _close(out, ref.attention_prefill(*args, **kw), dtype)
+    assert split(*args, scale=kw["scale"], out=out) is out
+    _close(out, want, dtype)
+
+
+def test_the_registered_op_runs_the_split_under_inference_mode_once_per_step(monkeypatch):
+    # the engine builds each step's metadata under inference_mode: such tensors have no version counter
+    split = sdpa.SplitPrefill()
+    monkeypatch.setattr(sdpa, "SPLIT", split)
+    scale = 0.2  # not 1/sqrt(D): a lost scale= shows
+    for step in range(3):
+        with torch.inference_mode():
+            args, kw = _batch([40 + step, 0], [9, 12], seed=step)
+            for _layer in range(4):
+                got = sdpa.sdpa_split_prefill(*args, max_query_len=kw["max_query_len"], scale=scale)
+        _close(got, ref.attention_prefill(*args, max_query_len=kw["max_query_len"], scale=scale), torch.bfloat16)
+    assert split.failed is None and split.host_reads == 3
 
 
 def test_registered_below_triton_and_reachable_by_override():
@@ -73,7 +96,7 @@ def test_registered_below_triton_and_reachable_by_override():
 @pytest.mark.parametrize("extra", [dict(soft_cap=30.0), dict(k_scale=0.5, v_scale=0.5)])
 def test_calls_it_does_not_take_go_to_the_next_kernel(extra, monkeypatch):
     args, kw = _batch([40, 0], [9, 12])
-    monkeypatch.setattr(sdpa, "SPLIT", None)  # would fail if it were used
+    monkeypatch.setattr(sdpa, "SPLIT", _Unusable())
     _close(sdpa.sdpa_split_prefill(*args, **kw, **extra), ref.attention_prefill(*args, **kw, **extra), torch.bfloat16)
 
 
@@ -82,7 +105,7 @@ def test_fp8_cache_goes_to_the_next_kernel(monkeypatch):
     q, k_cache, v_cache, *rest = args
     k8, v8 = k_cache.to(torch.float8_e4m3fn), v_cache.to(torch.float8_e4m3fn)
     assert sdpa.unsupported_reason(q, k8, v8, None, None, None, None).startswith("cache dtypes")
-    monkeypatch.setattr(sdpa, "SPLIT", None)
+    monkeypatch.setattr(sdpa, "SPLIT", _Unusable())
     _close(sdpa.sdpa_split_prefill(q, k8, v8, *rest, **kw), ref.attention_prefill(q, k8, v8, *rest, **kw),
            torch.bfloat16)
 
@@ -113,14 +136,14 @@ def test_a_backend_that_fails_its_probe_hands_every_call_on(monkeypatch):
 
 def test_a_call_the_backend_refuses_hands_it_and_every_later_call_on(monkeypatch):
     def refuses(*a, **k):
-        raise RuntimeError("cuDNN: no execution plan for this shape")
+        raise RuntimeError("no kernel for this shape")
 
     split = sdpa.SplitPrefill()
     monkeypatch.setattr(sdpa, "SPLIT", split)
     monkeypatch.setattr(sdpa, "attend_request", refuses)
     args, kw = _batch([30, 0], [6, 9])
     _close(sdpa.sdpa_split_prefill(*args, **kw), ref.attention_prefill(*args, **kw), torch.bfloat16)
-    assert split.failed.startswith("cudnn backend failed: RuntimeError")
+    assert split.failed.startswith("flash backend failed: RuntimeError")
     monkeypatch.undo()
     assert split(*args, scale=kw["scale"]) is None  # stays handed on
 

@@ -226,9 +226,12 @@ class AsyncLLM:
         self._core.close()
         self._detok_pool.shutdown(wait=False, cancel_futures=True)
 
-    async def restart(self) -> None:
-        """Replace a dead engine core with a fresh one (same config and tokenizer). Requests of the old
-        core have failed with EngineDeadError; new ones fail the same way until this returns."""
+    async def stop_core(self) -> None:
+        """Stop the engine core (what is left of a dead one, or a live one) and start none: its
+        requests fail with EngineDeadError, as new ones do until `restart()` returns. Idempotent.
+        Cores that share one rendezvous (data parallel with experts across them) must all be stopped
+        before any is started again: a new rank would otherwise reach the old rank 0's store while
+        that process is still going down, and hang in the rendezvous."""
         if self._closed:
             raise EngineDeadError("the engine was shut down")
         self._dead = self._dead or EngineDeadError("the engine core is restarting")
@@ -238,6 +241,11 @@ class AsyncLLM:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
         await self._core.aclose()
+
+    async def restart(self) -> None:
+        """Replace a dead engine core with a fresh one (same config and tokenizer). Requests of the old
+        core have failed with EngineDeadError; new ones fail the same way until this returns."""
+        await self.stop_core()
         core = EngineCoreClient(self.config)
         try:
             info = await asyncio.get_running_loop().run_in_executor(None, core.wait_ready)

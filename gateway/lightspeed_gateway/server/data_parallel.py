@@ -273,7 +273,8 @@ class DataParallelEngine:
     async def restart(self) -> None:
         """Start every core again, at once (AsyncLLM.restart each: same config and tokenizer): what
         cores that step together need. Raises if one cannot start (the supervisor then tries again,
-        all of them)."""
+        all of them). Every old core is stopped before any new one starts (AsyncLLM.stop_core says why)."""
+        await asyncio.gather(*(core.stop_core() for core in self.cores), return_exceptions=True)
         results = await asyncio.gather(*(core.restart() for core in self.cores), return_exceptions=True)
         info = self.engine_info = self.cores[0].engine_info
         self.router = CacheAwareRouter(len(self.cores), info.page_size, info.num_device_pages + info.num_host_pages)
