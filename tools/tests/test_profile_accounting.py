@@ -2,6 +2,8 @@
 of kernel intervals (streams overlap), kernels land in the category a reader expects, and prefill
 FLOPs count only the pairs a bottom-right causal mask leaves visible."""
 
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -34,11 +36,14 @@ def test_causal_flops_count_visible_pairs():
     assert prefill_attention.causal_flops(0, 4, hq=2, d=8) == 4 * 8 * 2 * (1 + 2 + 3 + 4)
 
 
-def test_prefill_bench_smoke_runs_every_option(tmp_path, monkeypatch):
+def test_prefill_bench_smoke_runs_every_option(tmp_path):
     # the whole script on CPU (interpreter kernels, tiny shapes), with the torch-SDPA split timed
-    # beside the Triton kernel: a broken option costs a device call otherwise
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    assert prefill_attention.main(["--smoke", "--sdpa-split", "--shapes", "5:7,0:9", "--out", str(tmp_path)]) == 0
+    # beside the Triton kernel: a broken option costs a device call otherwise. In its own process:
+    # TRITON_INTERPRET counts only before the first import of the kernels, which other tests did.
+    script = Path(prefill_attention.__file__)
+    subprocess.run([sys.executable, str(script), "--smoke", "--sdpa-split", "--shapes", "5:7,0:9", "--out",
+                    str(tmp_path)], check=True, cwd=script.parent, env={**os.environ, "TRITON_INTERPRET": "1"},
+                   capture_output=True, timeout=300)
     (md,) = tmp_path.glob("prefill_attention_*.md")
     text = md.read_text()
     assert "SDPA split cuDNN" in text and text.count("\n| ") == 3  # header + two shapes
