@@ -54,13 +54,13 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import sys
 import threading
 from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
 
+from .attention_adapters import metadata_identity, next_attention_kernel
 from .registry import Priority, register_kernel
 
 DECODE_KERNEL = "flashinfer_paged_decode"
@@ -107,12 +107,6 @@ def paged_kv_metadata(page_table: torch.Tensor, seq_lens: torch.Tensor, page_siz
 
 def _capturing(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-
-
-def _identity(t: torch.Tensor) -> tuple:
-    # Inference tensors (all of the engine's step metadata) carry no version counter: their identity
-    # is their address, kept theirs because the planned tensors are held.
-    return (t.data_ptr(), t.device, t.dtype, tuple(t.shape), t.stride(), -1 if t.is_inference() else t._version)
 
 
 def unsupported_reason(q, k_cache, v_cache, k_scale, v_scale, out) -> str | None:
@@ -219,7 +213,7 @@ class FlashInferPaged:
                 if len(self._planned) >= MAX_CONFIGS:
                     self._planned.pop(next(iter(self._planned)))
                 planned = self._planned[config] = _Planned(self._wrapper(kind, variant, q.device))
-            key = tuple(_identity(t) for t in metadata)
+            key = tuple(metadata_identity(t) for t in metadata)
             if planned.key != key:
                 self._plan(planned.wrapper, kind, q, k_cache, *metadata, float(scale), cap)
                 planned.key, planned.held = key, metadata
@@ -282,16 +276,6 @@ class LazyLibrary:
         return self._value
 
 
-def _fallback(mode: str, q, *args, **kwargs):
-    """The next kernel in line: the Triton kernel on a GPU where it loaded, else the reference."""
-    triton = sys.modules.get(f"{__package__}.triton")
-    if q.is_cuda and triton is not None and getattr(triton, "AVAILABLE", False):
-        module = importlib.import_module(f"{__package__}.triton.attention_{mode}")
-    else:
-        module = importlib.import_module(f"{__package__}.reference.attention")
-    return getattr(module, f"attention_{mode}")(q, *args, **kwargs)
-
-
 _SPEC = dict(solution="flashinfer", priority=Priority.PORTABLE, dtypes=Q_DTYPES,
              capability={"vendors": ("nvidia",), "min_compute_capability": (8, 0)},
              features=("fp8_kv", "soft_cap", "gqa"), tags=("flashinfer",))
@@ -311,7 +295,7 @@ def register(load: Callable[[], object] = load_library, registry=None, **options
         kw = dict(max_query_len=max_query_len, scale=scale, soft_cap=soft_cap, k_scale=k_scale, v_scale=v_scale,
                   out=out)
         got = lazy.get().decode(*args, **kw)
-        return got if got is not None else _fallback("decode", *args, **kw)
+        return got if got is not None else next_attention_kernel("decode", *args, **kw)
 
     @register_kernel("attention", "prefill", name=PREFILL_KERNEL, registry=registry, **_SPEC)
     def flashinfer_paged_prefill(q, k_cache, v_cache, page_table, query_start_loc, seq_lens, *, max_query_len,
@@ -321,7 +305,7 @@ def register(load: Callable[[], object] = load_library, registry=None, **options
         kw = dict(max_query_len=max_query_len, scale=scale, soft_cap=soft_cap, k_scale=k_scale, v_scale=v_scale,
                   out=out)
         got = lazy.get().prefill(*args, **kw)
-        return got if got is not None else _fallback("prefill", *args, **kw)
+        return got if got is not None else next_attention_kernel("prefill", *args, **kw)
 
     return lazy
 

@@ -29,14 +29,13 @@ the backend at first use found unsupported.
 
 from __future__ import annotations
 
-import importlib
 import logging
 import os
-import sys
 import threading
 
 import torch
 
+from .attention_adapters import metadata_identity, next_attention_kernel
 from .registry import Priority, register_kernel
 
 KERNEL = "sdpa_split_prefill"
@@ -108,12 +107,6 @@ def unsupported_reason(q, k_cache, v_cache, soft_cap, k_scale, v_scale, out) -> 
     return None
 
 
-def _identity(t: torch.Tensor) -> tuple:
-    # Inference tensors (all of the engine's step metadata) carry no version counter: their identity
-    # is their address, kept theirs because the last planned tensors are held.
-    return (t.data_ptr(), t.device, t.dtype, tuple(t.shape), t.stride(), -1 if t.is_inference() else t._version)
-
-
 class SplitPrefill:
     """The op with its per-step host lengths and its backend choice (a probe at first use)."""
 
@@ -128,7 +121,7 @@ class SplitPrefill:
         self.failed: str | None = None  # why a real call failed (then every call is handed on)
 
     def _host_lengths(self, query_start_loc, seq_lens) -> tuple[list[int], list[int]]:
-        key = (_identity(query_start_loc), _identity(seq_lens))
+        key = (metadata_identity(query_start_loc), metadata_identity(seq_lens))
         with self._lock:
             if key != self._lengths_key:
                 host = torch.cat([query_start_loc.to(torch.int64), seq_lens.to(torch.int64)]).cpu().tolist()
@@ -196,16 +189,6 @@ class SplitPrefill:
         return out
 
 
-def _next_kernel(q, *args, **kwargs):
-    """The Triton kernel on a GPU where it loaded, else the reference."""
-    triton = sys.modules.get(f"{__package__}.triton")
-    if q.is_cuda and triton is not None and getattr(triton, "AVAILABLE", False):
-        module = importlib.import_module(f"{__package__}.triton.attention_prefill")
-    else:
-        module = importlib.import_module(f"{__package__}.reference.attention")
-    return module.attention_prefill(q, *args, **kwargs)
-
-
 SPLIT: SplitPrefill | None = None  # made at the first call: a bad LIGHTSPEED_SDPA_PREFILL_BACKEND fails there
 
 
@@ -226,8 +209,9 @@ def sdpa_split_prefill(q, k_cache, v_cache, page_table, query_start_loc, seq_len
         got = _split()(q, k_cache, v_cache, page_table, query_start_loc, seq_lens, scale=scale, out=out)
         if got is not None:
             return got
-    return _next_kernel(q, k_cache, v_cache, page_table, query_start_loc, seq_lens, max_query_len=max_query_len,
-                        scale=scale, soft_cap=soft_cap, k_scale=k_scale, v_scale=v_scale, out=out)
+    return next_attention_kernel("prefill", q, k_cache, v_cache, page_table, query_start_loc, seq_lens,
+                                 max_query_len=max_query_len, scale=scale, soft_cap=soft_cap, k_scale=k_scale,
+                                 v_scale=v_scale, out=out)
 
 
 __all__ = ["BACKEND_ENV", "KERNEL", "SPLIT", "SplitPrefill", "attend_request", "sdpa_split_prefill",
