@@ -30,8 +30,10 @@ tensors (FlashInfer folds them into a host float: reading one would sync per lay
 under CUDA-graph capture (below).
 
 Plan/run and what it costs. FlashInfer's `plan()` schedules on the host: it reads indptr and the
-lengths there, so planning from our device metadata costs one device-to-host copy, which waits
-for the GPU work queued before it. The page table is converted on the device without a sync
+lengths there. The engine passes them as the op's `host_lengths` (its scheduler's plan), and the
+CSR vectors are then built on the host (:func:`host_paged_kv_lengths`) with no read-back. Without
+them, planning from our device metadata costs one device-to-host copy, which waits for the GPU
+work queued before it (in the engine, the whole step still running ahead). The page table is converted on the device without a sync
 (:func:`paged_kv_metadata`), the small vectors come back in one copy, and the planned wrapper is
 cached per problem configuration together with the identity of the metadata tensors it was
 planned for (address, shape, strides and torch's version counter; the tensors are held, so their
@@ -58,6 +60,7 @@ import threading
 from collections.abc import Callable
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
 from .attention_adapters import metadata_identity, next_attention_kernel
@@ -103,6 +106,18 @@ def paged_kv_metadata(page_table: torch.Tensor, seq_lens: torch.Tensor, page_siz
     last = (seq_lens.long() - (num_pages - 1) * page_size).clamp(0, page_size)
     last = torch.where(num_pages > 0, last, 0)
     return PagedKVMetadata(indptr.to(torch.int32), indices[:spill], last.to(torch.int32))
+
+
+def host_paged_kv_lengths(host_lengths, page_size: int, width: int) -> tuple[torch.Tensor, ...]:
+    """What `plan()` reads on the host, from host lengths (the same values `paged_kv_metadata` gives
+    on the device): int32 CPU tensors qo_indptr [B+1], kv_indptr [B+1], last_page_len [B], seq_lens [B]."""
+    qsl = np.asarray(host_lengths[0], dtype=np.int64)
+    lens = np.asarray(host_lengths[1], dtype=np.int64)
+    num_pages = np.minimum((lens + page_size - 1) // page_size, width)
+    kv_indptr = np.zeros(lens.shape[0] + 1, dtype=np.int64)
+    np.cumsum(num_pages, out=kv_indptr[1:])
+    last = np.where(num_pages > 0, np.clip(lens - (num_pages - 1) * page_size, 0, page_size), 0)
+    return tuple(torch.from_numpy(a.astype(np.int32)) for a in (qsl, kv_indptr, last, lens))
 
 
 def _capturing(device: torch.device) -> bool:
@@ -152,6 +167,7 @@ class FlashInferPaged:
         self.prefill_backend = prefill_backend
         self.decode_tensor_cores = decode_tensor_cores
         self.plans = 0  # plan() calls so far (one per step and configuration when caching works)
+        self.host_reads = 0  # plans that read lengths back from the device (none when given host_lengths)
         self._workspaces: dict[torch.device, torch.Tensor] = {}
         self._planned: dict[tuple, _Planned] = {}
         self._lock = threading.Lock()
@@ -173,7 +189,8 @@ class FlashInferPaged:
         return None if launch is None else launch()
 
     def prepare(self, mode, q, k_cache, v_cache, page_table, query_start_loc, seq_lens, *, max_query_len, scale,
-                soft_cap=None, k_scale=None, v_scale=None, out=None) -> Callable[[], torch.Tensor] | None:
+                soft_cap=None, k_scale=None, v_scale=None, out=None,
+                host_lengths=None) -> Callable[[], torch.Tensor] | None:
         """Plan (when these metadata are new) and return a call that only runs the planned kernel into
         `out` (no allocation, no plan, no sync: CUDA-graph capturable for as long as the metadata hold
         the values planned for, which is the caller's promise: benchmarks, fixed shapes). None when
@@ -189,7 +206,7 @@ class FlashInferPaged:
             cores = self.decode_tensor_cores
             kind, variant = "decode", group > MAX_DECODE_GROUP_ON_CUDA_CORES if cores is None else cores
         wrapper = self._planned_wrapper(kind, variant, q, k_cache, page_table, query_start_loc, seq_lens, scale,
-                                        soft_cap)
+                                        soft_cap, host_lengths)
         scales = {"k_scale": None if k_scale is None else float(k_scale),
                   "v_scale": None if v_scale is None else float(v_scale)}
 
@@ -201,7 +218,8 @@ class FlashInferPaged:
 
         return launch
 
-    def _planned_wrapper(self, kind, variant, q, k_cache, page_table, query_start_loc, seq_lens, scale, soft_cap):
+    def _planned_wrapper(self, kind, variant, q, k_cache, page_table, query_start_loc, seq_lens, scale, soft_cap,
+                         host_lengths=None):
         # q: [T, Hq, D]; caches: [num_pages, page_size, Hkv, D]; page_table: [B, P] int32
         cap = float(soft_cap) if soft_cap is not None and soft_cap > 0 else 0.0
         config = (kind, variant, q.device, q.shape[1], k_cache.shape[2], q.shape[2], k_cache.shape[1],
@@ -215,7 +233,7 @@ class FlashInferPaged:
                 planned = self._planned[config] = _Planned(self._wrapper(kind, variant, q.device))
             key = tuple(metadata_identity(t) for t in metadata)
             if planned.key != key:
-                self._plan(planned.wrapper, kind, q, k_cache, *metadata, float(scale), cap)
+                self._plan(planned.wrapper, kind, q, k_cache, *metadata, float(scale), cap, host_lengths)
                 planned.key, planned.held = key, metadata
                 self.plans += 1
             return planned.wrapper
@@ -226,15 +244,20 @@ class FlashInferPaged:
             return self.lib.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD", use_tensor_cores=bool(variant))
         return self.lib.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD", backend=variant)
 
-    def _plan(self, wrapper, kind, q, k_cache, page_table, query_start_loc, seq_lens, scale, cap):
+    def _plan(self, wrapper, kind, q, k_cache, page_table, query_start_loc, seq_lens, scale, cap, host_lengths):
         page_size = k_cache.shape[1]
         meta = paged_kv_metadata(page_table, seq_lens, page_size)
         batch = seq_lens.shape[0]
-        # the one host sync of a step: qo indptr, kv indptr, last-page lengths, seq_lens, together
-        host = torch.cat([query_start_loc.to(torch.int32), meta.indptr, meta.last_page_len,
-                          seq_lens.to(torch.int32)]).cpu()
-        qo_indptr, kv_indptr = host[: batch + 1], host[batch + 1 : 2 * batch + 2]
-        last_page_len, kv_lens = host[2 * batch + 2 : 3 * batch + 2], host[3 * batch + 2 :]
+        if host_lengths is not None:  # the engine's plan: the same CSR on the host, no read-back
+            qo_indptr, kv_indptr, last_page_len, kv_lens = host_paged_kv_lengths(
+                host_lengths, page_size, page_table.shape[1])
+        else:
+            # the one host sync of a step: qo indptr, kv indptr, last-page lengths, seq_lens, together
+            host = torch.cat([query_start_loc.to(torch.int32), meta.indptr, meta.last_page_len,
+                              seq_lens.to(torch.int32)]).cpu()
+            self.host_reads += 1
+            qo_indptr, kv_indptr = host[: batch + 1], host[batch + 1 : 2 * batch + 2]
+            last_page_len, kv_lens = host[2 * batch + 2 : 3 * batch + 2], host[3 * batch + 2 :]
         common = dict(logits_soft_cap=cap, sm_scale=scale, q_data_type=q.dtype, kv_data_type=k_cache.dtype,
                       o_data_type=q.dtype, seq_lens=kv_lens, non_blocking=True)
         heads = (q.shape[1], k_cache.shape[2], q.shape[2], page_size)
@@ -289,21 +312,21 @@ def register(load: Callable[[], object] = load_library, registry=None, **options
 
     @register_kernel("attention", "decode", name=DECODE_KERNEL, registry=registry, **_SPEC)
     def flashinfer_paged_decode(q, k_cache, v_cache, page_table, query_start_loc, seq_lens, *, max_query_len,
-                                scale, soft_cap=None, k_scale=None, v_scale=None, out=None):
+                                scale, soft_cap=None, k_scale=None, v_scale=None, out=None, host_lengths=None):
         """Paged decode (1..16 query tokens per request) through FlashInfer; not yet measured."""
         args = (q, k_cache, v_cache, page_table, query_start_loc, seq_lens)
         kw = dict(max_query_len=max_query_len, scale=scale, soft_cap=soft_cap, k_scale=k_scale, v_scale=v_scale,
-                  out=out)
+                  out=out, host_lengths=host_lengths)
         got = lazy.get().decode(*args, **kw)
         return got if got is not None else next_attention_kernel("decode", *args, **kw)
 
     @register_kernel("attention", "prefill", name=PREFILL_KERNEL, registry=registry, **_SPEC)
     def flashinfer_paged_prefill(q, k_cache, v_cache, page_table, query_start_loc, seq_lens, *, max_query_len,
-                                 scale, soft_cap=None, k_scale=None, v_scale=None, out=None):
+                                 scale, soft_cap=None, k_scale=None, v_scale=None, out=None, host_lengths=None):
         """Paged causal prefill over a cached prefix through FlashInfer (FA3 on sm_90); not yet measured."""
         args = (q, k_cache, v_cache, page_table, query_start_loc, seq_lens)
         kw = dict(max_query_len=max_query_len, scale=scale, soft_cap=soft_cap, k_scale=k_scale, v_scale=v_scale,
-                  out=out)
+                  out=out, host_lengths=host_lengths)
         got = lazy.get().prefill(*args, **kw)
         return got if got is not None else next_attention_kernel("prefill", *args, **kw)
 
@@ -333,6 +356,7 @@ __all__ = [
     "FlashInferPaged",
     "PagedKVMetadata",
     "discover",
+    "host_paged_kv_lengths",
     "load_library",
     "paged_kv_metadata",
     "register",

@@ -16,7 +16,8 @@ The private aten ops that return the log-sum-exp are used (FlashAttention's on C
 GQA without copying K/V per query head: in the rectangle every query row of a KV head sees the same
 keys, so the G query heads of a group become G x L rows of one "head" ([Hkv, 1, G*L, D] against
 [Hkv, 1, P, D]); only the square (L keys, small next to the prefix) repeats its K/V per query head.
-Per step there is one host read of the lengths (to slice requests), cached by the identity of the
+The lengths that slice requests come from the op's `host_lengths` (the engine passes its plan's):
+no read-back. A caller without them pays one host read per step, cached by the identity of the
 metadata tensors as the FlashInfer adapter does, so the other layers of the step read nothing.
 Per request and layer: one gather of its pages, two attention calls, a handful of small ops.
 
@@ -120,7 +121,9 @@ class SplitPrefill:
         self.host_reads = 0  # lengths read back (one per step in serving)
         self.failed: str | None = None  # why a real call failed (then every call is handed on)
 
-    def _host_lengths(self, query_start_loc, seq_lens) -> tuple[list[int], list[int]]:
+    def _host_lengths(self, query_start_loc, seq_lens, host_lengths) -> tuple[list[int], list[int]]:
+        if host_lengths is not None:  # the engine's plan: no read-back
+            return [int(x) for x in host_lengths[0]], [int(x) for x in host_lengths[1]]
         key = (metadata_identity(query_start_loc), metadata_identity(seq_lens))
         with self._lock:
             if key != self._lengths_key:
@@ -162,11 +165,12 @@ class SplitPrefill:
                 return f"{self.backend} backend's log-sum-exp is not the natural log of the scaled scores"
         return None
 
-    def __call__(self, q, k_cache, v_cache, page_table, query_start_loc, seq_lens, *, scale, out=None):
+    def __call__(self, q, k_cache, v_cache, page_table, query_start_loc, seq_lens, *, scale, out=None,
+                 host_lengths=None):
         """None when the call is not one this path takes (the caller goes to the next kernel)."""
         if self._probe(q) is not None or self.failed is not None:
             return None
-        starts, lens = self._host_lengths(query_start_loc, seq_lens)
+        starts, lens = self._host_lengths(query_start_loc, seq_lens, host_lengths)
         if out is None:
             out = torch.empty_like(q)
         page_size = k_cache.shape[1]
@@ -203,15 +207,16 @@ def _split() -> SplitPrefill:
                  dtypes=Q_DTYPES, capability={"vendors": ("nvidia",), "min_compute_capability": (8, 0)},
                  features=("fp8_kv", "soft_cap", "gqa"), tags=("sdpa",))  # the first two: handed on
 def sdpa_split_prefill(q, k_cache, v_cache, page_table, query_start_loc, seq_lens, *, max_query_len, scale,
-                       soft_cap=None, k_scale=None, v_scale=None, out=None):
+                       soft_cap=None, k_scale=None, v_scale=None, out=None, host_lengths=None):
     """Paged causal prefill over a cached prefix via torch's fused attention; not yet measured."""
     if unsupported_reason(q, k_cache, v_cache, soft_cap, k_scale, v_scale, out) is None:
-        got = _split()(q, k_cache, v_cache, page_table, query_start_loc, seq_lens, scale=scale, out=out)
+        got = _split()(q, k_cache, v_cache, page_table, query_start_loc, seq_lens, scale=scale, out=out,
+                       host_lengths=host_lengths)
         if got is not None:
             return got
     return next_attention_kernel("prefill", q, k_cache, v_cache, page_table, query_start_loc, seq_lens,
                                  max_query_len=max_query_len, scale=scale, soft_cap=soft_cap, k_scale=k_scale,
-                                 v_scale=v_scale, out=out)
+                                 v_scale=v_scale, out=out, host_lengths=host_lengths)
 
 
 __all__ = ["BACKEND_ENV", "KERNEL", "SPLIT", "SplitPrefill", "attend_request", "sdpa_split_prefill",

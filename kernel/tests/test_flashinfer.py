@@ -62,6 +62,24 @@ def test_metadata_matches_a_python_construction(page_size, lens):
     assert got.indices[: indptr[-1]].tolist() == indices and not got.indices[indptr[-1] :].any()
 
 
+@pytest.mark.parametrize("page_size", [16, 64])
+@pytest.mark.parametrize("lens", METADATA_CASES, ids=str)
+def test_host_lengths_give_the_device_csr(page_size, lens):
+    words = {"page": page_size, "page+1": page_size + 1, "3page-1": 3 * page_size - 1}
+    seq_lens = torch.tensor([words.get(n, n) for n in lens], dtype=torch.int32)
+    width = max([-(-int(s) // page_size) for s in seq_lens] + [1])
+    qsl = torch.arange(len(lens) + 1, dtype=torch.int32) * 3
+    page_table = torch.ones(len(lens), width, dtype=torch.int32)
+    device = fi.paged_kv_metadata(page_table, seq_lens, page_size)
+    host = fi.host_paged_kv_lengths(ops.HostLengths(qsl.numpy(), seq_lens.numpy()), page_size, width)
+    want = (qsl, device.indptr, device.last_page_len, seq_lens)
+    for got, expected in zip(host, want, strict=True):
+        assert got.dtype == torch.int32 and got.device.type == "cpu" and torch.equal(got, expected)
+    short = fi.host_paged_kv_lengths(ops.HostLengths(qsl.numpy(), seq_lens.numpy() + 5 * page_size), page_size,
+                                     width)  # rows claiming more pages than the table holds are cut, as on the device
+    assert torch.equal(short[1], fi.paged_kv_metadata(page_table, seq_lens + 5 * page_size, page_size).indptr)
+
+
 def test_metadata_cuts_a_row_past_its_table():
     page_table = torch.tensor([[3, 4], [5, 6]], dtype=torch.int32)
     got = fi.paged_kv_metadata(page_table, torch.tensor([100, 17], dtype=torch.int32), 16)
@@ -265,6 +283,25 @@ def test_metadata_made_under_inference_mode_plans_once_per_step(fake_flashinfer)
                 got = prefill(*args, **kw)
         torch.testing.assert_close(got, ref.attention_prefill(*args, **kw))
     assert sum(e[0] == "plan" for e in fake_flashinfer) == 2
+
+
+@pytest.mark.parametrize("mode", ["decode", "prefill"])
+def test_host_lengths_plan_without_a_read_back(fake_flashinfer, mode, monkeypatch):
+    args, kw = _batch([40, 7, 0], [1, 1, 1] if mode == "decode" else [5, 0, 12])
+    host = ops.HostLengths(args[4].numpy().copy(), args[5].numpy().copy())
+    paged = fi.FlashInferPaged(sys.modules["flashinfer"])
+    for _layer in range(3):
+        got = getattr(paged, mode)(*args, **kw, host_lengths=host)
+    torch.testing.assert_close(got, _expected(mode, args, kw), rtol=2e-2, atol=2e-2)
+    assert paged.plans == 1 and paged.host_reads == 0
+    getattr(paged, mode)(*args, **dict(kw, scale=0.3))  # no host lengths: the one read-back of a plan
+    assert paged.plans == 2 and paged.host_reads == 1
+    # the registered op hands them to the adapter
+    seen = []
+    plan = fi.FlashInferPaged._plan
+    monkeypatch.setattr(fi.FlashInferPaged, "_plan", lambda self, *a: seen.append(a[-1]) or plan(self, *a))
+    _forced(mode)(*args, **kw, host_lengths=host)
+    assert seen == [host]
 
 
 def test_prepared_call_only_runs(fake_flashinfer):

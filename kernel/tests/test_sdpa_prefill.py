@@ -121,6 +121,20 @@ def test_lengths_are_read_once_per_step_metadata():
     assert split.host_reads == 2
 
 
+def test_host_lengths_replace_the_read_back():
+    # the engine passes its plan's lengths: same output, no read of the device tensors
+    split = sdpa.SplitPrefill()
+    args, kw = _batch([30, 0, 3], [7, 4, 16])
+    host = ops.HostLengths(args[4].numpy().copy(), args[5].numpy().copy())
+    want = ref.attention_prefill(*args, **kw)
+    for _ in range(3):
+        got = split(*args, scale=kw["scale"], host_lengths=host)
+    _close(got, want, torch.bfloat16)
+    assert split.host_reads == 0
+    got = sdpa.sdpa_split_prefill(*args, **kw, host_lengths=host)  # the registered op forwards them
+    _close(got, want, torch.bfloat16)
+
+
 def test_a_backend_that_fails_its_probe_hands_every_call_on(monkeypatch):
     def broken(*a, **k):
         raise RuntimeError("no such kernel")

@@ -50,6 +50,11 @@ class AttentionMetadata:
     # Longest decode row's token count (1 + its drafts with speculative decoding), from the host plan
     # (`decode_query_bound`); None: bounded by max_query_len and the decode token count.
     max_decode_query_len: int | None = None
+    # query_start_loc / seq_lens on the host (the scheduler's plan), for kernels that plan on the host
+    # (FlashInfer, torch-SDPA split prefill): without them they copy the device tensors back, a copy
+    # that waits for the step still running ahead of this one. None: not known (CUDA-graph capture).
+    host_query_start_loc: np.ndarray | None = None
+    host_seq_lens: np.ndarray | None = None
     # Prefill rows' query_start_loc rebased to 0, computed once per step (not per layer).
     _prefill_query_start_loc: torch.Tensor | None = field(default=None, repr=False)
     # What attention layers derive once per step and share (e.g. MLA's decode plan, gather indices).
@@ -67,6 +72,20 @@ class AttentionMetadata:
     @property
     def num_prefills(self) -> int:
         return self.seq_lens.shape[0] - self.num_decodes
+
+    def host_lengths(self, part: str) -> ops.HostLengths | None:
+        """The host lengths of the decode rows ("decode") or the prefill rows ("prefill"), laid out
+        as the kernel of that part sees them (prefill starts rebased to 0); one slice per step."""
+        if self.host_query_start_loc is None or self.host_seq_lens is None:
+            return None
+        key = ("host_lengths", part)
+        if key not in self.scratch:
+            nd, qsl, lens = self.num_decodes, self.host_query_start_loc, self.host_seq_lens
+            if part == "decode":
+                self.scratch[key] = ops.HostLengths(qsl[: nd + 1], lens[:nd])
+            else:
+                self.scratch[key] = ops.HostLengths(qsl[nd:] - self.num_decode_tokens, lens[nd:])
+        return self.scratch[key]
 
     def prefill_query_start_loc(self) -> torch.Tensor:
         if self._prefill_query_start_loc is None:
@@ -98,20 +117,24 @@ class Attention(nn.Module):
         common = dict(scale=self.scale, soft_cap=self.soft_cap, k_scale=meta.k_scale, v_scale=meta.v_scale)
         if meta.num_prefills == 0:
             return self._decode(q, k_cache, v_cache, meta, common)
+        host = meta.host_lengths("prefill")
         if nd == 0:
             return ops.attention_prefill(q, k_cache, v_cache, meta.page_table, meta.query_start_loc,
-                                         meta.seq_lens, max_query_len=meta.max_query_len, **common)
+                                         meta.seq_lens, max_query_len=meta.max_query_len, host_lengths=host,
+                                         **common)
         out = torch.empty_like(q)
         self._decode(q[:ndt], k_cache, v_cache, meta, common, out=out[:ndt])
         ops.attention_prefill(q[ndt:], k_cache, v_cache, meta.page_table[nd:], meta.prefill_query_start_loc(),
-                              meta.seq_lens[nd:], max_query_len=meta.max_query_len, out=out[ndt:], **common)
+                              meta.seq_lens[nd:], max_query_len=meta.max_query_len, out=out[ndt:],
+                              host_lengths=host, **common)
         return out
 
     @staticmethod
     def _decode(q, k_cache, v_cache, meta: AttentionMetadata, common: dict, out=None) -> torch.Tensor:
         nd = meta.num_decodes
         return ops.attention_decode(q, k_cache, v_cache, meta.page_table[:nd], meta.query_start_loc[: nd + 1],
-                                    meta.seq_lens[:nd], max_query_len=meta.decode_query_len, out=out, **common)
+                                    meta.seq_lens[:nd], max_query_len=meta.decode_query_len, out=out,
+                                    host_lengths=meta.host_lengths("decode"), **common)
 
     def extra_repr(self) -> str:
         return f"heads={self.num_heads}, kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, layer={self.layer_idx}"

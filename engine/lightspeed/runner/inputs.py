@@ -142,6 +142,7 @@ class PacketPlan:
         self.num_decode_tokens, self.max_query_len = packet.num_decode_tokens, packet.max_query_len
         self.input_ids = packet.part(0)
         self.query_start_loc = packet.part(3)
+        self.seq_lens = packet.part(4)
         self.req_ids = np.empty(packet.num_rows, dtype=np.int64)  # only its length is read
         self.logits_indices = packet.part(5)
         self.page_table = packet.part(-4).reshape(packet.num_rows, -1)

@@ -243,6 +243,7 @@ class ModelRunner:
             slot_mapping=t.slot_mapping, num_decodes=int(plan.num_decodes),
             num_decode_tokens=int(plan.num_decode_tokens), max_query_len=int(plan.max_query_len),
             max_decode_query_len=decode_query_bound(plan),
+            host_query_start_loc=np.asarray(plan.query_start_loc), host_seq_lens=np.asarray(plan.seq_lens),
             kv_caches=pool.kv_caches, k_scale=pool.k_scale, v_scale=pool.v_scale)
         hidden = self.model(t.input_ids, t.positions, meta)
         if self.spec is not None and self.spec.needs_hidden:

@@ -34,6 +34,7 @@ def attention_decode(
     k_scale: torch.Tensor | float | None = None,
     v_scale: torch.Tensor | float | None = None,
     out: torch.Tensor | None = None,
+    host_lengths=None,
 ) -> torch.Tensor:
     # q: [T, Hq, D] fp32; caches: [num_pages, page_size, Hkv, D] fp32 / bf16; page_table: int32 [B, P];
     # query_start_loc: int32 [B+1]; seq_lens: int32 [B] -> out [T, Hq, D]
@@ -42,7 +43,7 @@ def attention_decode(
         # fp16 caches beside an fp32 model: rare enough to leave to the reference
         return reference_decode(q, k_cache, v_cache, page_table, query_start_loc, seq_lens,
                                 max_query_len=max_query_len, scale=scale, soft_cap=soft_cap, k_scale=k_scale,
-                                v_scale=v_scale, out=out)
+                                v_scale=v_scale, out=out, host_lengths=host_lengths)
     if q.dtype != torch.float32 or not (k_cache.is_contiguous() and v_cache.is_contiguous()):
         raise ValueError("native decode attention: q must be float32 and the caches contiguous")
     target = out if out is not None and out.is_contiguous() and out.dtype == torch.float32 else None

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..reference.attention import _check
+from ..reference.attention import _check, host_or_device_lengths
 from ..registry import Priority, register_kernel
 
 
@@ -34,6 +34,7 @@ def attention_prefill(
     k_scale: torch.Tensor | float | None = None,
     v_scale: torch.Tensor | float | None = None,
     out: torch.Tensor | None = None,
+    host_lengths=None,
 ) -> torch.Tensor:
     # q: [T, Hq, D]; caches: [num_pages, page_size, Hkv, D]; page_table: int32 [B, P] -> [T, Hq, D].
     # Per request: its pages gathered (K/V of one request, small beside the attention itself), then
@@ -43,8 +44,8 @@ def attention_prefill(
     out = torch.empty_like(q) if out is None else out
     page_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = q.shape[1] // num_kv_heads
-    starts = query_start_loc.tolist()
-    for b, seq_len in enumerate(seq_lens.tolist()):
+    starts, lens = host_or_device_lengths(query_start_loc, seq_lens, host_lengths)
+    for b, seq_len in enumerate(lens):
         q_start, q_end = starts[b], starts[b + 1]
         q_len = q_end - q_start
         if q_len == 0:

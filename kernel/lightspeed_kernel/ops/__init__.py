@@ -5,7 +5,7 @@ family/mode (reference, Triton, plugins) takes exactly these arguments.
 """
 
 from .activation import gelu_and_mul, silu_and_mul
-from .attention import attention_decode, attention_prefill
+from .attention import HostLengths, attention_decode, attention_prefill
 from .gemm import (
     dequantize,
     dequantize_w4,
@@ -26,6 +26,7 @@ from .sampling import apply_penalties, compute_logprobs, sample
 from .spec import ngram_lookup
 
 __all__ = [
+    "HostLengths",
     "apply_penalties",
     "apply_rope",
     "attention_decode",

@@ -54,6 +54,14 @@ def _gather_pages(cache: torch.Tensor, pages: torch.Tensor) -> torch.Tensor:
     return gathered.flatten(-4, -3)
 
 
+def host_or_device_lengths(query_start_loc, seq_lens, host_lengths) -> tuple[list[int], list[int]]:
+    """(query starts [B+1], sequence lengths [B]) as Python ints: from the op's ``host_lengths``
+    when the caller gave them, else read back from the tensors (a sync on a GPU)."""
+    if host_lengths is not None:
+        return [int(x) for x in host_lengths[0]], [int(x) for x in host_lengths[1]]
+    return query_start_loc.tolist(), seq_lens.tolist()
+
+
 def _check(q, k_cache, v_cache, page_table, query_start_loc, seq_lens):
     if q.dim() != 3 or k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
         raise ValueError(
@@ -82,6 +90,7 @@ def attention_prefill(
     k_scale: torch.Tensor | float | None = None,
     v_scale: torch.Tensor | float | None = None,
     out: torch.Tensor | None = None,
+    host_lengths=None,
 ) -> torch.Tensor:
     # q: [T, Hq, D]; caches: [num_pages, page_size, Hkv, D]; page_table: [B, P] int32;
     # query_start_loc: [B+1] int32; seq_lens: [B] int32 (new tokens included) -> [T, Hq, D]
@@ -90,8 +99,8 @@ def attention_prefill(
     page_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = num_q_heads // num_kv_heads
     out = torch.empty_like(q) if out is None else out
-    starts = query_start_loc.tolist()
-    for b, seq_len in enumerate(seq_lens.tolist()):
+    starts, lens = host_or_device_lengths(query_start_loc, seq_lens, host_lengths)
+    for b, seq_len in enumerate(lens):
         q_start, q_end = starts[b], starts[b + 1]
         q_len = q_end - q_start
         if q_len == 0:
@@ -139,6 +148,7 @@ def attention_decode(
     k_scale: torch.Tensor | float | None = None,
     v_scale: torch.Tensor | float | None = None,
     out: torch.Tensor | None = None,
+    host_lengths=None,
 ) -> torch.Tensor:
     # Same contract as attention_prefill, for 1..16 query tokens per request.
     _check(q, k_cache, v_cache, page_table, query_start_loc, seq_lens)
@@ -148,14 +158,15 @@ def attention_decode(
         return out
     page_size, num_kv_heads, head_dim = k_cache.shape[1:]
     max_q = max(int(max_query_len), 1)
-    max_kv = -(-int(seq_lens.max()) // page_size) * page_size
+    longest = max(host_lengths[1]) if host_lengths is not None else seq_lens.max()
+    max_kv = -(-int(longest) // page_size) * page_size
     per_request = max_kv * max(num_kv_heads * head_dim, q.shape[1] * max_q)
     step = max(1, _ELEMENT_BUDGET // max(per_request, 1))
     attend = (max_q, scale, soft_cap, k_scale, v_scale)
     if step >= batch:
         _decode_batch(q, k_cache, v_cache, page_table, query_start_loc, seq_lens, *attend, out)
         return out
-    starts = query_start_loc.tolist()
+    starts = host_or_device_lengths(query_start_loc, seq_lens, host_lengths)[0]
     for first in range(0, batch, step):
         last = min(batch, first + step)
         lo, hi = starts[first], starts[last]

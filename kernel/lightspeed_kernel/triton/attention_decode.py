@@ -390,6 +390,7 @@ def attention_decode(
     k_scale=None,
     v_scale=None,
     out=None,
+    host_lengths=None,  # not read: the kernel takes the lengths on the device
 ):
     """Paged decode attention. q: [T, Hq, D] (1..16 new tokens per request, causal among them and
     bottom-right aligned after the cached context); k/v_cache: [pages, page_size, Hkv, D];

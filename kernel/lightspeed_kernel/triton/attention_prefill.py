@@ -143,6 +143,7 @@ def attention_prefill(
     k_scale=None,
     v_scale=None,
     out=None,
+    host_lengths=None,  # not read: the kernel takes the lengths on the device
 ):
     """Paged prefill attention. q: [T, Hq, D], the last q_len tokens of each request;
     k/v_cache: [pages, page_size, Hkv, D] already holding the new tokens' K/V; page_table int32 [B, P];
