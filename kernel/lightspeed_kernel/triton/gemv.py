@@ -1,7 +1,9 @@
 """Skinny GEMM for decode (gemm/bf16 with 1..16 rows): read each weight byte once, at HBM speed.
 
-Unverified on hardware; opt-in until measured. It passes the interpreter tests and compiles for
-sm_90, but nothing here has run on a GPU, so it registers as `triton_gemv` in the PORTABLE band,
+Opt-in until the batch-1 step is measured with it. Its GPU tests pass on the H200, and the sweep
+there (bench/results/gemv_2026-12-02_0437_nvidia-h200/) has its best launch 1.06-1.13x faster than
+cuBLAS on the Llama-8B decode GEMMs at one row (qkv, o, gate_up, down; 1.03x on a 128K LM head),
+level or slower at two rows except gate_up. It registers as `triton_gemv` in the PORTABLE band,
 below `cublas_linear` (F.linear, PERFORMANT, registered beside it for that reason): a default
 `ops.linear` call on an NVIDIA GPU still goes to cuBLAS. Select it with
 `LIGHTSPEED_KERNEL_OVERRIDE_GEMM_BF16=triton_gemv` or `lk.override(**{"gemm/bf16": "triton_gemv"})`;
@@ -110,19 +112,45 @@ def sweep_configs(m: int, n: int, k: int, num_sms: int) -> list[GemvConfig]:
     return sorted(found, key=lambda c: c != chosen)  # stable: the pick first, then the order above
 
 
+def _measured(block_n, block_k, split_k, num_warps, num_stages, use_dot) -> GemvConfig:
+    return GemvConfig(block_n, block_k, split_k, num_warps, num_stages, use_dot)
+
+
+# The sweep's fastest launch per (M, N, K) on the H200 (132 SMs), from
+# bench/results/gemv_2026-12-02_0437_nvidia-h200/ (M = 1 and 2, every config of `sweep_configs`
+# timed, L2 flushed): the Llama-8B decode shapes (qkv, o, gate_up, down, a 128K LM head).
+MEASURED_H200 = {
+    (1, 6144, 4096): _measured(16, 256, 1, 8, 1, False),
+    (1, 4096, 4096): _measured(16, 512, 1, 4, 3, False),
+    (1, 28672, 4096): _measured(16, 512, 1, 4, 1, False),
+    (1, 4096, 14336): _measured(16, 512, 1, 8, 1, False),
+    (1, 128256, 4096): _measured(16, 256, 1, 4, 3, False),
+    (2, 6144, 4096): _measured(16, 512, 1, 4, 1, False),
+    (2, 4096, 4096): _measured(32, 256, 1, 4, 3, True),
+    (2, 28672, 4096): _measured(64, 128, 1, 4, 4, True),
+    (2, 4096, 14336): _measured(64, 256, 1, 4, 4, True),
+    (2, 128256, 4096): _measured(64, 128, 1, 4, 4, True),
+}
+H200_SMS = 132
+
+
 @functools.lru_cache(maxsize=1024)
 def choose_config(m: int, n: int, k: int, num_sms: int) -> GemvConfig:
-    """The launch for (M, N, K) before the H200 sweep: FMA up to 2 rows, tensor cores above; split K
-    (powers of two, at most 8) until the grid fills two waves of `num_sms`, each split keeping at
-    least four K steps. A pure function of shapes (CUDA-graph safe); replace it with the sweep's
-    winners once they are measured."""
+    """The launch for (M, N, K): the H200 sweep's winner where it measured that shape (`MEASURED_H200`),
+    else FMA with 16 weight rows per program up to 2 rows (every measured one-row winner has 16),
+    tensor cores above; K split (powers of two, at most 8) only while the grid is under one wave of
+    `num_sms`, each split keeping at least four K steps (no measured winner split a grid of 256 or
+    more programs, and the earlier rule of two waves made o_proj 5.8x slower). A pure function of
+    shapes (CUDA-graph safe)."""
+    if num_sms == H200_SMS and (m, n, k) in MEASURED_H200:
+        return MEASURED_H200[m, n, k]
     if m <= 2:
-        cfg = GemvConfig(block_n=32, block_k=256, split_k=1, num_warps=4, num_stages=3, use_dot=False)
+        cfg = GemvConfig(block_n=16, block_k=512, split_k=1, num_warps=8, num_stages=1, use_dot=False)
     else:
         cfg = GemvConfig(block_n=64, block_k=128, split_k=1, num_warps=4, num_stages=4, use_dot=True)
     n_blocks = triton.cdiv(n, cfg.block_n)
     split = 1
-    while split < 8 and n_blocks * split < 2 * num_sms and triton.cdiv(k, 2 * split) >= 4 * cfg.block_k:
+    while split < 8 and n_blocks * split < num_sms and triton.cdiv(k, 2 * split) >= 4 * cfg.block_k:
         split *= 2
     return dataclasses.replace(cfg, split_k=split)
 

@@ -109,11 +109,22 @@ def test_choose_config_is_the_first_of_its_sweep_space(m):
         space = gemv.sweep_configs(m, n, k, 132)
         assert space[0] == chosen and len(set(space)) == len(space) > 10
         assert all(c.smem_bytes(m) <= gemv.SMEM_BUDGET and c.split_k in (1, 2, 4, 8) for c in space)
-        assert chosen.use_dot == (m > 2)
+        if (m, n, k) in gemv.MEASURED_H200:
+            assert chosen == gemv.MEASURED_H200[m, n, k]
+        else:
+            assert chosen.use_dot == (m > 2)
         if n * k > 4096 * 4096 * 4:  # gate_up, lm_head: enough column blocks without splitting K
             assert chosen.split_k == 1
-    # o_proj fills 132 SMs only when split along K; one SM needs no split
-    assert gemv.choose_config(1, 4096, 4096, 132).split_k > 1 and gemv.choose_config(1, 4096, 4096, 1).split_k == 1
+
+
+def test_unmeasured_shapes_split_k_only_below_one_wave():
+    # 256 column blocks of 16 fill 132 SMs: no split (the H200 sweep: split o_proj was 5.8x slower)
+    assert gemv.choose_config(1, 4096, 4096, 100).split_k == 1
+    # 64 column blocks (a 1024-wide KV projection) leave SMs idle: split along K
+    assert gemv.choose_config(1, 1024, 4096, 132).split_k == 2  # each split keeps four K steps of 512
+    assert gemv.choose_config(1, 1024, 4096, 1).split_k == 1
+    # the measured table is the H200's: another SM count gets the rule
+    assert gemv.choose_config(1, 4096, 4096, 100) != gemv.MEASURED_H200[1, 4096, 4096]
 
 
 SM90 = Platform.parse("sm_90")
