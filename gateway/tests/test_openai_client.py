@@ -249,6 +249,13 @@ def test_tool_choice_named_and_required(client, model):
     by_name = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
     for call in calls:
         jsonschema.validate(json.loads(call.function.arguments), by_name[call.function.name])
+    # Cut at max_tokens inside the forced array: what the model wrote comes back (as the call begun,
+    # or as content before any name closed), never an empty message.
+    for budget in (1, 6):
+        cut = client.chat.completions.create(model=model, messages=ask, tools=TOOLS, max_tokens=budget,
+                                             temperature=0, tool_choice="required")
+        message = cut.choices[0].message
+        assert cut.choices[0].finish_reason == "length" and (message.content or message.tool_calls), message
     # Streaming: name first, arguments in pieces that concatenate to valid JSON.
     stream = client.chat.completions.create(model=model, messages=ask, tools=TOOLS, max_tokens=40,
                                             temperature=0, stream=True,

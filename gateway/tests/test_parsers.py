@@ -105,6 +105,20 @@ def test_required_array_stream():
     assert [(c["name"], json.loads(c["arguments"])) for c in results[0][1]] == [("a", {"v": 1}), ("b", {})]
 
 
+@pytest.mark.parametrize("text", ['[ {"na', "  [", ""])
+def test_required_output_cut_before_a_name_comes_back_as_content(text):
+    # max_tokens ran out inside the forced array: the text is returned, not dropped
+    results = list(all_splits(lambda: JsonStreamToolParser(counter_call_ids()), text)) if text else \
+        [feed_split(lambda: JsonStreamToolParser(counter_call_ids()), text, [])]
+    for parsed, calls in results:
+        assert calls == [] and parsed["content"] == text
+
+
+def test_required_output_cut_inside_arguments_keeps_the_call():
+    parsed, calls = feed_split(lambda: JsonStreamToolParser(counter_call_ids()), '[{"name": "a", "parameters": {"v', [])
+    assert [c["name"] for c in calls] == ["a"] and parsed["content"] == ""
+
+
 THINK_OUTPUTS = [
     "<think>\nI should add 2 and 2.\n</think>\n\nThe answer is 4.",
     "  <think>a < b and </thin k></think>ok",
