@@ -84,6 +84,11 @@ class Engine:
         self._num_steps = 0
         self._num_generated = 0
         self._num_prefill_tokens = 0
+        if self.runner.device.type != "cpu":
+            # The tokenizer and xgrammar's compiler, built now on the grammar worker rather than by the
+            # first constrained request. Not on CPU: there the worker would share the few cores with
+            # the step loop, and an engine per test would each load a tokenizer it may never use.
+            self.runner.structured.warm()
 
     # -- requests --------------------------------------------------------------------------------
     def add_request(self, msg: m.AddRequest) -> str | None:
