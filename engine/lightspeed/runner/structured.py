@@ -1,7 +1,8 @@
 """Structured outputs (JSON schema, JSON object, regex, EBNF) through xgrammar token bitmasks.
 
 Compilation is off the step loop: `GrammarCompiler` compiles on one worker thread (xgrammar releases
-the GIL while it works; the first request also loads the tokenizer there) and keeps the compiled
+the GIL while it works; the tokenizer is loaded there too, at start-up on a GPU engine through
+`warm`, else by the first constrained request) and keeps the compiled
 grammars in a bounded LRU, so a repeated schema costs nothing and a stream of distinct ones cannot
 grow memory. The engine parks a constrained request until its future is done, then starts its
 matcher (`StructuredOutputs.start`, cheap).
