@@ -44,7 +44,11 @@ def test_scripted_timings_are_measured(agentic_run):
         # A scripted delay can only be overshot (and by a lot on a loaded 2-core CI box), so the
         # lower bounds are tight and the upper ones loose.
         assert 49.5 <= lvl["ttft_ms"]["p50"] <= 150
-        assert 9.7 <= lvl["tpot_ms"]["mean"] <= 13.0  # a late first chunk shortens one TPOT
+        # A first chunk that reaches the client late moves time from TPOT into TTFT (seen: a mean
+        # TPOT of 9.38 ms on the 2-core CI box), so TPOT alone is bounded loosely, and their sum,
+        # each request's time to its last token, is held to the script: 50 ms + 19 x 10 ms at least.
+        assert 8.0 <= lvl["tpot_ms"]["mean"] <= 13.0
+        assert lvl["ttft_ms"]["mean"] + (OUT - 1) * lvl["tpot_ms"]["mean"] >= 50 + (OUT - 1) * 10 - 0.5
         assert 8.0 <= lvl["itl_ms"]["p50"] <= 15.0
         assert lvl["tokens_per_s_per_user"] == pytest.approx(1000 / lvl["tpot_ms"]["mean"])
         assert lvl["tokens_per_s_per_user_p10"] <= lvl["tokens_per_s_per_user"] * 1.01
