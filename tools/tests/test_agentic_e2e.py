@@ -134,7 +134,19 @@ def test_output_files(agentic_run):
     assert [int(r["concurrency"]) for r in rows] == [1, 2]
     assert rows[0]["model"] == "fake-model" and rows[0]["git_commit"] == run["git_commit"]
     assert float(rows[1]["tpot_ms_mean"]) == pytest.approx(run["levels"][1]["tpot_ms"]["mean"])
+    assert float(rows[1]["ttft_ms_later_turns_mean"]) == pytest.approx(run["levels"][1]["ttft_ms_later_turns"]["mean"])
     assert (tmp / "run.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_first_and_later_turn_ttft_split_the_measured_requests(agentic_run):
+    run, _, _ = agentic_run
+    for lvl in run["levels"]:
+        measured = [r for r in run["requests"] if r["level"] == lvl["concurrency"] and not r["warmup"]
+                    and r["error"] is None and r["ttft"] is not None]
+        for key, turns in (("ttft_ms_first_turn", [r for r in measured if r["turn"] == 0]),
+                           ("ttft_ms_later_turns", [r for r in measured if r["turn"] > 0])):
+            assert turns, key  # 3 turns per conversation: both kinds are measured
+            assert lvl[key]["mean"] == pytest.approx(1000 * sum(r["ttft"] for r in turns) / len(turns))
 
 
 def test_plot_overlays_runs(agentic_run, tmp_path):

@@ -3,7 +3,9 @@
 Definitions (all from client timestamps; warm-up requests excluded, failed requests excluded
 from latency and token figures but counted in `errors`, except requests cancelled when a level's
 drain time ran out, counted in `cancelled_at_deadline`):
-- TTFT: first text chunk - request sent.
+- TTFT: first text chunk - request sent. `ttft_ms_first_turn` / `ttft_ms_later_turns`: the same over
+  a conversation's first request (its long prompt, mostly prefill) and over the rest (a short turn
+  after a cached prefix): where an agentic gap is, prefill speed or the prefix cache.
 - TPOT: (last text chunk - first text chunk) / (completion_tokens - 1), per request.
 - ITL: gaps between consecutive text chunks.
 - tokens/s/user: 1000 / mean TPOT (ms). The p10 user: each conversation's 1000 / mean TPOT of
@@ -52,6 +54,8 @@ def summarize_level(records: list[RequestRecord], concurrency: int, num_gpus: in
     errors = Counter(r.error for r in records if not r.ok and r.error != "cancelled")
     tpots = [r.tpot for r in measured if r.tpot is not None]
     ttfts = [r.ttft for r in measured if r.ttft is not None]
+    first_turn_ttfts = [r.ttft for r in measured if r.ttft is not None and r.turn == 0]
+    later_turn_ttfts = [r.ttft for r in measured if r.ttft is not None and r.turn > 0]
     itls = [gap for r in measured for gap in r.itls]
 
     tpot = _dist_ms(tpots)
@@ -83,6 +87,8 @@ def summarize_level(records: list[RequestRecord], concurrency: int, num_gpus: in
         "cancelled_at_deadline": sum(r.error == "cancelled" for r in records),
         "window_s": window,
         "ttft_ms": _dist_ms(ttfts),
+        "ttft_ms_first_turn": _dist_ms(first_turn_ttfts),
+        "ttft_ms_later_turns": _dist_ms(later_turn_ttfts),
         "tpot_ms": tpot,
         "itl_ms": _dist_ms(itls),
         "tokens_per_s_per_user": None if not tpot["mean"] else 1000.0 / tpot["mean"],

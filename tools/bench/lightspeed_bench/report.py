@@ -16,6 +16,8 @@ _CSV_FIELDS = [
     ("error_count", ("error_count",)),
     ("window_s", ("window_s",)),
     ("ttft_ms_p50", ("ttft_ms", "p50")), ("ttft_ms_p90", ("ttft_ms", "p90")), ("ttft_ms_p99", ("ttft_ms", "p99")),
+    ("ttft_ms_first_turn_mean", ("ttft_ms_first_turn", "mean")),
+    ("ttft_ms_later_turns_mean", ("ttft_ms_later_turns", "mean")),
     ("tpot_ms_mean", ("tpot_ms", "mean")), ("tpot_ms_p50", ("tpot_ms", "p50")),
     ("tpot_ms_p90", ("tpot_ms", "p90")), ("tpot_ms_p99", ("tpot_ms", "p99")),
     ("itl_ms_p50", ("itl_ms", "p50")), ("itl_ms_p90", ("itl_ms", "p90")), ("itl_ms_p99", ("itl_ms", "p99")),
