@@ -111,8 +111,8 @@ def paged_kv_metadata(page_table: torch.Tensor, seq_lens: torch.Tensor, page_siz
 def host_paged_kv_lengths(host_lengths, page_size: int, width: int) -> tuple[torch.Tensor, ...]:
     """What `plan()` reads on the host, from host lengths (the same values `paged_kv_metadata` gives
     on the device): int32 CPU tensors qo_indptr [B+1], kv_indptr [B+1], last_page_len [B], seq_lens [B]."""
-    qsl = np.asarray(host_lengths[0], dtype=np.int64)
-    lens = np.asarray(host_lengths[1], dtype=np.int64)
+    qsl = np.asarray(host_lengths.query_start_loc, dtype=np.int64)
+    lens = np.asarray(host_lengths.seq_lens, dtype=np.int64)
     num_pages = np.minimum((lens + page_size - 1) // page_size, width)
     kv_indptr = np.zeros(lens.shape[0] + 1, dtype=np.int64)
     np.cumsum(num_pages, out=kv_indptr[1:])

@@ -21,8 +21,10 @@ no read-back. A caller without them pays one host read per step, cached by the i
 metadata tensors as the FlashInfer adapter does, so the other layers of the step read nothing.
 Per request and layer: one gather of its pages, two attention calls, a handful of small ops.
 
-Not measured on a GPU yet: registered in the PORTABLE band for NVIDIA, below the Triton kernel, so
-it runs only when asked for (`LIGHTSPEED_KERNEL_OVERRIDE_ATTENTION_PREFILL=sdpa_split_prefill`);
+Measured on the H200, it loses (bench/results/prefill_attention_2026-12-02_041355_nvidia-h200.md):
+the flash backend at 0.71-0.81x our Triton kernel on the served shapes; cuDNN 1.03-1.40x faster warm
+but 72-832 ms at the first call of each new shape. So it stays in the PORTABLE band for NVIDIA,
+below the Triton kernel, and runs only when asked for (`LIGHTSPEED_KERNEL_OVERRIDE_ATTENTION_PREFILL=sdpa_split_prefill`);
 `tools/bench/prefill_attention.py --sdpa-split` measures it. Handed to the next kernel in line:
 fp8 caches, soft cap, scales, fp32, CUDA-graph capture (the host read), and any call the probe of
 the backend at first use found unsupported.
@@ -42,9 +44,8 @@ from .registry import Priority, register_kernel
 KERNEL = "sdpa_split_prefill"
 _LOG = logging.getLogger(__name__)
 Q_DTYPES = (torch.float16, torch.bfloat16)
-# LIGHTSPEED_SDPA_PREFILL_BACKEND: "flash" (default: the backend SDPA picks first, so the one behind the
-# 525-598 TFLOP/s measured) or "cudnn" (torch builds a cuDNN graph per new shape on the host: in
-# serving nearly every prefill step has new shapes, so measure it cold before choosing it).
+# LIGHTSPEED_SDPA_PREFILL_BACKEND: "flash" (default; no per-shape set-up) or "cudnn" (faster warm, but
+# torch builds a cuDNN graph per new shape on the host, and serving brings new shapes nearly every step).
 BACKEND_ENV = "LIGHTSPEED_SDPA_PREFILL_BACKEND"
 
 
@@ -123,7 +124,7 @@ class SplitPrefill:
 
     def _host_lengths(self, query_start_loc, seq_lens, host_lengths) -> tuple[list[int], list[int]]:
         if host_lengths is not None:  # the engine's plan: no read-back
-            return [int(x) for x in host_lengths[0]], [int(x) for x in host_lengths[1]]
+            return host_lengths.as_lists()
         key = (metadata_identity(query_start_loc), metadata_identity(seq_lens))
         with self._lock:
             if key != self._lengths_key:
@@ -208,7 +209,7 @@ def _split() -> SplitPrefill:
                  features=("fp8_kv", "soft_cap", "gqa"), tags=("sdpa",))  # the first two: handed on
 def sdpa_split_prefill(q, k_cache, v_cache, page_table, query_start_loc, seq_lens, *, max_query_len, scale,
                        soft_cap=None, k_scale=None, v_scale=None, out=None, host_lengths=None):
-    """Paged causal prefill over a cached prefix via torch's fused attention; not yet measured."""
+    """Paged causal prefill over a cached prefix via torch's fused attention (opt-in: see the module note)."""
     if unsupported_reason(q, k_cache, v_cache, soft_cap, k_scale, v_scale, out) is None:
         got = _split()(q, k_cache, v_cache, page_table, query_start_loc, seq_lens, scale=scale, out=out,
                        host_lengths=host_lengths)

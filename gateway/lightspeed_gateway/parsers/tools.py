@@ -10,8 +10,8 @@ from lightspeed_gateway.parsers.base import ParsedDelta, ToolParser, random_call
 from lightspeed_gateway.parsers.json_calls import JsonCallScanner
 
 
-def _public(calls: list[dict]) -> list[dict]:
-    return [{"id": c["id"], "name": c["name"], "arguments": c["arguments"]} for c in calls if c["valid"]]
+def _public(calls: list[dict], *, open_too: bool = False) -> list[dict]:
+    return [{"id": c["id"], "name": c["name"], "arguments": c["arguments"]} for c in calls if open_too or c["valid"]]
 
 
 class HermesToolParser(ToolParser):
@@ -93,7 +93,7 @@ class JsonStreamToolParser(ToolParser):
     def tool_calls(self) -> list[dict]:
         # the grammar makes every call well formed, so one left open was cut at max_tokens: it is kept
         # with the arguments written so far (finish_reason "length" says so), as the stream showed it
-        return [{"id": c["id"], "name": c["name"], "arguments": c["arguments"]} for c in self._scanner.calls]
+        return _public(self._scanner.calls, open_too=True)
 
 
 class Llama3JsonToolParser(ToolParser):

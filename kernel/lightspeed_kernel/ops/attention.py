@@ -30,6 +30,9 @@ class HostLengths(NamedTuple):
     query_start_loc: Sequence[int]  # [B+1], e.g. a numpy int array
     seq_lens: Sequence[int]  # [B]
 
+    def as_lists(self) -> tuple[list[int], list[int]]:
+        return [int(x) for x in self.query_start_loc], [int(x) for x in self.seq_lens]
+
 
 def attention_prefill(
     q: torch.Tensor,

@@ -58,7 +58,7 @@ def host_or_device_lengths(query_start_loc, seq_lens, host_lengths) -> tuple[lis
     """(query starts [B+1], sequence lengths [B]) as Python ints: from the op's ``host_lengths``
     when the caller gave them, else read back from the tensors (a sync on a GPU)."""
     if host_lengths is not None:
-        return [int(x) for x in host_lengths[0]], [int(x) for x in host_lengths[1]]
+        return host_lengths.as_lists()
     return query_start_loc.tolist(), seq_lens.tolist()
 
 
@@ -158,7 +158,7 @@ def attention_decode(
         return out
     page_size, num_kv_heads, head_dim = k_cache.shape[1:]
     max_q = max(int(max_query_len), 1)
-    longest = max(host_lengths[1]) if host_lengths is not None else seq_lens.max()
+    longest = max(host_lengths.seq_lens) if host_lengths is not None else seq_lens.max()
     max_kv = -(-int(longest) // page_size) * page_size
     per_request = max_kv * max(num_kv_heads * head_dim, q.shape[1] * max_q)
     step = max(1, _ELEMENT_BUDGET // max(per_request, 1))

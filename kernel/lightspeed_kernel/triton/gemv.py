@@ -112,24 +112,21 @@ def sweep_configs(m: int, n: int, k: int, num_sms: int) -> list[GemvConfig]:
     return sorted(found, key=lambda c: c != chosen)  # stable: the pick first, then the order above
 
 
-def _measured(block_n, block_k, split_k, num_warps, num_stages, use_dot) -> GemvConfig:
-    return GemvConfig(block_n, block_k, split_k, num_warps, num_stages, use_dot)
-
-
 # The sweep's fastest launch per (M, N, K) on the H200 (132 SMs), from
 # bench/results/gemv_2026-12-02_0437_nvidia-h200/ (M = 1 and 2, every config of `sweep_configs`
-# timed, L2 flushed): the Llama-8B decode shapes (qkv, o, gate_up, down, a 128K LM head).
+# timed, L2 flushed): the Llama-8B decode shapes (qkv, o, gate_up, down, a 128K LM head). Fields:
+# block_n, block_k, split_k, num_warps, num_stages, use_dot.
 MEASURED_H200 = {
-    (1, 6144, 4096): _measured(16, 256, 1, 8, 1, False),
-    (1, 4096, 4096): _measured(16, 512, 1, 4, 3, False),
-    (1, 28672, 4096): _measured(16, 512, 1, 4, 1, False),
-    (1, 4096, 14336): _measured(16, 512, 1, 8, 1, False),
-    (1, 128256, 4096): _measured(16, 256, 1, 4, 3, False),
-    (2, 6144, 4096): _measured(16, 512, 1, 4, 1, False),
-    (2, 4096, 4096): _measured(32, 256, 1, 4, 3, True),
-    (2, 28672, 4096): _measured(64, 128, 1, 4, 4, True),
-    (2, 4096, 14336): _measured(64, 256, 1, 4, 4, True),
-    (2, 128256, 4096): _measured(64, 128, 1, 4, 4, True),
+    (1, 6144, 4096): GemvConfig(16, 256, 1, 8, 1, False),
+    (1, 4096, 4096): GemvConfig(16, 512, 1, 4, 3, False),
+    (1, 28672, 4096): GemvConfig(16, 512, 1, 4, 1, False),
+    (1, 4096, 14336): GemvConfig(16, 512, 1, 8, 1, False),
+    (1, 128256, 4096): GemvConfig(16, 256, 1, 4, 3, False),
+    (2, 6144, 4096): GemvConfig(16, 512, 1, 4, 1, False),
+    (2, 4096, 4096): GemvConfig(32, 256, 1, 4, 3, True),
+    (2, 28672, 4096): GemvConfig(64, 128, 1, 4, 4, True),
+    (2, 4096, 14336): GemvConfig(64, 256, 1, 4, 4, True),
+    (2, 128256, 4096): GemvConfig(64, 128, 1, 4, 4, True),
 }
 H200_SMS = 132
 
