@@ -10,12 +10,15 @@ Kernels JIT-compile with nvcc at their first use per configuration (dtypes, head
 
 Correct on the H200 (the GPU tests of kernel/tests/test_flashinfer.py against the reference, with
 flashinfer 0.7.2.post1 on torch 2.11 / CUDA 13: FA3 prefill, FA2 prefill, CUDA-core and tensor-core
-decode, fp8 caches, soft cap, the graph-capture hand-on) but not measured against our kernels, so
-both register in the PORTABLE band, BELOW the Triton kernels: they run only when asked for
-(`LIGHTSPEED_KERNEL_OVERRIDE_ATTENTION_DECODE=flashinfer_paged_decode`,
-`LIGHTSPEED_KERNEL_OVERRIDE_ATTENTION_PREFILL=flashinfer_paged_prefill`, or `lk.override`). Once
-one measures faster on the H200, raise it to PERFORMANT (+1 over Triton) or SPECIALIZED with an
-sm_90 capability.
+decode, fp8 caches, soft cap, the graph-capture hand-on). Bands follow what the H200 measured:
+* prefill, sm_90 only: PERFORMANT + 1, above our Triton kernel. Served A/B on the 8B-shaped model
+  (bench/results/flashinfer_prefill_ab_2026-12-02_1410_h200/): agentic c = 4 first-turn TTFT mean
+  1792 vs 2045 ms, output tokens/min 24,282 vs 20,955. Other architectures are unmeasured, so it is
+  not a candidate there (no override either).
+* decode: PORTABLE, below Triton (ours is faster at batch >= 16,
+  bench/results/flashinfer_h200_2026-12-01_2221/); `LIGHTSPEED_KERNEL_OVERRIDE_ATTENTION_DECODE=flashinfer_paged_decode`.
+A configuration's first call JIT-compiles it with nvcc (a minute or more; FlashInfer caches the build
+on disk, so only the first run on a machine pays) and is logged.
 
 What runs: prefill (and decode rows with several query tokens, i.e. speculative verification) goes
 through `BatchPrefillWithPagedKVCacheWrapper` with `causal=True` (FlashInfer's causal mask is
@@ -56,6 +59,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import logging
 import threading
 from collections.abc import Callable
 from typing import NamedTuple
@@ -65,6 +69,8 @@ import torch
 
 from .attention_adapters import metadata_identity, next_attention_kernel
 from .registry import Priority, register_kernel
+
+log = logging.getLogger(__name__)
 
 DECODE_KERNEL = "flashinfer_paged_decode"
 PREFILL_KERNEL = "flashinfer_paged_prefill"
@@ -166,6 +172,7 @@ class FlashInferPaged:
         self.lib = lib
         self.prefill_backend = prefill_backend
         self.decode_tensor_cores = decode_tensor_cores
+        self._seen: set[tuple] = set()  # configurations planned at least once (logged: the JIT)
         self.plans = 0  # plan() calls so far (one per step and configuration when caching works)
         self.host_reads = 0  # plans that read lengths back from the device (none when given host_lengths)
         self._workspaces: dict[torch.device, torch.Tensor] = {}
@@ -231,6 +238,11 @@ class FlashInferPaged:
                 if len(self._planned) >= MAX_CONFIGS:
                     self._planned.pop(next(iter(self._planned)))
                 planned = self._planned[config] = _Planned(self._wrapper(kind, variant, q.device))
+                if config not in self._seen:  # the first call of a configuration JIT-compiles it
+                    self._seen.add(config)
+                    log.info("FlashInfer %s (%s): heads %d/%d, head dim %d, page %d, %s: first use, may "
+                             "JIT-compile with nvcc (FlashInfer caches the build on disk)", kind, variant,
+                             q.shape[1], k_cache.shape[2], q.shape[2], k_cache.shape[1], q.dtype)
             key = tuple(metadata_identity(t) for t in metadata)
             if planned.key != key:
                 self._plan(planned.wrapper, kind, q, k_cache, *metadata, float(scale), cap, host_lengths)
@@ -302,6 +314,10 @@ class LazyLibrary:
 _SPEC = dict(solution="flashinfer", priority=Priority.PORTABLE, dtypes=Q_DTYPES,
              capability={"vendors": ("nvidia",), "min_compute_capability": (8, 0)},
              features=("fp8_kv", "soft_cap", "gqa"), tags=("flashinfer",))
+# FA3 prefill measured faster than our Triton kernel on the H200 served (module note): above it, sm_90 only.
+_PREFILL_SPEC = dict(_SPEC, priority=Priority.PERFORMANT + 1,
+                     capability={"vendors": ("nvidia",), "min_compute_capability": (9, 0),
+                                 "max_compute_capability": (9, 0)})
 
 
 def register(load: Callable[[], object] = load_library, registry=None, **options) -> LazyLibrary:
@@ -313,17 +329,17 @@ def register(load: Callable[[], object] = load_library, registry=None, **options
     @register_kernel("attention", "decode", name=DECODE_KERNEL, registry=registry, **_SPEC)
     def flashinfer_paged_decode(q, k_cache, v_cache, page_table, query_start_loc, seq_lens, *, max_query_len,
                                 scale, soft_cap=None, k_scale=None, v_scale=None, out=None, host_lengths=None):
-        """Paged decode (1..16 query tokens per request) through FlashInfer; not yet measured."""
+        """Paged decode (1..16 query tokens per request) through FlashInfer."""
         args = (q, k_cache, v_cache, page_table, query_start_loc, seq_lens)
         kw = dict(max_query_len=max_query_len, scale=scale, soft_cap=soft_cap, k_scale=k_scale, v_scale=v_scale,
                   out=out, host_lengths=host_lengths)
         got = lazy.get().decode(*args, **kw)
         return got if got is not None else next_attention_kernel("decode", *args, **kw)
 
-    @register_kernel("attention", "prefill", name=PREFILL_KERNEL, registry=registry, **_SPEC)
+    @register_kernel("attention", "prefill", name=PREFILL_KERNEL, registry=registry, **_PREFILL_SPEC)
     def flashinfer_paged_prefill(q, k_cache, v_cache, page_table, query_start_loc, seq_lens, *, max_query_len,
                                  scale, soft_cap=None, k_scale=None, v_scale=None, out=None, host_lengths=None):
-        """Paged causal prefill over a cached prefix through FlashInfer (FA3 on sm_90); not yet measured."""
+        """Paged causal prefill over a cached prefix through FlashInfer (FA3 on sm_90)."""
         args = (q, k_cache, v_cache, page_table, query_start_loc, seq_lens)
         kw = dict(max_query_len=max_query_len, scale=scale, soft_cap=soft_cap, k_scale=k_scale, v_scale=v_scale,
                   out=out, host_lengths=host_lengths)
