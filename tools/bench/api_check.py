@@ -76,8 +76,16 @@ def check_forced_tool_call(c, model):
     assert isinstance(args.get("city"), str), args
 
 
+# Enough tokens for a random model to close a required-mode call array whatever it picks: about 14
+# places between the array's JSON tokens, each allowing up to 16 whitespace characters (the engine's
+# bound), plus the 12-character city and the structure. 48 was not: the H200 DeepSeek run spent them
+# on whitespace (bench/results/deepseek_serve_2026-12-02_1405_h200). A real model stops far earlier.
+REQUIRED_CALL_BUDGET = 288
+
+
 def check_required_tool_call(c, model):
-    body = {"model": model, "messages": ASK, "max_tokens": 48, "tools": [WEATHER], "tool_choice": "required"}
+    body = {"model": model, "messages": ASK, "max_tokens": REQUIRED_CALL_BUDGET, "tools": [WEATHER],
+            "tool_choice": "required"}
     r = c.post("/v1/chat/completions", json=body).raise_for_status().json()
     choice = r["choices"][0]
     calls = choice["message"].get("tool_calls") or []
