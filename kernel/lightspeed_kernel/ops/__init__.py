@@ -23,7 +23,7 @@ from .norm import fused_add_rms_norm, rms_norm
 from .quantize import quant_fp8_per_block, quant_fp8_per_token, quant_fp8_per_token_head
 from .rope import apply_rope, rope_cos_sin_cache, yarn_get_mscale
 from .sampling import apply_penalties, compute_logprobs, sample
-from .spec import ngram_lookup
+from .spec import ngram_lookup, spec_fill_drafts, spec_shift_rows, spec_verify
 
 __all__ = [
     "HostLengths",
@@ -54,6 +54,9 @@ __all__ = [
     "rope_cos_sin_cache",
     "sample",
     "silu_and_mul",
+    "spec_fill_drafts",
+    "spec_shift_rows",
+    "spec_verify",
     "store_kv",
     "yarn_get_mscale",
 ]

@@ -36,3 +36,66 @@ def ngram_lookup(history: torch.Tensor, rows: torch.Tensor, lengths: torch.Tenso
     known = (best >= 0)[:, None] & (at < lengths[:, None])
     drafts = torch.where(known, tokens.gather(1, at.clamp(max=max(width - 1, 0))).long(), 0)
     return drafts, known.sum(dim=1, dtype=torch.int32)
+
+
+def _decode_layout(query_start_loc: torch.Tensor, num_decodes: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(row of each decode input, its position within the row, tokens per decode row)."""
+    qsl = query_start_loc[: num_decodes + 1].long()
+    row_tokens = qsl[1:] - qsl[:-1]
+    rows = torch.repeat_interleave(torch.arange(num_decodes, device=qsl.device), row_tokens)
+    pos = torch.arange(rows.shape[0], device=qsl.device) - qsl[:-1][rows]
+    return rows, pos, row_tokens
+
+
+@reference("spec", "verify")
+def spec_verify(tokens: torch.Tensor, input_ids: torch.Tensor, query_start_loc: torch.Tensor, *, num_decodes: int,
+                max_query_len: int, chain_ok: torch.Tensor | None = None, matched: torch.Tensor | None = None,
+                sample_slots: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    rows, pos, row_tokens = _decode_layout(query_start_loc, num_decodes)
+    ndt = rows.shape[0]
+    following = torch.cat([input_ids[1:ndt + 1], input_ids.new_full((max(ndt + 1 - input_ids.shape[0], 0),), -1)])
+    match = (tokens[:ndt] == following[:ndt]) & (pos < row_tokens[rows] - 1)
+    # Leading matches per row = position of its first miss (a row's last position always misses).
+    miss_pos = torch.where(match, 1 << 20, pos)
+    lead = torch.full((num_decodes,), 1 << 20, dtype=torch.int64, device=tokens.device)
+    lead.scatter_reduce_(0, rows, miss_pos, reduce="amin")
+    ok = torch.ones(num_decodes, dtype=torch.bool, device=tokens.device) if chain_ok is None else chain_ok.bool()
+    accepted = torch.where(ok, lead, 0) + 1
+    keep = torch.ones(tokens.shape[0], dtype=torch.bool, device=tokens.device)
+    keep[:ndt] = pos < accepted[rows]
+    rejected = torch.zeros(tokens.shape[0], dtype=torch.int64, device=tokens.device)
+    rejected[:ndt] = (row_tokens - accepted)[rows]
+    parts = [accepted, ok.long()]
+    if matched is not None:
+        parts.append(matched[sample_slots[query_start_loc[:num_decodes].long()]].long())
+    return torch.stack(parts), keep, rejected
+
+
+@reference("spec", "shift_rows")
+def spec_shift_rows(positions: torch.Tensor, input_ids: torch.Tensor, seq_lens: torch.Tensor,
+                    page_table: torch.Tensor, query_start_loc: torch.Tensor, deferred_mask: torch.Tensor,
+                    deferred_src: torch.Tensor, prev_rejected: torch.Tensor, prev_sampled: torch.Tensor, *,
+                    page_size: int, max_query_len: int
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    qsl = query_start_loc.long()
+    num_rows = qsl.shape[0] - 1
+    token_rows = torch.repeat_interleave(torch.arange(num_rows, device=qsl.device), qsl[1:] - qsl[:-1])
+    first = qsl[:-1].clamp(max=max(positions.shape[0] - 1, 0))
+    deferred = (qsl[1:] > qsl[:-1]) & deferred_mask[first] if positions.shape[0] else qsl[1:] < 0
+    src = deferred_src[first].long() if positions.shape[0] else qsl[1:] * 0
+    shift = torch.where(deferred, prev_rejected[torch.where(deferred, src, 0)], 0)
+    moved = positions - shift[token_rows]
+    pages = page_table[token_rows, moved // page_size]
+    slot_mapping = pages.long() * page_size + moved % page_size
+    input_ids[first[deferred]] = prev_sampled[(src - shift)[deferred]].to(input_ids.dtype)
+    return moved, slot_mapping, seq_lens - shift.to(seq_lens.dtype), shift
+
+
+@reference("spec", "fill_drafts")
+def spec_fill_drafts(input_ids: torch.Tensor, query_start_loc: torch.Tensor, drafts: torch.Tensor,
+                     sample_slots: torch.Tensor, *, num_decodes: int, max_query_len: int) -> None:
+    rows, pos, _ = _decode_layout(query_start_loc, num_decodes)
+    target = torch.nonzero(pos > 0).flatten()  # a row's inputs after its first are its draft slots
+    if target.numel():
+        slots = sample_slots[query_start_loc[:num_decodes].long()][rows[target]]
+        input_ids[target] = drafts[slots, pos[target] - 1].to(input_ids.dtype)
