@@ -75,15 +75,13 @@ class DeviceLookupDrafter:
         np.multiply(self.enabled & self.matched, self.k, out=self._counts, casting="unsafe")
         return {"num_draft_tokens": self._counts}
 
-    def valid_drafts(self, slots: torch.Tensor) -> torch.Tensor:
-        """int32 per slot: how many of the drafts gathered into a plan came from a match."""
-        return self.valid[slots]
-
     def run(self, plan, t: StepTensors, tokens: torch.Tensor, accepted: torch.Tensor | None,
-            keep: torch.Tensor | None, hidden: torch.Tensor | None = None) -> torch.Tensor | None:
+            keep: torch.Tensor | None, hidden: torch.Tensor | None = None,
+            row_slots: torch.Tensor | None = None) -> torch.Tensor | None:
         """Record the step's kept tokens, then draft for every request it sampled. Returns the
         matched draft count per sampling row (int32 [R], on the device; None: nothing sampled);
-        rows are the decode rows, then the sampled prompts, as `sampling_rows(plan)`."""
+        rows are the decode rows, then the sampled prompts, as `sampling_rows(plan)`. row_slots:
+        their slots on the device, if the caller uploaded them already (else one upload here)."""
         num_samples = plan.sample_batch_rows.shape[0]
         if num_samples == 0:
             return None
@@ -95,7 +93,8 @@ class DeviceLookupDrafter:
         ends = at + 1 if keep is None else torch.where(keep, at + 1, 0)
         self.lengths.scatter_reduce_(0, slots, ends, reduce="amax", include_self=False)
         rows = sampling_rows(plan)
-        row_slots = upload(plan.req_slots[rows].astype(np.int64), device)
+        if row_slots is None:
+            row_slots = upload(plan.req_slots[rows].astype(np.int64), device)
         # A bound of every row's known tokens, from the host: its KV length after the step, plus
         # the bonus token (a provisional row's planned length is never below its true one).
         width = int(min(self.width, int(plan.seq_lens[rows].max()) + 1))
