@@ -33,7 +33,7 @@ TINY = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_siz
         "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
         "max_position_embeddings": 512, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "torch_dtype": "float32"}
 # lightspeed_kernel.ops of the speculative path (Triton launches on GPU)
-SPEC_KERNELS = ("ngram_lookup", "spec_verify", "spec_shift_rows", "spec_fill_drafts")
+SPEC_KERNELS = ("ngram_lookup", "ngram_record", "spec_verify", "spec_shift_rows", "spec_fill_drafts")
 METHODS = (("none", True), ("ngram", False), ("ngram_gpu", True), ("suffix", False))
 
 

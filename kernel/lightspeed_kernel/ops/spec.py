@@ -8,7 +8,8 @@ from ._dispatch import impl_for
 
 
 def ngram_lookup(history: torch.Tensor, rows: torch.Tensor, lengths: torch.Tensor, *, k: int, n_min: int,
-                 n_max: int, max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+                 n_max: int, max_len: int, out_drafts: torch.Tensor | None = None,
+                 out_valid: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Prompt-lookup drafts for token rows (spec/ngram_lookup).
 
     history: [N, W] int32 token rows; rows: [R] int64, the rows to draft for; lengths: [N], the
@@ -18,9 +19,31 @@ def ngram_lookup(history: torch.Tensor, rows: torch.Tensor, lengths: torch.Tenso
     (so a repeating run drafts k tokens, not the one after its last repeat); its drafts are the
     known tokens after i, at most k.
     Returns (drafts int64 [R, k], 0 past the match's known tokens; matched counts int32 [R]).
+    out_drafts [N, k] int64 / out_valid [N] int32 (optional, together): also written at each
+    drafted row (out_drafts[rows[r]] = drafts[r]), in the same launch.
     """
     return impl_for("spec", "ngram_lookup", history)(history, rows, lengths, k=k, n_min=n_min, n_max=n_max,
-                                                     max_len=max_len)
+                                                     max_len=max_len, out_drafts=out_drafts, out_valid=out_valid)
+
+
+def ngram_record(history: torch.Tensor, lengths: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
+                 logits_indices: torch.Tensor, sample_slots: torch.Tensor, query_start_loc: torch.Tensor, *,
+                 num_decodes: int, num_decode_tokens: int, max_query_len: int,
+                 keep: torch.Tensor | None = None) -> None:
+    """A step's samples into their token rows, in place (spec/ngram_record).
+
+    Sample i (tokens [S] int64), drawn after input logits_indices[i] (int64 [S]) at position p
+    (positions [T] int64), is token p + 1 of row sample_slots[i] (int64 [S]) of history [N, W]
+    int32 (clamped to W - 1). Sampling rows: decode row b (b < num_decodes) owns samples
+    query_start_loc[b]..[b+1] (int32 [B+1]; sample index = input index, num_decode_tokens in
+    all), each later sample is a row of its own; a row's slot then knows its tokens through its
+    last kept sample (keep bool [S], None: all): lengths[slot] (int64 [N]) = p + 2 of that sample.
+    No slot may own two rows.
+    """
+    impl_for("spec", "ngram_record", history)(history, lengths, tokens, positions, logits_indices, sample_slots,
+                                              query_start_loc, num_decodes=num_decodes,
+                                              num_decode_tokens=num_decode_tokens, max_query_len=max_query_len,
+                                              keep=keep)
 
 
 def spec_verify(tokens: torch.Tensor, input_ids: torch.Tensor, query_start_loc: torch.Tensor, *, num_decodes: int,

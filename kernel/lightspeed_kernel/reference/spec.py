@@ -9,7 +9,17 @@ from ._register import reference
 
 @reference("spec", "ngram_lookup")
 def ngram_lookup(history: torch.Tensor, rows: torch.Tensor, lengths: torch.Tensor, *, k: int, n_min: int,
-                 n_max: int, max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+                 n_max: int, max_len: int, out_drafts: torch.Tensor | None = None,
+                 out_valid: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    drafts, valid = _ngram_lookup(history, rows, lengths, k=k, n_min=n_min, n_max=n_max, max_len=max_len)
+    if out_drafts is not None:
+        out_drafts[rows] = drafts
+        out_valid[rows] = valid
+    return drafts, valid
+
+
+def _ngram_lookup(history: torch.Tensor, rows: torch.Tensor, lengths: torch.Tensor, *, k: int, n_min: int,
+                  n_max: int, max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
     # Batched over [R, max_len]: one element-wise pass per tail length compared (see ops/spec.py).
     width = min(max_len, history.shape[1])
     device = history.device
@@ -99,3 +109,16 @@ def spec_fill_drafts(input_ids: torch.Tensor, query_start_loc: torch.Tensor, dra
     if target.numel():
         slots = sample_slots[query_start_loc[:num_decodes].long()][rows[target]]
         input_ids[target] = drafts[slots, pos[target] - 1].to(input_ids.dtype)
+
+
+@reference("spec", "ngram_record")
+def ngram_record(history: torch.Tensor, lengths: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
+                 logits_indices: torch.Tensor, sample_slots: torch.Tensor, query_start_loc: torch.Tensor, *,
+                 num_decodes: int, num_decode_tokens: int, max_query_len: int,
+                 keep: torch.Tensor | None = None) -> None:
+    # The sample at logits index i follows input position p: it is the token at p + 1.
+    at = positions[logits_indices] + 1
+    history[sample_slots, at.clamp(max=history.shape[1] - 1)] = tokens.to(history.dtype)
+    ends = at + 1 if keep is None else torch.where(keep, at + 1, 0)
+    # A slot's samples are all in its one row: the max over them is the row's last kept sample.
+    lengths.scatter_reduce_(0, sample_slots, ends.to(lengths.dtype), reduce="amax", include_self=False)

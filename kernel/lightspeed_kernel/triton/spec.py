@@ -16,8 +16,9 @@ from ._common import check, next_pow2, register
 
 
 @triton.jit
-def _ngram_lookup_kernel(history_ptr, rows_ptr, lengths_ptr, drafts_ptr, valid_ptr, stride_h, k,
-                         N_MIN: tl.constexpr, N_MAX: tl.constexpr, BLOCK: tl.constexpr, K_PAD: tl.constexpr):
+def _ngram_lookup_kernel(history_ptr, rows_ptr, lengths_ptr, drafts_ptr, valid_ptr, out_drafts_ptr, out_valid_ptr,
+                         stride_h, k, N_MIN: tl.constexpr, N_MAX: tl.constexpr, BLOCK: tl.constexpr,
+                         K_PAD: tl.constexpr, OUT: tl.constexpr):
     r = tl.program_id(0)
     row = tl.load(rows_ptr + r).to(tl.int64)
     length = tl.load(lengths_ptr + row).to(tl.int64)
@@ -47,13 +48,21 @@ def _ngram_lookup_kernel(history_ptr, rows_ptr, lengths_ptr, drafts_ptr, valid_p
     draft = tl.load(base + at, mask=known, other=0)
     tl.store(drafts_ptr + r * k + m, draft.to(tl.int64), mask=m < k)
     tl.store(valid_ptr + r, tl.sum(known.to(tl.int32), axis=0))
+    if OUT:  # the same, at the drafted row's own entry
+        tl.store(out_drafts_ptr + row * k + m, draft.to(tl.int64), mask=m < k)
+        tl.store(out_valid_ptr + row, tl.sum(known.to(tl.int32), axis=0))
 
 
 @register("spec", "ngram_lookup", "triton_ngram_lookup", (torch.int32,))
 def ngram_lookup(history: torch.Tensor, rows: torch.Tensor, lengths: torch.Tensor, *, k: int, n_min: int,
-                 n_max: int, max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+                 n_max: int, max_len: int, out_drafts: torch.Tensor | None = None,
+                 out_valid: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """history [N, W] int32 (last dim contiguous), rows [R] int64, lengths [N] -> (drafts [R, k], valid [R])."""
     check(history.dim() == 2 and history.stride(1) == 1, "history must be [N, W] with contiguous rows")
+    check((out_drafts is None) == (out_valid is None), "out_drafts and out_valid go together")
+    check(out_drafts is None or (out_drafts.shape[1:] == (k,) and out_drafts.is_contiguous()
+                                 and out_drafts.dtype == torch.int64 and out_valid.dtype == torch.int32),
+          "out_drafts must be a contiguous int64 [N, k], out_valid int32 [N]")
     check(1 <= n_min <= n_max and k >= 1, f"need 1 <= n_min <= n_max and k >= 1, got {n_min}, {n_max}, {k}")
     num = rows.shape[0]
     drafts = torch.empty((num, k), dtype=torch.int64, device=history.device)
@@ -61,8 +70,10 @@ def ngram_lookup(history: torch.Tensor, rows: torch.Tensor, lengths: torch.Tenso
     if num == 0:
         return drafts, valid
     block = min(1024, max(16, next_pow2(max_len)))
-    _ngram_lookup_kernel[(num,)](history, rows, lengths, drafts, valid, history.stride(0), k, N_MIN=n_min,
-                                 N_MAX=n_max, BLOCK=block, K_PAD=next_pow2(k), num_warps=4)
+    out = out_drafts is not None
+    _ngram_lookup_kernel[(num,)](history, rows, lengths, drafts, valid, out_drafts if out else drafts,
+                                 out_valid if out else valid, history.stride(0), k, N_MIN=n_min, N_MAX=n_max,
+                                 BLOCK=block, K_PAD=next_pow2(k), OUT=out, num_warps=4)
     return drafts, valid
 
 
@@ -200,3 +211,46 @@ def spec_fill_drafts(input_ids: torch.Tensor, query_start_loc: torch.Tensor, dra
         return
     _fill_drafts_kernel[(num_decodes,)](input_ids, query_start_loc, drafts, sample_slots, drafts.shape[1],
                                         BLOCK=max(16, next_pow2(max_query_len)), num_warps=1)
+
+
+@triton.jit
+def _ngram_record_kernel(history_ptr, lengths_ptr, tokens_ptr, positions_ptr, logits_ptr, slots_ptr, qsl_ptr,
+                         keep_ptr, stride_h, width, num_decodes, num_decode_tokens, HAS_KEEP: tl.constexpr,
+                         BLOCK: tl.constexpr):
+    r = tl.program_id(0)
+    j = tl.arange(0, BLOCK).to(tl.int64)
+    if r < num_decodes:  # a decode row owns its samples, one per input
+        start = tl.load(qsl_ptr + r).to(tl.int64)
+        n = tl.load(qsl_ptr + r + 1).to(tl.int64) - start
+    else:  # each later sample is a row of its own
+        start = (num_decode_tokens + r - num_decodes).to(tl.int64)
+        n = tl.full((), 1, tl.int64)
+    live = j < n
+    i = start + j
+    slot = tl.load(slots_ptr + i, mask=live, other=0)
+    at = tl.load(positions_ptr + tl.load(logits_ptr + i, mask=live, other=0), mask=live, other=0) + 1
+    token = tl.load(tokens_ptr + i, mask=live, other=0)
+    tl.store(history_ptr + slot * stride_h + tl.minimum(at, width - 1), token.to(tl.int32), mask=live)
+    end = at + 1
+    if HAS_KEEP:
+        end = tl.where(tl.load(keep_ptr + i, mask=live, other=0) != 0, end, 0)
+    end = tl.where(live, end, 0)
+    # Every sample of the row has its slot; the max over the row is its last kept sample's end.
+    tl.store(lengths_ptr + slot, end * 0 + tl.max(end, axis=0), mask=j == 0)
+
+
+@register("spec", "ngram_record", "triton_ngram_record", (torch.int32,))
+def ngram_record(history: torch.Tensor, lengths: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
+                 logits_indices: torch.Tensor, sample_slots: torch.Tensor, query_start_loc: torch.Tensor, *,
+                 num_decodes: int, num_decode_tokens: int, max_query_len: int,
+                 keep: torch.Tensor | None = None) -> None:
+    """history [N, W] int32 (rows contiguous), lengths [N] int64; written in place."""
+    check(history.dim() == 2 and history.stride(1) == 1, "history must be [N, W] with contiguous rows")
+    check(lengths.dtype == torch.int64, "lengths must be int64")
+    rows = num_decodes + tokens.shape[0] - num_decode_tokens
+    if rows == 0:
+        return
+    _ngram_record_kernel[(rows,)](history, lengths, tokens, positions, logits_indices, sample_slots,
+                                  query_start_loc, keep.view(torch.int8) if keep is not None else tokens,
+                                  history.stride(0), history.shape[1], num_decodes, num_decode_tokens,
+                                  HAS_KEEP=keep is not None, BLOCK=max(16, next_pow2(max_query_len)), num_warps=1)

@@ -167,7 +167,7 @@ def test_shift_rows_kernel_equals_reference_and_python(device, row_tokens, page_
     prev_sampled = rng.integers(100, 200, size=prev)
     # Every row starts past the largest shift (3), at a random place in its pages.
     start = rng.integers(3, 40, size=rows)
-    positions = np.concatenate([np.zeros(0)] + [np.arange(n) + s for n, s in zip(row_tokens, start)]).astype(np.int64)
+    positions = np.concatenate([np.zeros(0)] + [np.arange(n) + s for n, s in zip(row_tokens, start, strict=True)]).astype(np.int64)
     seq_lens = (start + np.asarray(row_tokens, dtype=np.int64)).astype(np.int32)
     pages = int(max(seq_lens, default=1) // page_size + 1)
     page_table = rng.permutation(rows * pages + 1)[: rows * pages].reshape(rows, pages).astype(np.int32)
@@ -206,3 +206,55 @@ def test_fill_drafts_kernel_equals_reference_and_python(device, row_tokens, k):
         fn(ids, torch.tensor(qsl, device=device), torch.tensor(drafts, device=device),
            torch.tensor(slots, device=device), num_decodes=nd, max_query_len=max(row_tokens, default=1))
         assert ids.cpu().tolist() == want
+
+
+@pytest.mark.parametrize("row_tokens, prefill_samples, width", [([], 0, 20), ([], 2, 20), ([1], 0, 20),
+                                                                 ([5, 1, 3], 2, 20), ([4, 4], 1, 9)])
+@pytest.mark.parametrize("with_keep", [False, True])
+def test_ngram_record_kernel_equals_reference_and_python(device, row_tokens, prefill_samples, width, with_keep):
+    rng = np.random.default_rng(sum(row_tokens) * 5 + prefill_samples + width)
+    qsl = np.concatenate([[0], np.cumsum(row_tokens)]).astype(np.int32)
+    nd, ndt = len(row_tokens), int(qsl[-1])
+    num_slots = nd + prefill_samples + 2
+    row_slots = rng.permutation(num_slots)[: nd + prefill_samples]
+    slots = np.concatenate([np.repeat(row_slots[:nd], row_tokens), row_slots[nd:]]).astype(np.int64)
+    # Decode rows continue at a position; each prefill samples after its last prompt token (some past width).
+    starts = rng.integers(0, width, size=nd + prefill_samples)
+    positions = np.concatenate([np.zeros(0)] + [np.arange(n) + s for n, s in zip(row_tokens, starts, strict=False)]
+                               + [np.arange(3) + s for s in starts[nd:]]).astype(np.int64)
+    logits = np.concatenate([np.arange(ndt), ndt + 3 * np.arange(prefill_samples) + 2]).astype(np.int64)
+    tokens = rng.integers(1, 90, size=ndt + prefill_samples)
+    keep = np.ones(tokens.shape[0], dtype=bool)
+    if with_keep:  # a decode row keeps a prefix of its samples, at least one
+        for b, n in enumerate(row_tokens):
+            keep[qsl[b] + int(rng.integers(1, n + 1)):qsl[b + 1]] = False
+    history = rng.integers(100, 200, size=(num_slots, width)).astype(np.int32)
+    lengths = rng.integers(0, width, size=num_slots)
+    want_h, want_l = history.copy(), lengths.copy()
+    for i in range(tokens.shape[0]):
+        at = positions[logits[i]] + 1
+        want_h[slots[i], min(at, width - 1)] = tokens[i]
+    for slot in row_slots:
+        own = np.nonzero(slots == slot)[0]
+        want_l[slot] = max(positions[logits[i]] + 2 for i in own if keep[i])
+    for fn in (ref.ngram_record, spec.ngram_record):
+        h, ln = torch.tensor(history, device=device), torch.tensor(lengths, device=device)
+        fn(h, ln, torch.tensor(tokens, device=device), torch.tensor(positions, device=device),
+           torch.tensor(logits, device=device), torch.tensor(slots, device=device), torch.tensor(qsl, device=device),
+           num_decodes=nd, num_decode_tokens=ndt, max_query_len=max(row_tokens, default=1),
+           keep=torch.tensor(keep, device=device) if with_keep else None)
+        assert np.array_equal(h.cpu().numpy(), want_h) and np.array_equal(ln.cpu().numpy(), want_l)
+
+
+def test_ngram_lookup_writes_each_row_entry_of_the_out_tensors(device):
+    history, rows, lengths, max_len = _table(AWKWARD, device)
+    drafts, valid = ref.ngram_lookup(history, rows, lengths, k=4, n_min=1, n_max=3, max_len=max_len)
+    for fn in (ref.ngram_lookup, spec.ngram_lookup):
+        out_d = torch.full((history.shape[0], 4), -5, dtype=torch.int64, device=device)
+        out_v = torch.full((history.shape[0],), -5, dtype=torch.int32, device=device)
+        got = fn(history, rows, lengths, k=4, n_min=1, n_max=3, max_len=max_len, out_drafts=out_d, out_valid=out_v)
+        assert torch.equal(got[0], drafts) and torch.equal(got[1], valid)
+        assert torch.equal(out_d[rows], drafts) and torch.equal(out_v[rows], valid)
+        untouched = torch.ones(history.shape[0], dtype=torch.bool, device=device)
+        untouched[rows] = False
+        assert (out_d[untouched] == -5).all() and (out_v[untouched] == -5).all()
