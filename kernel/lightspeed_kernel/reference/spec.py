@@ -48,33 +48,40 @@ def _ngram_lookup(history: torch.Tensor, rows: torch.Tensor, lengths: torch.Tens
     return drafts, known.sum(dim=1, dtype=torch.int32)
 
 
-def _decode_layout(query_start_loc: torch.Tensor, num_decodes: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(row of each decode input, its position within the row, tokens per decode row)."""
-    qsl = query_start_loc[: num_decodes + 1].long()
-    row_tokens = qsl[1:] - qsl[:-1]
-    rows = torch.repeat_interleave(torch.arange(num_decodes, device=qsl.device), row_tokens)
-    pos = torch.arange(rows.shape[0], device=qsl.device) - qsl[:-1][rows]
-    return rows, pos, row_tokens
+def _row_layout(query_start_loc: torch.Tensor, num_rows: int, n: int) -> tuple[torch.Tensor, ...]:
+    """For indices 0..n-1 (inputs or samples) and the first `num_rows` rows: (in one of them, its
+    row clamped to a valid one, its position in the row, that row's token count). No host read:
+    searchsorted, not repeat_interleave (whose output size the host would wait for)."""
+    qsl = query_start_loc[: num_rows + 1].long()
+    index = torch.arange(n, device=qsl.device)
+    rows = torch.searchsorted(qsl[1:], index, right=True)
+    inside = rows < num_rows
+    rows = rows.clamp(max=max(num_rows - 1, 0))
+    return inside, rows, index - qsl[rows], (qsl[1:] - qsl[:-1])[rows]
 
 
 @reference("spec", "verify")
 def spec_verify(tokens: torch.Tensor, input_ids: torch.Tensor, query_start_loc: torch.Tensor, *, num_decodes: int,
                 max_query_len: int, chain_ok: torch.Tensor | None = None, matched: torch.Tensor | None = None,
                 sample_slots: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    rows, pos, row_tokens = _decode_layout(query_start_loc, num_decodes)
-    ndt = rows.shape[0]
-    following = torch.cat([input_ids[1:ndt + 1], input_ids.new_full((max(ndt + 1 - input_ids.shape[0], 0),), -1)])
-    match = (tokens[:ndt] == following[:ndt]) & (pos < row_tokens[rows] - 1)
+    device, num = tokens.device, tokens.shape[0]
+    ok = torch.ones(num_decodes, dtype=torch.bool, device=device) if chain_ok is None else chain_ok.bool()
+    if num_decodes == 0:
+        parts = 3 if matched is not None else 2
+        return (torch.zeros(parts, 0, dtype=torch.int64, device=device), torch.ones(num, dtype=torch.bool, device=device),
+                torch.zeros(num, dtype=torch.int64, device=device))
+    decode, rows, pos, row_tokens = _row_layout(query_start_loc, num_decodes, num)
+    # The draft after sample (= input) i of a decode row is input i + 1.
+    after = torch.arange(1, num + 1, device=device)
+    following = torch.where(after < input_ids.shape[0], input_ids[after.clamp(max=max(input_ids.shape[0] - 1, 0))], -1)
+    match = decode & (pos < row_tokens - 1) & (tokens == following)
     # Leading matches per row = position of its first miss (a row's last position always misses).
-    miss_pos = torch.where(match, 1 << 20, pos)
-    lead = torch.full((num_decodes,), 1 << 20, dtype=torch.int64, device=tokens.device)
+    miss_pos = torch.where(match | ~decode, 1 << 20, pos)
+    lead = torch.full((num_decodes,), 1 << 20, dtype=torch.int64, device=device)
     lead.scatter_reduce_(0, rows, miss_pos, reduce="amin")
-    ok = torch.ones(num_decodes, dtype=torch.bool, device=tokens.device) if chain_ok is None else chain_ok.bool()
     accepted = torch.where(ok, lead, 0) + 1
-    keep = torch.ones(tokens.shape[0], dtype=torch.bool, device=tokens.device)
-    keep[:ndt] = pos < accepted[rows]
-    rejected = torch.zeros(tokens.shape[0], dtype=torch.int64, device=tokens.device)
-    rejected[:ndt] = (row_tokens - accepted)[rows]
+    keep = ~decode | (pos < accepted[rows])
+    rejected = torch.where(decode, row_tokens - accepted[rows], 0)
     parts = [accepted, ok.long()]
     if matched is not None:
         parts.append(matched[sample_slots[query_start_loc[:num_decodes].long()]].long())
@@ -88,27 +95,33 @@ def spec_shift_rows(positions: torch.Tensor, input_ids: torch.Tensor, seq_lens: 
                     page_size: int, max_query_len: int
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     qsl = query_start_loc.long()
-    num_rows = qsl.shape[0] - 1
-    token_rows = torch.repeat_interleave(torch.arange(num_rows, device=qsl.device), qsl[1:] - qsl[:-1])
-    first = qsl[:-1].clamp(max=max(positions.shape[0] - 1, 0))
-    deferred = (qsl[1:] > qsl[:-1]) & deferred_mask[first] if positions.shape[0] else qsl[1:] < 0
-    src = deferred_src[first].long() if positions.shape[0] else qsl[1:] * 0
+    num_rows, num_tokens = qsl.shape[0] - 1, positions.shape[0]
+    if num_tokens == 0:
+        return positions.clone(), positions.clone(), seq_lens.clone(), torch.zeros_like(qsl[1:])
+    first = qsl[:-1].clamp(max=num_tokens - 1)
+    deferred = (qsl[1:] > qsl[:-1]) & deferred_mask[first]
+    src = deferred_src[first].long()
     shift = torch.where(deferred, prev_rejected[torch.where(deferred, src, 0)], 0)
+    _, token_rows, pos_in_row, _ = _row_layout(query_start_loc, num_rows, num_tokens)
     moved = positions - shift[token_rows]
     pages = page_table[token_rows, moved // page_size]
     slot_mapping = pages.long() * page_size + moved % page_size
-    input_ids[first[deferred]] = prev_sampled[(src - shift)[deferred]].to(input_ids.dtype)
+    # Each input is in one row: a where over inputs (no duplicate indices, no host read).
+    bonus = prev_sampled[torch.where(deferred, src - shift, 0)][token_rows].to(input_ids.dtype)
+    input_ids.copy_(torch.where((pos_in_row == 0) & deferred[token_rows], bonus, input_ids))
     return moved, slot_mapping, seq_lens - shift.to(seq_lens.dtype), shift
 
 
 @reference("spec", "fill_drafts")
 def spec_fill_drafts(input_ids: torch.Tensor, query_start_loc: torch.Tensor, drafts: torch.Tensor,
                      sample_slots: torch.Tensor, *, num_decodes: int, max_query_len: int) -> None:
-    rows, pos, _ = _decode_layout(query_start_loc, num_decodes)
-    target = torch.nonzero(pos > 0).flatten()  # a row's inputs after its first are its draft slots
-    if target.numel():
-        slots = sample_slots[query_start_loc[:num_decodes].long()][rows[target]]
-        input_ids[target] = drafts[slots, pos[target] - 1].to(input_ids.dtype)
+    if num_decodes == 0 or input_ids.shape[0] == 0:
+        return
+    decode, rows, pos, _ = _row_layout(query_start_loc, num_decodes, input_ids.shape[0])
+    slots = sample_slots[query_start_loc[:num_decodes].long()][rows]
+    # A decode row's inputs after its first are its draft slots.
+    draft = drafts[slots, (pos - 1).clamp(min=0, max=drafts.shape[1] - 1)].to(input_ids.dtype)
+    input_ids.copy_(torch.where(decode & (pos > 0), draft, input_ids))
 
 
 @reference("spec", "ngram_record")
