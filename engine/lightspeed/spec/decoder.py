@@ -110,13 +110,10 @@ class SpecDecoder:
                             plan.query_start_loc[:nd].copy())
         if not row_drafts.any():
             return None, launch
-        searches = isinstance(self.drafter, DeviceLookupDrafter)
-        # ngram_gpu's search after the step needs its rows' slots: in the step's one upload.
-        step = SpecStep.build(plan, self.device, t.query_start_loc,
-                              row_slots=plan.req_slots[sampling_rows(plan)] if searches else None)
+        step = SpecStep.build(plan, self.device, t.query_start_loc)
         if self.drafter.on_device:
             fill_device_drafts(plan, t, self.drafter.drafts)
-        if searches:  # verification reads each row's matched drafts (the last search's, in stream order)
+        if isinstance(self.drafter, DeviceLookupDrafter):  # verification reads each row's matched drafts (the last search's, in stream order)
             step.matched_by_slot, step.sample_slots = self.drafter.valid, t.sample_slots
         if rows.size and not self.drafter.on_device:
             # Device drafts were made after the in-flight step's verification: they continue its
@@ -133,9 +130,7 @@ class SpecDecoder:
             self._prev_rejected = step.rejected_by_sample(accepted, tokens.shape[0])
             launch.verdict = _to_host(step.verdict)  # accepted, chain ok, [matched]: one copy
         if self.drafter.on_device:
-            # Slots ngram_gpu's search reads, already on the device with the step's layout (prepare).
-            staged = {"row_slots": step.row_slots} if step is not None and step.row_slots is not None else {}
-            found = self.drafter.run(plan, t, tokens, accepted, keep, hidden, **staged)
+            found = self.drafter.run(plan, t, tokens, accepted, keep, hidden)
             if found is not None:
                 launch.found, launch.found_slots = _to_host(found), plan.req_slots[sampling_rows(plan)].copy()
 

@@ -76,24 +76,23 @@ class DeviceLookupDrafter:
         return {"num_draft_tokens": self._counts}
 
     def run(self, plan, t: StepTensors, tokens: torch.Tensor, accepted: torch.Tensor | None,
-            keep: torch.Tensor | None, hidden: torch.Tensor | None = None,
-            row_slots: torch.Tensor | None = None) -> torch.Tensor | None:
+            keep: torch.Tensor | None, hidden: torch.Tensor | None = None) -> torch.Tensor | None:
         """Record the step's kept tokens, then draft for every request it sampled. Returns the
         matched draft count per sampling row (int32 [R], on the device; None: nothing sampled);
-        rows are the decode rows, then the sampled prompts, as `sampling_rows(plan)`. row_slots:
-        their slots on the device, if the caller uploaded them already (else one upload here)."""
+        rows are the decode rows, then the sampled prompts, as `sampling_rows(plan)`."""
         num_samples = plan.sample_batch_rows.shape[0]
         if num_samples == 0:
             return None
         nd = int(plan.num_decodes)
         qsl = plan.query_start_loc
-        # Two launches: the kept tokens into the history, then the search (into drafts / valid).
+        rows = sampling_rows(plan)
+        # Two launches: the kept tokens into the history (which also lists the rows' slots for the
+        # search: no upload), then the search, into drafts / valid.
+        row_slots = torch.empty(rows.shape[0], dtype=torch.int64, device=tokens.device)
         ops.ngram_record(self.history, self.lengths, tokens, t.positions, t.logits_indices, t.sample_slots,
                          t.query_start_loc, num_decodes=nd, num_decode_tokens=int(plan.num_decode_tokens),
-                         max_query_len=int(np.diff(qsl[: nd + 1]).max()) if nd else 1, keep=keep)
-        rows = sampling_rows(plan)
-        if row_slots is None:
-            row_slots = upload(plan.req_slots[rows].astype(np.int64), tokens.device)
+                         max_query_len=int(np.diff(qsl[: nd + 1]).max()) if nd else 1, keep=keep,
+                         out_slots=row_slots)
         # A bound of every row's known tokens, from the host: its KV length after the step, plus
         # the bonus token (a provisional row's planned length is never below its true one).
         width = int(min(self.width, int(plan.seq_lens[rows].max()) + 1))

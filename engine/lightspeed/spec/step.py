@@ -41,14 +41,10 @@ class SpecStep:
     sample_slots: torch.Tensor | None = None     # drafter that reports them), read at each decode row's slot
     verdict: torch.Tensor | None = None    # after verify: int64 [2 or 3, num_decodes] (ops.spec_verify)
     rejected: torch.Tensor | None = None   # after verify: int64 [S], drafts each sample's row rejected
-    row_slots: torch.Tensor | None = None  # int64 [R]: slots of the sampling rows (when build was given them)
 
     @classmethod
-    def build(cls, plan, device: torch.device, query_start_loc: torch.Tensor | None = None,
-              row_slots: np.ndarray | None = None) -> SpecStep:
-        """The step's layout; `query_start_loc`: the plan's on the device (uploaded when None);
-        `row_slots` (optional, [R]): slots of the step's sampling rows, brought to the device in the
-        same upload (a device drafter's search after the step reads them)."""
+    def build(cls, plan, device: torch.device, query_start_loc: torch.Tensor | None = None) -> SpecStep:
+        """The step's layout; `query_start_loc`: the plan's on the device (uploaded when None)."""
         nd, ndt = int(plan.num_decodes), int(plan.num_decode_tokens)
         qsl = plan.query_start_loc
         row_tokens = np.diff(qsl[: nd + 1]).astype(np.int32)
@@ -56,16 +52,15 @@ class SpecStep:
         rows = np.repeat(np.arange(nd, dtype=np.int64), row_tokens)
         h_sample_pos = np.zeros(int(plan.num_samples), dtype=np.int64)
         h_sample_pos[:ndt] = np.arange(ndt, dtype=np.int64) - qsl[:nd].astype(np.int64)[rows]
-        # One upload (each is a pinned copy and a launch): the samples' positions, the row slots.
+        # One upload (each is a pinned copy and a launch): the samples' positions [, query_start_loc].
         s = h_sample_pos.shape[0]
-        parts = [h_sample_pos] + ([] if row_slots is None else [row_slots.astype(np.int64)])
+        parts = [h_sample_pos]
         if query_start_loc is None:
             parts.append(qsl.astype(np.int64))
         packed = upload(np.concatenate(parts), device)
         if query_start_loc is None:
             query_start_loc = packed[packed.shape[0] - qsl.shape[0]:].to(torch.int32)
-        return cls(nd, ndt, row_drafts, h_sample_pos, packed[:s], query_start_loc, has_drafts=bool(row_drafts.any()),
-                   row_slots=None if row_slots is None else packed[s:s + row_slots.shape[0]])
+        return cls(nd, ndt, row_drafts, h_sample_pos, packed[:s], query_start_loc, has_drafts=bool(row_drafts.any()))
 
     def draft_prefix_pairs(self, plan) -> tuple[np.ndarray, np.ndarray]:
         """(sample index, input token index) for every draft before each decode sample: penalties

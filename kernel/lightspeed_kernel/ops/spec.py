@@ -29,7 +29,7 @@ def ngram_lookup(history: torch.Tensor, rows: torch.Tensor, lengths: torch.Tenso
 def ngram_record(history: torch.Tensor, lengths: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
                  logits_indices: torch.Tensor, sample_slots: torch.Tensor, query_start_loc: torch.Tensor, *,
                  num_decodes: int, num_decode_tokens: int, max_query_len: int,
-                 keep: torch.Tensor | None = None) -> None:
+                 keep: torch.Tensor | None = None, out_slots: torch.Tensor | None = None) -> None:
     """A step's samples into their token rows, in place (spec/ngram_record).
 
     Sample i (tokens [S] int64), drawn after input logits_indices[i] (int64 [S]) at position p
@@ -38,12 +38,13 @@ def ngram_record(history: torch.Tensor, lengths: torch.Tensor, tokens: torch.Ten
     query_start_loc[b]..[b+1] (int32 [B+1]; sample index = input index, num_decode_tokens in
     all), each later sample is a row of its own; a row's slot then knows its tokens through its
     last kept sample (keep bool [S], None: all): lengths[slot] (int64 [N]) = p + 2 of that sample.
-    No slot may own two rows.
+    No slot may own two rows. out_slots (optional, int64 [num_decodes + S - num_decode_tokens]):
+    each sampling row's slot is written there, in row order (the rows to search next, with no upload).
     """
     impl_for("spec", "ngram_record", history)(history, lengths, tokens, positions, logits_indices, sample_slots,
                                               query_start_loc, num_decodes=num_decodes,
                                               num_decode_tokens=num_decode_tokens, max_query_len=max_query_len,
-                                              keep=keep)
+                                              keep=keep, out_slots=out_slots)
 
 
 def spec_verify(tokens: torch.Tensor, input_ids: torch.Tensor, query_start_loc: torch.Tensor, *, num_decodes: int,

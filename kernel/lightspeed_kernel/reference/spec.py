@@ -128,7 +128,10 @@ def spec_fill_drafts(input_ids: torch.Tensor, query_start_loc: torch.Tensor, dra
 def ngram_record(history: torch.Tensor, lengths: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
                  logits_indices: torch.Tensor, sample_slots: torch.Tensor, query_start_loc: torch.Tensor, *,
                  num_decodes: int, num_decode_tokens: int, max_query_len: int,
-                 keep: torch.Tensor | None = None) -> None:
+                 keep: torch.Tensor | None = None, out_slots: torch.Tensor | None = None) -> None:
+    if out_slots is not None:  # a decode row's slot is its first sample's; later samples are rows
+        out_slots[:num_decodes] = sample_slots[query_start_loc[:num_decodes].long()]
+        out_slots[num_decodes:] = sample_slots[num_decode_tokens:]
     # The sample at logits index i follows input position p: it is the token at p + 1.
     at = positions[logits_indices] + 1
     history[sample_slots, at.clamp(max=history.shape[1] - 1)] = tokens.to(history.dtype)

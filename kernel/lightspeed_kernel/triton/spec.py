@@ -215,8 +215,8 @@ def spec_fill_drafts(input_ids: torch.Tensor, query_start_loc: torch.Tensor, dra
 
 @triton.jit
 def _ngram_record_kernel(history_ptr, lengths_ptr, tokens_ptr, positions_ptr, logits_ptr, slots_ptr, qsl_ptr,
-                         keep_ptr, stride_h, width, num_decodes, num_decode_tokens, HAS_KEEP: tl.constexpr,
-                         BLOCK: tl.constexpr):
+                         keep_ptr, out_slots_ptr, stride_h, width, num_decodes, num_decode_tokens,
+                         HAS_KEEP: tl.constexpr, OUT_SLOTS: tl.constexpr, BLOCK: tl.constexpr):
     r = tl.program_id(0)
     j = tl.arange(0, BLOCK).to(tl.int64)
     if r < num_decodes:  # a decode row owns its samples, one per input
@@ -237,13 +237,15 @@ def _ngram_record_kernel(history_ptr, lengths_ptr, tokens_ptr, positions_ptr, lo
     end = tl.where(live, end, 0)
     # Every sample of the row has its slot; the max over the row is its last kept sample's end.
     tl.store(lengths_ptr + slot, end * 0 + tl.max(end, axis=0), mask=j == 0)
+    if OUT_SLOTS:
+        tl.store(out_slots_ptr + r + j, slot, mask=j == 0)
 
 
 @register("spec", "ngram_record", "triton_ngram_record", (torch.int32,))
 def ngram_record(history: torch.Tensor, lengths: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
                  logits_indices: torch.Tensor, sample_slots: torch.Tensor, query_start_loc: torch.Tensor, *,
                  num_decodes: int, num_decode_tokens: int, max_query_len: int,
-                 keep: torch.Tensor | None = None) -> None:
+                 keep: torch.Tensor | None = None, out_slots: torch.Tensor | None = None) -> None:
     """history [N, W] int32 (rows contiguous), lengths [N] int64; written in place."""
     check(history.dim() == 2 and history.stride(1) == 1, "history must be [N, W] with contiguous rows")
     check(lengths.dtype == torch.int64, "lengths must be int64")
@@ -252,5 +254,7 @@ def ngram_record(history: torch.Tensor, lengths: torch.Tensor, tokens: torch.Ten
         return
     _ngram_record_kernel[(rows,)](history, lengths, tokens, positions, logits_indices, sample_slots,
                                   query_start_loc, keep.view(torch.int8) if keep is not None else tokens,
-                                  history.stride(0), history.shape[1], num_decodes, num_decode_tokens,
-                                  HAS_KEEP=keep is not None, BLOCK=max(16, next_pow2(max_query_len)), num_warps=1)
+                                  out_slots if out_slots is not None else tokens, history.stride(0),
+                                  history.shape[1], num_decodes, num_decode_tokens, HAS_KEEP=keep is not None,
+                                  OUT_SLOTS=out_slots is not None, BLOCK=max(16, next_pow2(max_query_len)),
+                                  num_warps=1)

@@ -239,11 +239,13 @@ def test_ngram_record_kernel_equals_reference_and_python(device, row_tokens, pre
         want_l[slot] = max(positions[logits[i]] + 2 for i in own if keep[i])
     for fn in (ref.ngram_record, spec.ngram_record):
         h, ln = torch.tensor(history, device=device), torch.tensor(lengths, device=device)
+        out_slots = torch.full((row_slots.shape[0],), -1, dtype=torch.int64, device=device)
         fn(h, ln, torch.tensor(tokens, device=device), torch.tensor(positions, device=device),
            torch.tensor(logits, device=device), torch.tensor(slots, device=device), torch.tensor(qsl, device=device),
            num_decodes=nd, num_decode_tokens=ndt, max_query_len=max(row_tokens, default=1),
-           keep=torch.tensor(keep, device=device) if with_keep else None)
+           keep=torch.tensor(keep, device=device) if with_keep else None, out_slots=out_slots)
         assert np.array_equal(h.cpu().numpy(), want_h) and np.array_equal(ln.cpu().numpy(), want_l)
+        assert out_slots.cpu().tolist() == row_slots.tolist()
 
 
 def test_ngram_lookup_writes_each_row_entry_of_the_out_tensors(device):
