@@ -53,6 +53,7 @@ class DeviceLookupDrafter:
         self.lengths = torch.zeros(n, dtype=torch.int64, device=device)
         self.drafts = torch.zeros(n, self.k, dtype=torch.int64, device=device)  # [slots, k], read by the next plan
         self.valid = torch.zeros(n, dtype=torch.int32, device=device)          # matched drafts per slot
+        self._row_slots = torch.zeros(n, dtype=torch.int64, device=device)     # a step's searched slots (at most one a slot)
         self.enabled = np.zeros(n, dtype=bool)
         self.matched = np.zeros(n, dtype=bool)   # host: the slot's latest reported search found a match
         self._counts = np.zeros(n, dtype=np.int32)
@@ -88,7 +89,7 @@ class DeviceLookupDrafter:
         rows = sampling_rows(plan)
         # Two launches: the kept tokens into the history (which also lists the rows' slots for the
         # search: no upload), then the search, into drafts / valid.
-        row_slots = torch.empty(rows.shape[0], dtype=torch.int64, device=tokens.device)
+        row_slots = self._row_slots[: rows.shape[0]]  # reused: the stream orders it after the last search
         ops.ngram_record(self.history, self.lengths, tokens, t.positions, t.logits_indices, t.sample_slots,
                          t.query_start_loc, num_decodes=nd, num_decode_tokens=int(plan.num_decode_tokens),
                          max_query_len=int(np.diff(qsl[: nd + 1]).max()) if nd else 1, keep=keep,
