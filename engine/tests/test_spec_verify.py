@@ -61,18 +61,24 @@ def test_draft_prefix_pairs_count_the_drafts_before_each_position():
     assert counts[2, 7] == 2 and counts[1, 7] == 1 and counts[4, 3] == 1 and counts.sum() == 4
 
 
-def test_provisional_rows_move_down_by_what_the_in_flight_row_rejected():
+@pytest.mark.parametrize("from_packet", [False, True])
+def test_provisional_rows_move_down_by_what_the_in_flight_row_rejected(from_packet):
     # Row 0 (2 tokens) followed an in-flight row whose last sample was index 3 and that rejected 2;
     # row 1 is not deferred. Page size 4, pages [5, 6] and [7].
     plan = SimpleNamespace(query_start_loc=np.array([0, 2, 3], np.int32),
                            deferred_input_mask=np.array([True, False, False]),
                            deferred_src_index=np.array([3, -1, -1], np.int32))
     t = StepTensors(input_ids=torch.tensor([0, 42, 9]), positions=torch.tensor([6, 7, 2]),
-                    slot_mapping=torch.tensor([5 * 4 + 2, 5 * 4 + 3, 7 * 4 + 2]), query_start_loc=torch.tensor([0, 2, 3]),
-                    seq_lens=torch.tensor([8, 3], dtype=torch.int32), page_table=torch.tensor([[5, 6], [7, 0]]),
+                    slot_mapping=torch.tensor([5 * 4 + 2, 5 * 4 + 3, 7 * 4 + 2]),
+                    query_start_loc=torch.tensor([0, 2, 3], dtype=torch.int32),
+                    seq_lens=torch.tensor([8, 3], dtype=torch.int32),
+                    page_table=torch.tensor([[5, 6], [7, 0]], dtype=torch.int32),
                     logits_indices=torch.arange(3), sample_slots=torch.arange(3), h_sample_slots=np.arange(3),
                     h_sample_req_ids=np.arange(3))
     rows, src = deferred_rows(plan)
+    if from_packet:  # the step packet's deferred inputs, on the device, are what the shift reads
+        t.deferred_mask, t.deferred_src = torch.tensor([True, False, False]), torch.tensor([3, 0, 0])
+        plan.deferred_input_mask, plan.deferred_src_index = None, None
     assert rows.tolist() == [0] and src.tolist() == [3]
     prev_sampled = torch.tensor([10, 11, 12, 13])
     prev_rejected = torch.tensor([2, 2, 2, 2])

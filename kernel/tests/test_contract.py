@@ -34,6 +34,10 @@ OPS = {
     ("sampling", "sample"): ops.sample,
     ("sampling", "logprobs"): ops.compute_logprobs,
     ("spec", "ngram_lookup"): ops.ngram_lookup,
+    ("spec", "ngram_record"): ops.ngram_record,
+    ("spec", "verify"): ops.spec_verify,
+    ("spec", "shift_rows"): ops.spec_shift_rows,
+    ("spec", "fill_drafts"): ops.spec_fill_drafts,
 }
 
 

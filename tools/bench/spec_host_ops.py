@@ -6,7 +6,8 @@ Why: for a small model the H200 finishes a step's kernels before the host has la
 forward (input fix-ups, verification, draft search, bookkeeping) is step time. This counts them on
 any machine: the real Engine on a tiny random Llama (eager, so CPU and GPU count alike), every aten
 op dispatched during `Engine.step` except the model forward and views (no kernel behind them), divided
-by the steps taken. A device op of the draft search counts as one launch (its Triton kernel on GPU).
+by the steps taken. A call of a spec kernel op (SPEC_KERNELS: the draft search, ...) counts as one
+launch (its Triton kernel on GPU), not as the ops of the torch reference that runs on CPU.
 Host-to-device uploads (`runner.inputs.upload`: a pinned copy and a launch on GPU, a no-op view on
 CPU) are counted apart.
 
@@ -31,6 +32,8 @@ VIEW_OPS = ("slice", "select", "view", "unsqueeze", "squeeze", "detach", "lift_f
 TINY = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 1024, "hidden_size": 64,
         "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
         "max_position_embeddings": 512, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "torch_dtype": "float32"}
+# lightspeed_kernel.ops of the speculative path (Triton launches on GPU)
+SPEC_KERNELS = ("ngram_lookup", "ngram_record", "spec_verify", "spec_shift_rows", "spec_fill_drafts")
 METHODS = (("none", True), ("ngram", False), ("ngram_gpu", True), ("suffix", False))
 
 
@@ -77,11 +80,40 @@ class count_uploads:
             module.upload = self.original
 
 
-def count(model_dir: str, method: str, overlap: bool, *, rows: int, tokens: int) -> dict:
+class count_spec_kernels:
+    """Each call of a `lightspeed_kernel.ops` spec op from lightspeed.spec counts as one launch (its
+    Triton kernel on GPU), not as the aten ops of the torch reference that runs on CPU."""
+
+    def __init__(self, counter: OpCounter):
+        import sys
+
+        import lightspeed_kernel
+
+        self.original, self.patched = lightspeed_kernel.ops, []
+
+        def launch(name, fn):
+            def call(*args, **kwargs):
+                counter.counts[f"launch {name}"] += 1
+                return uncounted(fn)(*args, **kwargs)
+            return staticmethod(call)
+
+        proxy = type("Ops", (), {name: launch(name, getattr(self.original, name)) for name in SPEC_KERNELS
+                                 if hasattr(self.original, name)})
+        for module in list(sys.modules.values()):
+            if getattr(module, "__name__", "").startswith("lightspeed.spec") and \
+                    getattr(module, "ops", None) is self.original:
+                module.ops = proxy
+                self.patched.append(module)
+
+    def restore(self) -> None:
+        for module in self.patched:
+            module.ops = self.original
+
+
+def count(model_dir: str, method: str, overlap: bool, *, rows: int, tokens: int, top: int = 12) -> dict:
     from lightspeed.config import EngineConfig
     from lightspeed.core import messages as m
     from lightspeed.core.engine import Engine
-    from lightspeed.spec import device_lookup
 
     spec = None if method == "none" else {"method": method, "num_speculative_tokens": 4, "prompt_lookup_min": 1}
     engine = Engine(EngineConfig(model=model_dir, load_format="dummy", kv_cache_memory="64MiB", max_num_seqs=rows,
@@ -103,22 +135,20 @@ def count(model_dir: str, method: str, overlap: bool, *, rows: int, tokens: int)
     submit_all("warm")
     drain()
     engine.runner.forward_eager = uncounted(engine.runner.forward_eager)
-    search = device_lookup.ops.ngram_lookup
-    device_lookup.ops = type("Ops", (), {"ngram_lookup": staticmethod(uncounted(search))})
     counter = OpCounter()
+    launches = count_spec_kernels(counter)
     uploads = count_uploads()
     submit_all("run")
     try:
         with counter:
             steps = drain()
     finally:
-        device_lookup.ops = __import__("lightspeed_kernel").ops
+        launches.restore()
         uploads.restore()
-    extra = 1 if method == "ngram_gpu" else 0  # the draft search: one kernel launch on GPU
     total = sum(counter.counts.values())
     return {"method": method, "overlap": overlap, "steps": steps, "output_tokens": rows * tokens,
-            "ops_per_step": round(total / steps + extra, 1), "uploads_per_step": round(uploads.calls / steps, 1),
-            "top_ops": counter.counts.most_common(12)}
+            "ops_per_step": round(total / steps, 1), "uploads_per_step": round(uploads.calls / steps, 1),
+            "top_ops": [(name, round(n / steps, 2)) for name, n in counter.counts.most_common(top)]}
 
 
 def main() -> None:
@@ -126,11 +156,12 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--rows", type=int, default=16, help="concurrent requests")
     ap.add_argument("--tokens", type=int, default=60, help="output tokens per request")
+    ap.add_argument("--top", type=int, default=0, help="also list each method's N most frequent ops (per step)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as folder:
         (Path(folder) / "config.json").write_text(json.dumps(TINY))
-        runs = [count(folder, method, overlap, rows=args.rows, tokens=args.tokens) for method, overlap in METHODS]
+        runs = [count(folder, method, overlap, rows=args.rows, tokens=args.tokens, top=max(args.top, 12)) for method, overlap in METHODS]
     result = {"commit": git_commit(), "rows": args.rows, "tokens": args.tokens, "runs": runs}
     stem = result_stem(args.out, "spec_host_ops")
     stem.with_suffix(".json").write_text(json.dumps(result, indent=1))
@@ -142,6 +173,9 @@ def main() -> None:
         per_token = (r["ops_per_step"] + 2 * r["uploads_per_step"]) * r["steps"] / r["output_tokens"]
         lines.append(f"| {r['method']} | {r['overlap']} | {r['steps']} | {r['ops_per_step']} | "
                      f"{r['uploads_per_step']} | {per_token:.2f} |")
+    for r in runs if args.top else ():
+        lines += ["", f"## Top ops per step: {r['method']} (overlapped {r['overlap']})", "", "| op | per step |", "|---|---|"]
+        lines += [f"| `{name}` | {n} |" for name, n in r["top_ops"][: args.top]]
     stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -37,6 +37,8 @@ class StepTensors:
     sample_slots: torch.Tensor       # int64 [S]: the state row of each sampled position
     h_sample_slots: np.ndarray       # the same on the host
     h_sample_req_ids: np.ndarray | None  # int64 [S]: scheduler request id of each sampled position (rank 0)
+    deferred_mask: torch.Tensor | None = None  # bool [T]: the input is the previous step's sample (overlap)
+    deferred_src: torch.Tensor | None = None   # int64 [T]: which one (0 where not deferred)
 
 
 def upload(array: np.ndarray, device: torch.device) -> torch.Tensor:
@@ -244,8 +246,10 @@ class InputBuilder:
                 raise RuntimeError("plan has deferred inputs but no previous step was sampled")
             mask, src = views[7].bool(), views[8].long().clamp_(min=0)
             input_ids = torch.where(mask, prev_sampled[src], input_ids)
+        else:
+            mask = src = None
         return StepTensors(
             input_ids=input_ids, positions=positions.long(), slot_mapping=slot_mapping.long(),
             query_start_loc=qsl, seq_lens=seq_lens, page_table=page_table.view(packet.num_rows, -1),
             logits_indices=logits_indices.long(), sample_slots=sample_slots.long(),
-            h_sample_slots=packet.part(6), h_sample_req_ids=None)
+            h_sample_slots=packet.part(6), h_sample_req_ids=None, deferred_mask=mask, deferred_src=src)

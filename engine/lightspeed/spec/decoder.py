@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..runner.inputs import upload
 from .config import SpeculativeConfig
 from .device_lookup import DeviceLookupDrafter, history_bytes, sampling_rows
 from .inputs import chain_ok, deferred_rows, fill_device_drafts, shift_provisional_rows
@@ -43,7 +42,6 @@ class SpecLaunch:
     step: SpecStep | None = None
     verdict: torch.Tensor | None = None       # int64 [2 or 3, num_decodes] on the host: accepted, chain ok,
                                               # [matched drafts (a drafter that reports them)]
-    row_matched: torch.Tensor | None = None   # int32 [num_decodes] on the device: drafts that came from a match
     found_slots: np.ndarray | None = None     # ngram_gpu: slots it searched for after this step ...
     found: torch.Tensor | None = None         # ... and what each search matched (int32 on the host)
 
@@ -112,11 +110,11 @@ class SpecDecoder:
                             plan.query_start_loc[:nd].copy())
         if not row_drafts.any():
             return None, launch
-        step = SpecStep.build(plan, self.device)
+        step = SpecStep.build(plan, self.device, t.query_start_loc)
         if self.drafter.on_device:
             fill_device_drafts(plan, t, self.drafter.drafts)
-            if isinstance(self.drafter, DeviceLookupDrafter):
-                launch.row_matched = self.drafter.valid_drafts(upload(launch.decode_slots.astype(np.int64), self.device))
+        if isinstance(self.drafter, DeviceLookupDrafter):  # verification reads each row's matched drafts (the last search's, in stream order)
+            step.matched_by_slot, step.sample_slots = self.drafter.valid, t.sample_slots
         if rows.size and not self.drafter.on_device:
             # Device drafts were made after the in-flight step's verification: they continue its
             # true last token, wherever the row moved to, so only host drafts need the check.
@@ -130,9 +128,7 @@ class SpecDecoder:
 
         if step is not None:
             self._prev_rejected = step.rejected_by_sample(accepted, tokens.shape[0])
-            ok = step.chain_ok if step.chain_ok is not None else torch.ones_like(accepted, dtype=torch.bool)
-            parts = [accepted, ok.long()] + ([launch.row_matched.long()] if launch.row_matched is not None else [])
-            launch.verdict = _to_host(torch.stack(parts))
+            launch.verdict = _to_host(step.verdict)  # accepted, chain ok, [matched]: one copy
         if self.drafter.on_device:
             found = self.drafter.run(plan, t, tokens, accepted, keep, hidden)
             if found is not None:

@@ -8,8 +8,8 @@ drafts continue the true accepted tokens, so the overlapped loop keeps running a
 is needed (spec/inputs.py).
 
 How. `history[slot]` holds the request's prompt and accepted outputs (int32, one row per slot,
-written at bind and after each step's verification); `lengths[slot]` how many are known. After a
-step, for each request it sampled: the longest tail of its tokens (prompt_lookup_min..max long)
+written at bind and after each step's verification, `lightspeed_kernel.ops.ngram_record`: one
+launch); `lengths[slot]` how many are known. After a step, for each request it sampled: the longest tail of its tokens (prompt_lookup_min..max long)
 that also occurs earlier, latest occurrence on a tie; the k tokens after that occurrence are the
 drafts (`lightspeed_kernel.ops.ngram_lookup`: one Triton launch on GPU, one program per row
 scanning its tokens; O(rows * tokens * prompt_lookup_max) device work, no host sync).
@@ -53,6 +53,7 @@ class DeviceLookupDrafter:
         self.lengths = torch.zeros(n, dtype=torch.int64, device=device)
         self.drafts = torch.zeros(n, self.k, dtype=torch.int64, device=device)  # [slots, k], read by the next plan
         self.valid = torch.zeros(n, dtype=torch.int32, device=device)          # matched drafts per slot
+        self._row_slots = torch.zeros(n, dtype=torch.int64, device=device)     # a step's searched slots (at most one a slot)
         self.enabled = np.zeros(n, dtype=bool)
         self.matched = np.zeros(n, dtype=bool)   # host: the slot's latest reported search found a match
         self._counts = np.zeros(n, dtype=np.int32)
@@ -75,10 +76,6 @@ class DeviceLookupDrafter:
         np.multiply(self.enabled & self.matched, self.k, out=self._counts, casting="unsafe")
         return {"num_draft_tokens": self._counts}
 
-    def valid_drafts(self, slots: torch.Tensor) -> torch.Tensor:
-        """int32 per slot: how many of the drafts gathered into a plan came from a match."""
-        return self.valid[slots]
-
     def run(self, plan, t: StepTensors, tokens: torch.Tensor, accepted: torch.Tensor | None,
             keep: torch.Tensor | None, hidden: torch.Tensor | None = None) -> torch.Tensor | None:
         """Record the step's kept tokens, then draft for every request it sampled. Returns the
@@ -87,22 +84,21 @@ class DeviceLookupDrafter:
         num_samples = plan.sample_batch_rows.shape[0]
         if num_samples == 0:
             return None
-        device = tokens.device
-        slots = t.sample_slots
-        # The sample at logits index i follows input position p: it is the token at p + 1.
-        at = t.positions[t.logits_indices] + 1
-        self.history[slots, at.clamp(max=self.width - 1)] = tokens.to(torch.int32)
-        ends = at + 1 if keep is None else torch.where(keep, at + 1, 0)
-        self.lengths.scatter_reduce_(0, slots, ends, reduce="amax", include_self=False)
+        nd = int(plan.num_decodes)
+        qsl = plan.query_start_loc
         rows = sampling_rows(plan)
-        row_slots = upload(plan.req_slots[rows].astype(np.int64), device)
+        # Two launches: the kept tokens into the history (which also lists the rows' slots for the
+        # search: no upload), then the search, into drafts / valid.
+        row_slots = self._row_slots[: rows.shape[0]]  # reused: the stream orders it after the last search
+        ops.ngram_record(self.history, self.lengths, tokens, t.positions, t.logits_indices, t.sample_slots,
+                         t.query_start_loc, num_decodes=nd, num_decode_tokens=int(plan.num_decode_tokens),
+                         max_query_len=int(np.diff(qsl[: nd + 1]).max()) if nd else 1, keep=keep,
+                         out_slots=row_slots)
         # A bound of every row's known tokens, from the host: its KV length after the step, plus
         # the bonus token (a provisional row's planned length is never below its true one).
         width = int(min(self.width, int(plan.seq_lens[rows].max()) + 1))
-        drafts, valid = ops.ngram_lookup(self.history, row_slots, self.lengths, k=self.k, n_min=self.n_min,
-                                         n_max=self.n_max, max_len=width)
-        self.drafts[row_slots] = drafts
-        self.valid[row_slots] = valid
+        _, valid = ops.ngram_lookup(self.history, row_slots, self.lengths, k=self.k, n_min=self.n_min,
+                                    n_max=self.n_max, max_len=width, out_drafts=self.drafts, out_valid=self.valid)
         return valid
 
     def observe(self, slots: np.ndarray, valid: np.ndarray) -> None:

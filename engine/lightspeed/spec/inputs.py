@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from lightspeed_kernel import ops
 
 from ..runner.inputs import StepTensors, upload
 
@@ -32,26 +33,24 @@ def deferred_rows(plan) -> tuple[np.ndarray, np.ndarray]:
 
 def shift_provisional_rows(plan, t: StepTensors, rows: np.ndarray, src: np.ndarray, prev_rejected: torch.Tensor,
                            prev_sampled: torch.Tensor, page_size: int) -> torch.Tensor:
-    """Move deferred rows down by the drafts the in-flight step rejected; returns the shift per
-    row (int64 [B], 0 for rows that are not deferred)."""
-    device = t.input_ids.device
-    num_rows = plan.query_start_loc.shape[0] - 1
-    n, num_tokens = rows.shape[0], t.positions.shape[0]
-    token_rows = np.repeat(np.arange(num_rows, dtype=np.int64), np.diff(plan.query_start_loc))
-    first = plan.query_start_loc[:-1][rows].astype(np.int64)
-    # One upload for every host array of the fix-up (each upload is a pinned copy and a launch).
-    packed = upload(np.concatenate([rows.astype(np.int64), src, first, token_rows]), device)
-    dev_rows, dev_src, dev_first = packed[:n], packed[n:2 * n], packed[2 * n:3 * n]
-    dev_token_rows = packed[3 * n:3 * n + num_tokens]
-    shift = torch.zeros(num_rows, dtype=torch.int64, device=device)
-    shift[dev_rows] = prev_rejected[dev_src]
-    positions = t.positions - shift[dev_token_rows]
-    pages = t.page_table[dev_token_rows, positions // page_size]
-    t.positions = positions
-    t.slot_mapping = pages.long() * page_size + positions % page_size
-    t.seq_lens = t.seq_lens - shift.to(t.seq_lens.dtype)
-    t.input_ids[dev_first] = prev_sampled[dev_src - shift[dev_rows]].to(t.input_ids.dtype)
+    """Move deferred rows (`rows`, reading in-flight samples `src`: see deferred_rows) down by the
+    drafts the in-flight step rejected; returns the shift per row (int64 [B], 0 for rows that are
+    not deferred). One launch (`ops.spec_shift_rows`) that reads the deferred inputs the step's
+    packet already brought to the device; no upload unless `t` lacks them."""
+    mask, dev_src = t.deferred_mask, t.deferred_src
+    if mask is None or dev_src is None:
+        packed = upload(np.concatenate([plan.deferred_input_mask.astype(np.int64),
+                                        np.maximum(plan.deferred_src_index, 0).astype(np.int64)]), t.input_ids.device)
+        num_tokens = t.positions.shape[0]
+        mask, dev_src = packed[:num_tokens].bool(), packed[num_tokens:]
+    t.positions, t.slot_mapping, t.seq_lens, shift = ops.spec_shift_rows(
+        t.positions, t.input_ids, t.seq_lens, t.page_table, t.query_start_loc, mask, dev_src, prev_rejected,
+        prev_sampled, page_size=page_size, max_query_len=_max_row_tokens(plan.query_start_loc))
     return shift
+
+
+def _max_row_tokens(query_start_loc: np.ndarray) -> int:
+    return int(np.diff(query_start_loc).max()) if query_start_loc.shape[0] > 1 else 1
 
 
 def chain_ok(plan, t: StepTensors, rows: np.ndarray, shift: torch.Tensor | None, guess_by_row: np.ndarray | None,
@@ -75,17 +74,11 @@ def chain_ok(plan, t: StepTensors, rows: np.ndarray, shift: torch.Tensor | None,
 
 
 def fill_device_drafts(plan, t: StepTensors, drafts: torch.Tensor) -> None:
-    """Write `drafts` [slots, k] (from the previous step's model drafter) into the decode rows'
-    draft slots: row b's input 1 + m is drafts[req_slots[b], m]."""
+    """Write `drafts` [slots, k] (from the previous step's model drafter) into the decode rows' draft
+    slots: row b's input 1 + m is drafts[req_slots[b], m] (one launch, `ops.spec_fill_drafts`; a
+    decode row's slot is its first sample's)."""
     nd = int(plan.num_decodes)
-    qsl = plan.query_start_loc
-    row_drafts = np.maximum(np.diff(qsl[: nd + 1]) - 1, 0)
-    total = int(row_drafts.sum())
-    if total == 0:
-        return
-    rows = np.repeat(np.arange(nd, dtype=np.int64), row_drafts)
-    m = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(row_drafts) - row_drafts, row_drafts)
-    target = qsl[:nd].astype(np.int64)[rows] + 1 + m
-    flat = plan.req_slots[:nd].astype(np.int64)[rows] * drafts.shape[1] + m
-    packed = upload(np.concatenate([target, flat]), t.input_ids.device)
-    t.input_ids[packed[:total]] = drafts.reshape(-1)[packed[total:]].to(t.input_ids.dtype)
+    if nd == 0 or int(plan.num_decode_tokens) == nd:
+        return  # no draft slots
+    ops.spec_fill_drafts(t.input_ids, t.query_start_loc, drafts, t.sample_slots, num_decodes=nd,
+                         max_query_len=_max_row_tokens(plan.query_start_loc[: nd + 1]))

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from lightspeed_kernel import ops
 
 from ..runner.inputs import upload
 
@@ -33,28 +34,33 @@ class SpecStep:
     row_drafts: np.ndarray          # int32 [num_decodes]: draft tokens per decode row
     h_sample_pos: np.ndarray        # int64 [S]: each sample's position within its row (prefill: 0)
     sample_pos: torch.Tensor        # the same on the device
-    decode_rows: torch.Tensor       # int64 [num_decode_tokens]: decode row of each decode sample
-    has_draft_next: torch.Tensor    # bool [num_decode_tokens]: a draft follows this position
+    query_start_loc: torch.Tensor   # int32 [B+1] on the device (the step's)
     chain_ok: torch.Tensor | None = None  # bool [num_decodes]: the row's drafts continue its true input
     has_drafts: bool = False
-    dev_row_drafts: torch.Tensor | None = None  # int64 [num_decodes]: row_drafts on the device
+    matched_by_slot: torch.Tensor | None = None  # int32 [slots]: drafts that came from a match (a
+    sample_slots: torch.Tensor | None = None     # drafter that reports them), read at each decode row's slot
+    verdict: torch.Tensor | None = None    # after verify: int64 [2 or 3, num_decodes] (ops.spec_verify)
+    rejected: torch.Tensor | None = None   # after verify: int64 [S], drafts each sample's row rejected
 
     @classmethod
-    def build(cls, plan, device: torch.device) -> SpecStep:
+    def build(cls, plan, device: torch.device, query_start_loc: torch.Tensor | None = None) -> SpecStep:
+        """The step's layout; `query_start_loc`: the plan's on the device (uploaded when None)."""
         nd, ndt = int(plan.num_decodes), int(plan.num_decode_tokens)
         qsl = plan.query_start_loc
         row_tokens = np.diff(qsl[: nd + 1]).astype(np.int32)
         row_drafts = np.maximum(row_tokens - 1, 0)
         rows = np.repeat(np.arange(nd, dtype=np.int64), row_tokens)
-        pos = np.arange(ndt, dtype=np.int64) - qsl[:nd].astype(np.int64)[rows]
         h_sample_pos = np.zeros(int(plan.num_samples), dtype=np.int64)
-        h_sample_pos[:ndt] = pos  # decode rows sample every token, in order, first in the plan
-        has_next = pos < row_drafts[rows]
-        packed = upload(np.concatenate([h_sample_pos, rows, has_next.astype(np.int64), row_drafts.astype(np.int64)]),
-                        device)
+        h_sample_pos[:ndt] = np.arange(ndt, dtype=np.int64) - qsl[:nd].astype(np.int64)[rows]
+        # One upload (each is a pinned copy and a launch): the samples' positions [, query_start_loc].
         s = h_sample_pos.shape[0]
-        return cls(nd, ndt, row_drafts, h_sample_pos, packed[:s], packed[s:s + ndt], packed[s + ndt:s + 2 * ndt].bool(),
-                   has_drafts=bool(row_drafts.any()), dev_row_drafts=packed[s + 2 * ndt:])
+        parts = [h_sample_pos]
+        if query_start_loc is None:
+            parts.append(qsl.astype(np.int64))
+        packed = upload(np.concatenate(parts), device)
+        if query_start_loc is None:
+            query_start_loc = packed[packed.shape[0] - qsl.shape[0]:].to(torch.int32)
+        return cls(nd, ndt, row_drafts, h_sample_pos, packed[:s], query_start_loc, has_drafts=bool(row_drafts.any()))
 
     def draft_prefix_pairs(self, plan) -> tuple[np.ndarray, np.ndarray]:
         """(sample index, input token index) for every draft before each decode sample: penalties
@@ -70,29 +76,19 @@ class SpecStep:
 
     def verify(self, tokens: torch.Tensor, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Accepted tokens per decode row (int64 [num_decodes], 1..k+1) and, per sample, whether it
-        is kept (bool [S]); `tokens` [S] are the target's samples, `input_ids` [T] the step's inputs."""
-        nd, ndt = self.num_decodes, self.num_decode_tokens
-        # The draft after position j of a row is the row's input j + 1.
-        following = input_ids[1:ndt + 1] if input_ids.shape[0] > ndt else torch.cat(
-            [input_ids[1:ndt], input_ids.new_full((1,), -1)])
-        match = (tokens[:ndt] == following) & self.has_draft_next
-        # Leading matches per row = position of its first miss (a row's last position always misses).
-        miss_pos = torch.where(match, torch.full_like(self.sample_pos[:ndt], 1 << 20), self.sample_pos[:ndt])
-        lead = torch.full((nd,), 1 << 20, dtype=torch.int64, device=tokens.device)
-        lead.scatter_reduce_(0, self.decode_rows, miss_pos, reduce="amin")
-        if self.chain_ok is not None:
-            lead = torch.where(self.chain_ok, lead, torch.zeros_like(lead))
-        accepted = lead + 1
-        keep = torch.ones_like(tokens, dtype=torch.bool)
-        keep[:ndt] = self.sample_pos[:ndt] < accepted[self.decode_rows]
-        return accepted, keep
+        is kept (bool [S]); `tokens` [S] are the target's samples, `input_ids` [T] the step's inputs.
+        One launch (ops.spec_verify), which also leaves `verdict` and `rejected` for after the step."""
+        max_query_len = int(self.row_drafts.max()) + 1 if self.num_decodes else 1
+        self.verdict, keep, self.rejected = ops.spec_verify(
+            tokens, input_ids, self.query_start_loc, num_decodes=self.num_decodes, max_query_len=max_query_len,
+            chain_ok=self.chain_ok, matched=self.matched_by_slot, sample_slots=self.sample_slots)
+        return self.verdict[0], keep
 
     def rejected_by_sample(self, accepted: torch.Tensor, num_samples: int) -> torch.Tensor:
         """int64 [S]: for each sample, the drafts its row rejected (0 for prefill samples): what the
-        next plan's provisional row of that request moves down by."""
-        rejected = torch.zeros(num_samples, dtype=torch.int64, device=accepted.device)
-        rejected[: self.num_decode_tokens] = (self.dev_row_drafts + 1 - accepted)[self.decode_rows]
-        return rejected
+        next plan's provisional row of that request moves down by (computed by `verify`)."""
+        assert self.rejected is not None and self.rejected.shape[0] == num_samples, "verify first"
+        return self.rejected
 
     def draft_counts(self, plan, input_ids: torch.Tensor, num_samples: int, vocab_size: int) -> torch.Tensor:
         """int32 [S, V]: how often each token occurs among the drafts before each sample."""

@@ -23,7 +23,7 @@ from .norm import fused_add_rms_norm, rms_norm
 from .quantize import quant_fp8_per_block, quant_fp8_per_token, quant_fp8_per_token_head
 from .rope import apply_rope, rope_cos_sin_cache, yarn_get_mscale
 from .sampling import apply_penalties, compute_logprobs, sample
-from .spec import ngram_lookup
+from .spec import ngram_lookup, ngram_record, spec_fill_drafts, spec_shift_rows, spec_verify
 
 __all__ = [
     "HostLengths",
@@ -46,6 +46,7 @@ __all__ = [
     "linear_w4",
     "linear_w8",
     "ngram_lookup",
+    "ngram_record",
     "moe_topk",
     "quant_fp8_per_block",
     "quant_fp8_per_token",
@@ -54,6 +55,9 @@ __all__ = [
     "rope_cos_sin_cache",
     "sample",
     "silu_and_mul",
+    "spec_fill_drafts",
+    "spec_shift_rows",
+    "spec_verify",
     "store_kv",
     "yarn_get_mscale",
 ]

@@ -244,6 +244,19 @@ def cases():
         lambda: spec.ngram_lookup(history, torch.arange(4), torch.full((8,), 100), k=4, n_min=3, n_max=8,
                                   max_len=4096),
     )
+    qsl = torch.tensor([0, 5, 10, 11], dtype=torch.int32)
+    ids = torch.zeros(12, dtype=torch.int64)
+    yield "spec verify", lambda: spec.spec_verify(ids[:11], ids, qsl, num_decodes=2, max_query_len=5,
+                                                  chain_ok=torch.ones(2, dtype=torch.bool),
+                                                  matched=torch.zeros(8, dtype=torch.int32), sample_slots=ids)
+    yield "spec shift rows", lambda: spec.spec_shift_rows(
+        ids[:11], ids, torch.full((3,), 20, dtype=torch.int32), torch.zeros(3, 4, dtype=torch.int32), qsl,
+        torch.ones(11, dtype=torch.bool), ids[:11], ids, ids, page_size=16, max_query_len=5)
+    yield "spec ngram record", lambda: spec.ngram_record(
+        history, torch.zeros(8, dtype=torch.int64), ids[:11], ids, ids[:11], ids[:11], qsl, num_decodes=2,
+        num_decode_tokens=10, max_query_len=5, keep=torch.ones(11, dtype=torch.bool))
+    yield "spec fill drafts", lambda: spec.spec_fill_drafts(ids, qsl, torch.zeros(8, 4, dtype=torch.int64), ids,
+                                                            num_decodes=2, max_query_len=5)
 
 
 def main(argv: list[str]) -> int:
