@@ -15,7 +15,8 @@ from lightspeed_mla import (
     run_decode,
 )
 from lightspeed_mla.prefill import mla_prefill
-from mla_helpers import make_paged_cache, query_start, rel_err
+from lightspeed_mla.tuning import DecodeTile
+from mla_helpers import make_paged_cache, quantize_q_latent_e4m3, query_start, rel_err
 
 pytestmark = pytest.mark.gpu
 DEV = "cuda"
@@ -139,9 +140,6 @@ def test_prefill_real_shapes(q_lens, kv_lens):
 ])
 def test_decode_fp8_mma(tile, page_size, lens, q_len, heads):
     # The FP8_MMA path (e4m3 MMAs) on the device; tolerances as in test_decode_fp8_mma.py.
-    from lightspeed_mla.tuning import DecodeTile
-
-    from mla_helpers import quantize_q_latent_e4m3
     tiles = {None: None, "64x32": DecodeTile(64, 32, 8, 2, False, 1, True),
              "16x32 swap": DecodeTile(16, 32, 4, 2, True, 2, True), "64x64 swap": DecodeTile(64, 64, 8, 2, True, 1, True)}
     g = torch.Generator().manual_seed(sum(lens) + heads)
