@@ -17,6 +17,8 @@ def test_counts_every_method_and_writes_results(tmp_path):
     assert set(runs) == {"none", "ngram", "ngram_gpu", "suffix"}
     for r in runs.values():
         assert r["steps"] > 0 and r["output_tokens"] == 4 * 12
-    # Every speculative step verifies its drafts around the forward: more ops than a plain step.
-    assert all(runs[m]["ops_per_step"] > runs["none"]["ops_per_step"] for m in ("ngram", "ngram_gpu", "suffix"))
+    # Accepted drafts: the same tokens in fewer steps than without speculation. (Ops per step are no
+    # longer above a plain step's: the spec kernels made verification one launch, 2026-12-02.)
+    assert all(runs[m]["steps"] < runs["none"]["steps"] for m in ("ngram", "ngram_gpu", "suffix")), runs
+    assert all(r["ops_per_step"] > 0 for r in runs.values())
     assert len(list(tmp_path.glob("spec_host_ops_*.md"))) == 1
