@@ -29,6 +29,7 @@ from lightspeed_kernel import ops
 
 from ..runner.inputs import StepTensors, upload
 from .config import SpeculativeConfig
+from .inputs import max_row_tokens
 
 
 def history_bytes(max_num_seqs: int, max_model_len: int, k: int) -> int:
@@ -92,7 +93,7 @@ class DeviceLookupDrafter:
         row_slots = self._row_slots[: rows.shape[0]]  # reused: the stream orders it after the last search
         ops.ngram_record(self.history, self.lengths, tokens, t.positions, t.logits_indices, t.sample_slots,
                          t.query_start_loc, num_decodes=nd, num_decode_tokens=int(plan.num_decode_tokens),
-                         max_query_len=int(np.diff(qsl[: nd + 1]).max()) if nd else 1, keep=keep,
+                         max_query_len=max_row_tokens(qsl[: nd + 1]), keep=keep,
                          out_slots=row_slots)
         # A bound of every row's known tokens, from the host: its KV length after the step, plus
         # the bonus token (a provisional row's planned length is never below its true one).

@@ -45,11 +45,12 @@ def shift_provisional_rows(plan, t: StepTensors, rows: np.ndarray, src: np.ndarr
         mask, dev_src = packed[:num_tokens].bool(), packed[num_tokens:]
     t.positions, t.slot_mapping, t.seq_lens, shift = ops.spec_shift_rows(
         t.positions, t.input_ids, t.seq_lens, t.page_table, t.query_start_loc, mask, dev_src, prev_rejected,
-        prev_sampled, page_size=page_size, max_query_len=_max_row_tokens(plan.query_start_loc))
+        prev_sampled, page_size=page_size, max_query_len=max_row_tokens(plan.query_start_loc))
     return shift
 
 
-def _max_row_tokens(query_start_loc: np.ndarray) -> int:
+def max_row_tokens(query_start_loc: np.ndarray) -> int:
+    """The most tokens any row of `query_start_loc` holds (1 for an empty batch)."""
     return int(np.diff(query_start_loc).max()) if query_start_loc.shape[0] > 1 else 1
 
 
@@ -81,4 +82,4 @@ def fill_device_drafts(plan, t: StepTensors, drafts: torch.Tensor) -> None:
     if nd == 0 or int(plan.num_decode_tokens) == nd:
         return  # no draft slots
     ops.spec_fill_drafts(t.input_ids, t.query_start_loc, drafts, t.sample_slots, num_decodes=nd,
-                         max_query_len=_max_row_tokens(plan.query_start_loc[: nd + 1]))
+                         max_query_len=max_row_tokens(plan.query_start_loc[: nd + 1]))
