@@ -156,6 +156,10 @@ class EngineConfig:
         '(ngram; ngram_gpu drafts on the device and keeps steps overlapped), '
         '"suffix_decoding_*" (suffix)}. Outputs are exactly those without it (greedy: token for token; '
         'sampled: the same distribution, and the same tokens for a seed).')
+    piecewise_cuda_graph_max_tokens: int | None = _f(
+        None, "Prefill and mixed steps of up to this many tokens replay piecewise CUDA graphs (everything but "
+        "attention captured per padded token count, attention run between the pieces). Default: chosen from the "
+        "model's size, so that only steps the host bounds (small models, short chunks) use them; 0 turns them off.")
     cuda_graph_max_batch_size: int = _f(256, "Largest decode batch replayed from a CUDA graph (capped by "
                                         "--max-num-seqs); graphs are captured at startup for padded sizes "
                                         "1, 2, 4, 8, 16, 24, 32, then every 16 up to it. Larger batches run eagerly.")
@@ -186,6 +190,9 @@ class EngineConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        pw = self.piecewise_cuda_graph_max_tokens
+        if pw is not None and (not isinstance(pw, int) or isinstance(pw, bool) or pw < 0):
+            raise ValueError(f"piecewise_cuda_graph_max_tokens must be a non-negative integer, got {pw!r}")
         if self.max_model_len is not None and (not isinstance(self.max_model_len, int) or self.max_model_len < 1):
             raise ValueError(f"max_model_len must be a positive integer, got {self.max_model_len!r}")
         if self.page_size & (self.page_size - 1):

@@ -17,6 +17,10 @@ import torch
 from lightspeed_kernel import ops
 from torch import nn
 
+# AttentionMetadata.scratch key of the piecewise CUDA-graph capture's split (runner/piecewise_graph.py):
+# `split(layer, q) -> out`, called where the layer's attention would run.
+PIECEWISE_SPLIT = "piecewise_split"
+
 
 def decode_query_bound(plan) -> int:
     """Tokens of the longest decode row of a host plan (0 without decode rows): 1 unless rows carry
@@ -113,16 +117,25 @@ class Attention(nn.Module):
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         k_cache, v_cache = meta.kv_caches[self.layer_idx]
         ops.store_kv(k, v, k_cache, v_cache, meta.slot_mapping, k_scale=meta.k_scale, v_scale=meta.v_scale)
+        split = meta.scratch.get(PIECEWISE_SPLIT)
+        if split is not None:  # piecewise CUDA-graph capture: the attention itself runs between pieces
+            return split(self, q)
+        return self.attend(q, meta)
+
+    def attend(self, q: torch.Tensor, meta: AttentionMetadata, out: torch.Tensor | None = None) -> torch.Tensor:
+        """The attention of q [T, Hq, D] over this layer's cache (its K/V already stored) -> [T, Hq, D],
+        into `out` when given."""
+        k_cache, v_cache = meta.kv_caches[self.layer_idx]
         nd, ndt = meta.num_decodes, meta.num_decode_tokens
         common = dict(scale=self.scale, soft_cap=self.soft_cap, k_scale=meta.k_scale, v_scale=meta.v_scale)
         if meta.num_prefills == 0:
-            return self._decode(q, k_cache, v_cache, meta, common)
+            return self._decode(q, k_cache, v_cache, meta, common, out=out)
         host = meta.host_lengths("prefill")
         if nd == 0:
             return ops.attention_prefill(q, k_cache, v_cache, meta.page_table, meta.query_start_loc,
                                          meta.seq_lens, max_query_len=meta.max_query_len, host_lengths=host,
-                                         **common)
-        out = torch.empty_like(q)
+                                         out=out, **common)
+        out = torch.empty_like(q) if out is None else out
         self._decode(q[:ndt], k_cache, v_cache, meta, common, out=out[:ndt])
         ops.attention_prefill(q[ndt:], k_cache, v_cache, meta.page_table[nd:], meta.prefill_query_start_loc(),
                               meta.seq_lens[nd:], max_query_len=meta.max_query_len, out=out[ndt:],

@@ -232,6 +232,7 @@ def _build(config: EngineConfig, ranks, output_tokens_of, load_tokenizer) -> Bui
     # After the KV cache exists: the graphs bake in its addresses.
     runner.graphs = _graphs(config, ranks, model, kv_cache, max_model_len, model_config.vocab_size, device,
                             quantized=quantization in ("int8", "int4", "gguf"), spec=runner.spec)
+    runner.piecewise = _piecewise(config, ranks, model, kv_cache, model_config.num_hidden_layers, device)
     if ranks is not None and ranks.is_leader:
         from ..distributed import DriverRunner
 
@@ -287,6 +288,22 @@ def _graphs(config: EngineConfig, ranks, model, kv_cache, max_model_len: int, vo
     if ranks is not None and batch_sizes and not ranks.agree_all(graphs is not None):
         return None  # one rank failed to capture: all run eagerly, or their collectives would diverge
     return graphs
+
+
+def _piecewise(config: EngineConfig, ranks, model, kv_cache, num_layers: int, device: torch.device):
+    """Piecewise graphs of prefill and mixed steps (CUDA, one rank), or None."""
+    from ..layers.attention import Attention
+    from .piecewise_graph import auto_max_tokens, build_piecewise_graph_runner
+
+    if device.type != "cuda" or config.enforce_eager or ranks is not None:
+        return None
+    if sum(isinstance(m, Attention) for m in model.modules()) != num_layers:
+        return None  # attention of another kind (MLA): it does not split, so prefill steps stay eager
+    max_tokens = config.piecewise_cuda_graph_max_tokens
+    if max_tokens is None:
+        max_tokens = auto_max_tokens(model, num_layers, config.max_num_batched_tokens)
+    return build_piecewise_graph_runner(model, kv_cache, max_tokens=min(max_tokens, config.max_num_batched_tokens),
+                                        num_layers=num_layers, device=device)
 
 
 def default_host_cache_bytes(device: torch.device, device_pool_bytes: int) -> int:

@@ -16,7 +16,9 @@ the runner records it (`take_failures`), leaves its row harmless for the step, a
 aborts the request. Copies go first, so a plan whose launch fails still hands its copies over.
 
 The forward is eager, or replayed from CUDA graphs for decode-only steps when a `CudaGraphRunner`
-is plugged in (`graphs`, set by the factory on GPU; see cuda_graph.py). Sampling is always eager.
+is plugged in (`graphs`, set by the factory on GPU; see cuda_graph.py); prefill and mixed steps of
+few enough tokens replay piecewise graphs, attention alone eager (`piecewise`, piecewise_graph.py).
+Sampling is always eager.
 
 Speculative decoding plugs in as `spec` (a `lightspeed.spec.SpecDecoder`, set by the factory): it
 supplies the plan's drafts, fixes speculative rows' inputs on the device, and its SpecStep
@@ -37,6 +39,7 @@ if TYPE_CHECKING:  # the runner never needs msgspec at run time (GPU benchmarks 
     from ..spec.decoder import SpecDecoder, SpecLaunch
     from ..spec.step import SpecStep
     from .cuda_graph import CudaGraphRunner
+    from .piecewise_graph import PiecewiseGraphRunner
 
 from ..kv import KVCache, KVTransferError
 from .expert_load import ExpertLoad
@@ -93,6 +96,7 @@ class ModelRunner:
         self._output_tokens_of = output_tokens_of
         self._prev_sampled: torch.Tensor | None = None
         self.graphs: CudaGraphRunner | None = None  # decode steps it can run are replayed, the rest eager
+        self.piecewise: PiecewiseGraphRunner | None = None  # prefill / mixed steps it can run, piece by piece
         self.expert_load = ExpertLoad(model, device)
         self.spec: SpecDecoder | None = None        # speculative decoding (None: off)
         self._hidden: torch.Tensor | None = None    # the last eager forward's hidden states (device drafters)
@@ -231,10 +235,11 @@ class ModelRunner:
             if self.spec is not None and self.spec.needs_hidden:
                 self._hidden = self.graphs.last_hidden
             return logits
-        return self.forward_eager(plan, t)
+        return self.forward_eager(plan, t, piecewise=True)
 
-    def forward_eager(self, plan, t: StepTensors) -> torch.Tensor:
-        """`forward` without CUDA graphs."""
+    def forward_eager(self, plan, t: StepTensors, *, piecewise: bool = False) -> torch.Tensor:
+        """`forward` without the decode graphs; `piecewise`: through the piecewise graphs where they
+        hold the step (only its attention eager)."""
         from ..layers.attention import AttentionMetadata, decode_query_bound
 
         pool = self.kv_cache.device_pool
@@ -245,7 +250,10 @@ class ModelRunner:
             max_decode_query_len=decode_query_bound(plan),
             host_query_start_loc=np.asarray(plan.query_start_loc), host_seq_lens=np.asarray(plan.seq_lens),
             kv_caches=pool.kv_caches, k_scale=pool.k_scale, v_scale=pool.v_scale)
-        hidden = self.model(t.input_ids, t.positions, meta)
+        if piecewise and self.piecewise is not None and self.piecewise.can_run(plan):
+            hidden = self.piecewise.forward(t.input_ids, t.positions, t.slot_mapping, meta)
+        else:
+            hidden = self.model(t.input_ids, t.positions, meta)
         if self.spec is not None and self.spec.needs_hidden:
             self._hidden = hidden
         return self.model.compute_logits(hidden[t.logits_indices]).float()

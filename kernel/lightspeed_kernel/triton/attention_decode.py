@@ -27,9 +27,10 @@ from ._common import FLOAT_DTYPES, FP8_DTYPES, check, dot_upcast, next_pow2, reg
 MAX_QUERY_LEN = 16
 
 
-# The page-table width changes from step to step: specialising on it (==1, %16) would compile
-# new variants in the middle of serving.
-@triton.jit(do_not_specialize=["stride_pt"])
+# The page-table width changes from step to step, and outside CUDA graphs so does the split plan
+# (from the host's lengths): specialising on them (==1, %16) would compile new variants in the
+# middle of serving.
+@triton.jit(do_not_specialize=["stride_pt", "split_tokens", "num_splits"])
 def _decode_kernel(
     q_ptr,
     k_cache,
@@ -141,7 +142,7 @@ def _decode_kernel(
         tl.store(pptr, o, mask=row_valid[:, None])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"])
 def _combine_kernel(
     part_o_ptr,
     part_lse_ptr,

@@ -19,8 +19,11 @@ from .attention_decode import check_paged_args
 
 
 # The page-table width changes from step to step: specialising on it (==1, %16) would compile
-# new variants in the middle of serving.
-@triton.jit(do_not_specialize=["stride_pt"])
+# new variants in the middle of serving. So would the alignment of the per-row arrays: a mixed step
+# passes the prefill rows' slices (`seq_lens[num_decodes:]`, `page_table[num_decodes:]`), whose
+# 16-byte alignment follows the number of decode rows (the kernel reads them one scalar at a time).
+@triton.jit(do_not_specialize=["stride_pt"],
+            do_not_specialize_on_alignment=["page_table", "qsl_ptr", "seq_lens_ptr", "k_scale_ptr", "v_scale_ptr"])
 def _prefill_kernel(
     q_ptr,
     k_cache,

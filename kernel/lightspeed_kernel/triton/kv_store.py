@@ -50,7 +50,8 @@ def _store_one(
         tl.store(dst, x.to(cache_ptr.dtype.element_ty), mask=mask & live)
 
 
-@triton.jit
+# The step's token count is not specialised on (==1, %16): new counts would compile variants mid-run.
+@triton.jit(do_not_specialize=["n_tokens"])
 def _store_kv_kernel(
     k_ptr,
     v_ptr,

@@ -15,7 +15,7 @@ import triton.language as tl
 from ._common import check, next_pow2, register
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["k"])
 def _ngram_lookup_kernel(history_ptr, rows_ptr, lengths_ptr, drafts_ptr, valid_ptr, out_drafts_ptr, out_valid_ptr,
                          stride_h, k, N_MIN: tl.constexpr, N_MAX: tl.constexpr, BLOCK: tl.constexpr,
                          K_PAD: tl.constexpr, OUT: tl.constexpr):
@@ -83,7 +83,10 @@ def ngram_lookup(history: torch.Tensor, rows: torch.Tensor, lengths: torch.Tenso
 # one launch with one program per row; none reads anything back to the host.
 
 
-@triton.jit
+# Counts that change from step to step (rows, samples, tokens, the page-table width) are not
+# specialised on (==1, %16): each new combination would compile another variant in the middle of
+# serving (the H200's py-spy of a c = 16 ngram_gpu run had 24% of the engine core in Triton compiles).
+@triton.jit(do_not_specialize=["num_decodes", "num_samples", "num_inputs"])
 def _verify_kernel(tokens_ptr, input_ids_ptr, qsl_ptr, chain_ptr, matched_ptr, slots_ptr, verdict_ptr, keep_ptr,
                    rejected_ptr, num_decodes, num_samples, num_inputs, HAS_CHAIN: tl.constexpr,
                    HAS_MATCHED: tl.constexpr, BLOCK: tl.constexpr):
@@ -138,7 +141,7 @@ def spec_verify(tokens: torch.Tensor, input_ids: torch.Tensor, query_start_loc: 
     return verdict, keep, rejected
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["stride_page"])
 def _shift_rows_kernel(positions_ptr, input_ids_ptr, seq_lens_ptr, page_table_ptr, qsl_ptr, mask_ptr, src_ptr,
                        prev_rejected_ptr, prev_sampled_ptr, out_positions_ptr, out_slots_ptr, out_seq_lens_ptr,
                        shift_ptr, stride_page, page_size, BLOCK: tl.constexpr):
@@ -165,6 +168,11 @@ def _shift_rows_kernel(positions_ptr, input_ids_ptr, seq_lens_ptr, page_table_pt
         tl.store(out_slots_ptr + start + i, page * page_size + pos % page_size, mask=live)
 
 
+# Inputs per loop trip of the shift: one fixed block (rows loop over longer prefills), so the step's
+# longest row never selects a new variant.
+SHIFT_BLOCK = 64
+
+
 @register("spec", "shift_rows", "triton_spec_shift_rows", (torch.int64,))
 def spec_shift_rows(positions: torch.Tensor, input_ids: torch.Tensor, seq_lens: torch.Tensor,
                     page_table: torch.Tensor, query_start_loc: torch.Tensor, deferred_mask: torch.Tensor,
@@ -185,7 +193,7 @@ def spec_shift_rows(positions: torch.Tensor, input_ids: torch.Tensor, seq_lens: 
     _shift_rows_kernel[(rows,)](positions, input_ids, seq_lens, page_table, query_start_loc,
                                 deferred_mask.view(torch.int8), deferred_src, prev_rejected, prev_sampled,
                                 out_positions, slots, out_seq_lens, shift, page_table.stride(0), page_size,
-                                BLOCK=min(1024, max(16, next_pow2(max_query_len))), num_warps=1)
+                                BLOCK=SHIFT_BLOCK, num_warps=1)
     return out_positions, slots, out_seq_lens, shift
 
 
@@ -213,7 +221,7 @@ def spec_fill_drafts(input_ids: torch.Tensor, query_start_loc: torch.Tensor, dra
                                         BLOCK=max(16, next_pow2(max_query_len)), num_warps=1)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_decodes", "num_decode_tokens"])
 def _ngram_record_kernel(history_ptr, lengths_ptr, tokens_ptr, positions_ptr, logits_ptr, slots_ptr, qsl_ptr,
                          keep_ptr, out_slots_ptr, stride_h, width, num_decodes, num_decode_tokens,
                          HAS_KEEP: tl.constexpr, OUT_SLOTS: tl.constexpr, BLOCK: tl.constexpr):
