@@ -30,7 +30,9 @@ ngram|ngram_gpu|suffix) spec=(--speculative-config "{\"method\": \"$method\", \"
 esac
 trace=$out/requote.jsonl
 [ -f "$trace" ] || python3 tools/bench/requote_trace.py "$trace" --conversations 48 --turns 4 --output-tokens 400
-lightspeed serve "${model[@]}" "${tok[@]}" --port 8000 --max-model-len 8192 --max-num-seqs 64 "${spec[@]}" \
+# SERVE_ARGS (environment): more `lightspeed serve` flags, e.g. for an A/B of one setting.
+# shellcheck disable=SC2086
+lightspeed serve "${model[@]}" "${tok[@]}" --port 8000 --max-model-len 8192 --max-num-seqs 64 "${spec[@]}" ${SERVE_ARGS:-} \
   > "$out/spec_${name}_${method}_serve.log" 2>&1 &
 server=$!
 for i in $(seq 300); do curl -sf localhost:8000/health >/dev/null && break; kill -0 $server 2>/dev/null || break; sleep 1; done
