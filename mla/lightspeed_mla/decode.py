@@ -9,7 +9,7 @@ and the same ``num_splits`` (pass it explicitly) rewrites only the lengths: the 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -110,15 +110,13 @@ def plan_decode(
     fold: bool | None = None,
     num_splits: int | None = None,
     tile: DecodeTile | None = None,
-    fp8_mma: bool | None = None,
 ) -> MLADecodePlan:
     """Plan one batch of absorbed MLA attention.
 
     workspace: uint8 device tensor of at least ``decode_workspace_bytes(...)`` bytes (caller-owned).
     query_start_loc: host [B+1] (numpy / CPU tensor / list): request b's query tokens are rows
     query_start_loc[b] .. query_start_loc[b+1] of q. seq_lens: host [B], keys per request, its
-    new tokens included. fold / num_splits / tile override the heuristics (benchmarks, graphs);
-    fp8_mma overrides the tile's ``fp8_mma`` (FP8 caches only: e4m3 MMAs, Q and P quantised).
+    new tokens included. fold / num_splits / tile override the heuristics (benchmarks, graphs).
     """
     qsl, lens = _host_i32(query_start_loc), _host_i32(seq_lens)
     B = lens.shape[0]
@@ -135,10 +133,6 @@ def plan_decode(
     info = device_info(workspace.device)
     do_fold, tile, heads_padded, row_tiles, want_splits = _layout(
         B, max_q, max_kv, num_heads, info, cache_kind, fold, tile)
-    if fp8_mma is not None:
-        tile = replace(tile, fp8_mma=fp8_mma)
-    if tile.fp8_mma and cache_kind != "fp8":
-        raise ValueError(f"plan_decode: fp8_mma needs an fp8 cache, not {cache_kind!r}")
 
     # Carve the workspace: lengths first, then the split buffers sized to what is left.
     off_qsl, off_lens = 0, _align(4 * (B + 1))
@@ -213,9 +207,8 @@ def run_decode(
         *po_strides,
         H, plan.heads_padded, plan.softmax_scale * LOG2E, S,
         PAGE_SIZE=plan.page_size, DIRECT_OUT=S == 1, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, SWAP_AB=tile.swap_ab,
-        IS_FP8=is_fp8, FP8_MMA=is_fp8 and tile.fp8_mma, WRITE_LSE=lse is not None,
+        IS_FP8=is_fp8, WRITE_LSE=lse is not None,
         DOT_DTYPE=tl.float32 if interpreting() else tl.bfloat16,
-        FP8_EMULATE=interpreting(),
         num_warps=tile.num_warps, num_stages=tile.num_stages,
     )
     if S > 1:

@@ -21,7 +21,6 @@ class DecodeTile:
     num_stages: int
     swap_ab: bool = False
     ctas_per_sm: int = 1  # resident CTAs per SM (registers / shared memory): sizes one full wave
-    fp8_mma: bool = False  # FP8 cache: e4m3 MMAs (Q and P quantised) instead of e4m3 -> bf16 keys
 
 
 @dataclass(frozen=True)
@@ -41,9 +40,6 @@ MMA_M = {9: 64, 10: 64}
 # batch to 16 or 32). sm_90 rows: candidates kept spill-free (or nearly) by ptxas -v on Triton's
 # sm_90a output, then the fastest of the H200 tile sweep (bench/results/mla_*, "tile_sweep"):
 # bf16 swaps A/B (Q stays in shared memory as the B operand); fp8 swaps only for 16-32 rows.
-# fp8_mma (the kernel's FP8_MMA path: e4m3 wgmma for Q·Kᵀ and P·V) stays off in every row until
-# the H200 has timed it against the e4m3 -> bf16 path (tools/bench/mla.py --fp8-mma, and
-# --tile-sweep for its tiles); then set it per (arch, cache kind) row here.
 _DECODE = {
     (9, "bf16"): (DecodeTile(64, 64, 8, 2, True, 1), DecodeTile(16, 32, 4, 3, True, 2)),
     (9, "fp8"): (DecodeTile(64, 32, 8, 2, False, 1), DecodeTile(16, 32, 4, 2, True, 2)),
@@ -69,8 +65,7 @@ def decode_tile(arch_major: int | None, cache_kind: str, rows_per_tile_wanted: i
         return big
     # A smaller M tile: 16/32 rows (mma.sync), smallest power of two >= the rows there are.
     block_m = 16 if rows_per_tile_wanted <= 16 else 32
-    return DecodeTile(block_m, small.block_n, small.num_warps, small.num_stages, small.swap_ab, small.ctas_per_sm,
-                      small.fp8_mma)
+    return DecodeTile(block_m, small.block_n, small.num_warps, small.num_stages, small.swap_ab, small.ctas_per_sm)
 
 
 def prefill_tile(arch_major: int | None) -> PrefillTile:

@@ -48,14 +48,3 @@ def make_paged_cache(kind: str, page_size: int, lens: list[int], device="cpu", s
 
 def query_start(q_lens: list[int]) -> torch.Tensor:
     return torch.tensor([0] + list(torch.tensor(q_lens, dtype=torch.int64).cumsum(0)), dtype=torch.int32)
-
-
-def quantize_q_latent_e4m3(q: torch.Tensor) -> torch.Tensor:
-    """q [T, H, 576] as the FP8_MMA path sees it: each row's 512 latent columns rounded to e4m3 with
-    one scale (amax / 448), dequantised to fp32; the rope columns as they are."""
-    lat = q[..., :512].float()
-    amax = lat.abs().amax(-1, keepdim=True)
-    # The kernel's fp32 arithmetic (amax * (1/448), x * (1/scale)), so rounding ties land alike.
-    scale = torch.where(amax > 1e-30, amax * torch.tensor(1 / 448, dtype=torch.float32), torch.ones_like(amax))
-    lat = (lat * (1 / scale)).to(torch.float8_e4m3fn).float() * scale
-    return torch.cat([lat, q[..., 512:].float()], dim=-1)

@@ -15,8 +15,7 @@ from lightspeed_mla import (
     run_decode,
 )
 from lightspeed_mla.prefill import mla_prefill
-from lightspeed_mla.tuning import DecodeTile
-from mla_helpers import make_paged_cache, quantize_q_latent_e4m3, query_start, rel_err
+from mla_helpers import make_paged_cache, query_start, rel_err
 
 pytestmark = pytest.mark.gpu
 DEV = "cuda"
@@ -130,28 +129,3 @@ def test_prefill_real_shapes(q_lens, kv_lens):
     ref, ref_lse = mla_prefill_reference(q_nope, q_rope, k_nope, k_rope, v, cu_q, cu_k, SCALE)
     assert rel_err(out, ref) < 1.5e-2
     torch.testing.assert_close(lse, ref_lse, atol=2e-2, rtol=1e-3)
-
-
-@pytest.mark.parametrize("tile", [None, "64x32", "16x32 swap", "64x64 swap"])
-@pytest.mark.parametrize("page_size,lens,q_len,heads", [
-    (16, [1, 16, 17, 1000], 1, 16),
-    (64, [4, 63, 4097, 81920], 4, 16),  # the seeds' fold: 16 heads x 4 tokens in 64 rows
-    (64, [700, 2049], 1, 128),
-])
-def test_decode_fp8_mma(tile, page_size, lens, q_len, heads):
-    # The FP8_MMA path (e4m3 MMAs) on the device; tolerances as in test_decode_fp8_mma.py.
-    tiles = {None: None, "64x32": DecodeTile(64, 32, 8, 2, False, 1, True),
-             "16x32 swap": DecodeTile(16, 32, 4, 2, True, 2, True), "64x64 swap": DecodeTile(64, 64, 8, 2, True, 1, True)}
-    g = torch.Generator().manual_seed(sum(lens) + heads)
-    cache, page_table = make_paged_cache("fp8", page_size, lens, device=DEV, generator=g)
-    qsl = query_start([q_len] * len(lens))
-    q = torch.randn(int(qsl[-1]), heads, 576, generator=g).to(DEV, torch.bfloat16)
-    out, lse = mla_decode(q, cache, page_table, torch.tensor(lens), qsl, SCALE, return_lse=True, fp8_mma=True,
-                          tile=tiles[tile])
-    dev_lens = torch.tensor(lens, device=DEV)
-    ref, ref_lse = mla_decode_reference(q, cache, page_table, dev_lens, qsl, SCALE)
-    assert rel_err(out, ref) < 3e-2
-    torch.testing.assert_close(lse, ref_lse, atol=0.15, rtol=0)
-    ref8, ref8_lse = mla_decode_reference(quantize_q_latent_e4m3(q), cache, page_table, dev_lens, qsl, SCALE)
-    assert rel_err(out, ref8) < 2e-2
-    torch.testing.assert_close(lse, ref8_lse, atol=2e-2, rtol=0)

@@ -1,6 +1,6 @@
 """MLA kernel benchmark on one GPU: decode sweep, fold on/off, the seeds' cases, prefill.
 
-    python tools/bench/mla.py --out DIR [--budget-s 150] [--tile-sweep] [--flashinfer] [--fp8-mma]
+    python tools/bench/mla.py --out DIR [--budget-s 150] [--tile-sweep] [--flashinfer]
 
 Writes DIR/mla_bench_<date-time>_<device>.json and .md. Every figure is measured here: µs per call
 (median of CUDA-graph replays, each after a 256 MiB write that flushes the L2, timed by CUDA events
@@ -14,8 +14,6 @@ Points run in priority order (targets first) until --budget-s is spent; what did
 --flashinfer puts FlashInfer's MLA decode beside ours on each point (timed the same way, on the same
 queries and pages, its output checked against ours; see FlashInferColumn); without the library the
 table says why and the rest runs.
---fp8-mma runs every FP8-cache point twice, the second time on the kernel's FP8_MMA path (e4m3 MMAs,
-Q and P quantised; tag suffix "/fp8mma", tile suffix " fp8mma"), and tabulates the pairs.
 """
 
 from __future__ import annotations
@@ -181,8 +179,7 @@ class DecodeBench:
             self.caches[kind] = c
         self.ws = torch.empty(1 << 31, dtype=torch.uint8, device="cuda")
 
-    def run(self, kind, batch, heads, q_len, ctx, fold=None, tile=None, flashinfer: FlashInferColumn | None = None,
-            fp8_mma: bool | None = None):
+    def run(self, kind, batch, heads, q_len, ctx, fold=None, tile=None, flashinfer: FlashInferColumn | None = None):
         from lightspeed_mla import plan_decode, run_decode
 
         cache = self.caches[kind]
@@ -193,7 +190,7 @@ class DecodeBench:
         qsl = torch.arange(batch + 1, dtype=torch.int32) * q_len
         lens = torch.full((batch,), ctx, dtype=torch.int32)
         plan = plan_decode(self.ws, qsl, lens, heads, page_size=self.page_size, softmax_scale=SCALE,
-                           cache_kind=kind, fold=fold, tile=tile, fp8_mma=fp8_mma)
+                           cache_kind=kind, fold=fold, tile=tile)
         q = torch.randn(T, heads, 576, device="cuda").to(torch.bfloat16)
         out = torch.empty(T, heads, 512, device="cuda", dtype=torch.bfloat16)
         us = self.time_fn(lambda: run_decode(plan, q, cache, page_table, out))
@@ -205,15 +202,8 @@ class DecodeBench:
             "tflops": round(cost["flops"] / (us * 1e-6) / 1e12, 1),
             "roofline_us": round(cost["roofline_us"], 2), "of_roofline": round(cost["roofline_us"] / us, 3),
             "bound": cost["bound"], "fold": plan.fold, "splits": plan.num_splits,
-            "tile": f"{t.block_m}x{t.block_n} w{t.num_warps} s{t.num_stages}{' swap' if t.swap_ab else ''}"
-                    f"{' fp8mma' if t.fp8_mma else ''}",
+            "tile": f"{t.block_m}x{t.block_n} w{t.num_warps} s{t.num_stages}{' swap' if t.swap_ab else ''}",
         }
-        if t.fp8_mma:  # the same inputs through today's e4m3 -> bf16 path: what quantising Q and P costs
-            twin = plan_decode(self.ws, qsl, lens, heads, page_size=self.page_size, softmax_scale=SCALE,
-                               cache_kind=kind, fold=fold, tile=tile, fp8_mma=False)
-            ref = torch.empty_like(out)
-            run_decode(twin, q, cache, page_table, ref)
-            row["err_vs_bf16_mma"] = round(rel_err(out, ref), 4)
         if flashinfer is not None:
             row.update(flashinfer.measure(kind, cache, page_table, qsl, lens, q, out, us, cost["roofline_us"],
                                           self.time_fn))
@@ -243,9 +233,8 @@ def prefill_point(q_len=8192, kv_len=8192, heads=128, tile=None) -> dict:
             "tile": None if t is None else f"{t.block_m}x{t.block_n} w{t.num_warps} s{t.num_stages}"}
 
 
-def decode_points(fp8_mma: bool = False):
-    """(tag, kind, batch, heads, q_len, ctx, fold, fp8_mma) in priority order. With fp8_mma each FP8
-    point is followed by its twin on the FP8_MMA path (tag + "/fp8mma")."""
+def decode_points():
+    """(tag, kind, batch, heads, q_len, ctx, fold) in priority order."""
     pts = []
     for b in (4, 8, 16):  # the seeds' decode case
         for kind in ("fp8", "bf16"):
@@ -263,31 +252,10 @@ def decode_points(fp8_mma: bool = False):
                         grid.append(("sweep", kind, b, h, ql, ctx, None))
     # Memory-bound target shapes first (ctx >= 8K, batch >= 16), then the rest.
     grid.sort(key=lambda p: (not (p[5] >= 8192 and p[2] >= 16), p[5] == 4096, p[4], p[3]))
-    out = []
-    for p in pts + grid:
-        out.append(p + (None,))
-        if fp8_mma and p[1] == "fp8":
-            out.append((p[0] + "/fp8mma",) + p[1:] + (True,))
-    return out
+    return pts + grid
 
 
-def fp8_mma_pairs(decode_rows: list[dict]) -> list[dict]:
-    """Each FP8 point timed both ways: e4m3 -> bf16 MMAs (today's path) against e4m3 MMAs."""
-    def key(r):
-        return (r["tag"].removesuffix("/fp8mma"), r["batch"], r["heads"], r["q_len"], r["ctx"])
-    base = {key(r): r for r in decode_rows if r.get("kind") == "fp8" and "us" in r and not r["tag"].endswith("/fp8mma")}
-    pairs = []
-    for r in decode_rows:
-        if r["tag"].endswith("/fp8mma") and "us" in r and key(r) in base:
-            b = base[key(r)]
-            pairs.append({"tag": key(r)[0], "batch": r["batch"], "heads": r["heads"], "q_len": r["q_len"],
-                          "ctx": r["ctx"], "bf16_mma_us": b["us"], "fp8_mma_us": r["us"],
-                          "speedup": round(b["us"] / r["us"], 2), "fp8_mma_of_roofline": r["of_roofline"],
-                          "fp8_mma_err": r.get("err_vs_bf16_mma")})
-    return pairs
-
-
-def tile_sweep(bench, results, fp8_mma: bool = False):
+def tile_sweep(bench, results):
     from lightspeed_mla.tuning import DecodeTile
 
     # Run 1 (tools/bench/mla.py --tile-sweep at commit 18794ba) timed 5 tiles per class; these are
@@ -298,11 +266,6 @@ def tile_sweep(bench, results, fp8_mma: bool = False):
                      DecodeTile(16, 32, 8, 2, False, 1)]}
     big = {"bf16": [DecodeTile(64, 64, 8, 2, True, 1), DecodeTile(64, 32, 8, 2, False, 1)],
            "fp8": [DecodeTile(64, 32, 8, 2, False, 1), DecodeTile(64, 16, 8, 3, False, 1)]}
-    if fp8_mma:  # FP8_MMA candidates: e4m3 tiles take half the shared memory, so 64 keys may fit
-        small["fp8"] += [DecodeTile(16, 32, 4, 2, True, 2, True), DecodeTile(16, 64, 4, 2, True, 2, True),
-                         DecodeTile(16, 32, 4, 2, False, 2, True)]
-        big["fp8"] += [DecodeTile(64, 32, 8, 2, False, 1, True), DecodeTile(64, 64, 8, 2, False, 1, True),
-                       DecodeTile(64, 64, 8, 2, True, 1, True)]
     for kind in ("bf16", "fp8"):
         for tiles, (b, h, ql, ctx, fold) in ((small[kind], (16, 16, 1, 16384, None)),
                                              (big[kind], (16, 16, 4, 16384, True))):
@@ -325,7 +288,6 @@ def save(results: dict, out: Path) -> None:
         if r["tag"] == "fold_off" and "us" in r and key in on:
             results["fold_speedup"].append({"kind": key[0], "batch": key[1], "ctx": key[2], "fold_us": on[key]["us"],
                                             "nofold_us": r["us"], "speedup": round(r["us"] / on[key]["us"], 2)})
-    results["fp8_mma_pairs"] = fp8_mma_pairs(results["decode"])
     stem = results.setdefault("_stem", str(result_stem(out, "mla_bench", results.get("device"))))
     Path(stem + ".json").write_text(json.dumps({k: v for k, v in results.items() if k != "_stem"}, indent=1))
     write_markdown(results, Path(stem + ".md"))
@@ -344,14 +306,6 @@ def write_markdown(results: dict, path: Path) -> None:
               "|---|---|---|---|---|---|"]
     for r in results["fold_speedup"]:
         lines.append(f"| {r['kind']} | {r['batch']} | {r['ctx']} | {r['fold_us']} | {r['nofold_us']} | {r['speedup']} |")
-    if results.get("fp8_mma_pairs"):
-        lines += ["", "## FP8 cache: e4m3 -> bf16 MMAs (today) vs e4m3 MMAs (FP8_MMA)", "",
-                  "err: FP8_MMA's output against today's path's, relative L2 (Q and P quantised to e4m3).", "",
-                  "| tag | batch | heads | q_len | ctx | e4m3->bf16 µs | FP8_MMA µs | speed-up | FP8_MMA of roofline | err |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
-        for r in results["fp8_mma_pairs"]:
-            lines.append(f"| {r['tag']} | {r['batch']} | {r['heads']} | {r['q_len']} | {r['ctx']} | {r['bf16_mma_us']} | "
-                         f"{r['fp8_mma_us']} | {r['speedup']} | {r['fp8_mma_of_roofline']} | {r['fp8_mma_err']} |")
     fi = results.get("flashinfer")
     lines += ["", "## Decode (absorbed, page 64)", ""] + _flashinfer_note(fi) + [
               "| tag | kv | batch | heads | q_len | ctx | µs | roofline µs | of roofline | HBM frac | TFLOP/s | bound | "
@@ -405,8 +359,6 @@ def main(argv=None) -> int:
     ap.add_argument("--flashinfer", action="store_true",
                     help="also time FlashInfer's MLA decode on each point (on the H200: source "
                          "tools/bench/h200/flashinfer_setup.sh, then mla/scripts/flashinfer_mla_sources.sh install)")
-    ap.add_argument("--fp8-mma", action="store_true",
-                    help="time every FP8-cache point on the FP8_MMA path too (e4m3 MMAs; tag suffix /fp8mma)")
     ap.add_argument("--flashinfer-backend", choices=("fa3", "fa2"), default=None,
                     help="FlashInfer's MLA backend (default: fa3 on sm_90, else fa2)")
     args = ap.parse_args(argv)
@@ -425,18 +377,17 @@ def main(argv=None) -> int:
         print("flashinfer", flashinfer.info, flush=True)
     bench = DecodeBench(max_tokens=128 * 81920 + 4096)
     if args.tile_sweep:
-        tile_sweep(bench, results, fp8_mma=args.fp8_mma)
+        tile_sweep(bench, results)
         save(results, args.out)
     if not args.skip_prefill:
         results["prefill"].append(prefill_point())
         print("prefill", results["prefill"][-1], flush=True)
-    for tag, kind, b, h, ql, ctx, fold, fp8_mma in decode_points(args.fp8_mma):
+    for tag, kind, b, h, ql, ctx, fold in decode_points():
         if time.time() - t0 > args.budget_s:
-            results["skipped"].append([kind, b, h, ql, ctx] + (["fp8mma"] if fp8_mma else []))
+            results["skipped"].append([kind, b, h, ql, ctx])
             continue
         try:
-            r = bench.run(kind, b, h, ql, ctx, fold=fold, fp8_mma=fp8_mma,
-                          flashinfer=flashinfer if tag != "fold_off" and not fp8_mma else None)
+            r = bench.run(kind, b, h, ql, ctx, fold=fold, flashinfer=flashinfer if tag != "fold_off" else None)
         except Exception as e:  # noqa: BLE001 - record and go on
             r = {"kind": kind, "batch": b, "heads": h, "q_len": ql, "ctx": ctx, "error": f"{type(e).__name__}: {e}"[:200]}
         r["tag"] = tag

@@ -33,15 +33,3 @@ def test_fp8_caches_are_judged_against_fp8_mmas():
     args = dict(batch=16, heads=128, q_len=1, ctx=16384, bytes_per_token=FP8_BYTES_PER_TOKEN)
     fp8 = mla.decode_cost("fp8", **args)
     assert fp8["roofline_us"] == pytest.approx(max(fp8["bytes"] / mla.HBM_BPS, fp8["flops"] / 1620e12) * 1e6)
-
-
-def test_fp8_mma_flag_pairs_every_fp8_point_with_its_twin():
-    plain, both = mla.decode_points(), mla.decode_points(fp8_mma=True)
-    twins = [p for p in both if p[0].endswith("/fp8mma")]
-    assert all(p[7] is None for p in plain) and len(twins) == sum(p[1] == "fp8" for p in plain)
-    assert both[0][1] == "fp8" and both[1] == (both[0][0] + "/fp8mma",) + both[0][1:7] + (True,)
-    rows = [{"tag": "seeds", "kind": "fp8", "batch": 4, "heads": 16, "q_len": 4, "ctx": 81920, "us": 364.0},
-            {"tag": "seeds/fp8mma", "kind": "fp8", "batch": 4, "heads": 16, "q_len": 4, "ctx": 81920, "us": 182.0,
-             "of_roofline": 0.3, "err_vs_bf16_mma": 0.01}]
-    (pair,) = mla.fp8_mma_pairs(rows)
-    assert pair["speedup"] == 2.0 and pair["fp8_mma_err"] == 0.01

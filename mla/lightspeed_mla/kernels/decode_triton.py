@@ -14,17 +14,6 @@ ragged prefill in absorbed form is the same kernel with per-request query counts
 Split-KV: grid axis 2 cuts a request's keys into num_splits contiguous, BLOCK_N-aligned ranges;
 each writes an unnormalised-free partial (O / l, log2-LSE) that `_combine_kernel` merges. The
 ranges depend only on the request's length, so every row tile of a request agrees on them.
-
-FP8_MMA (FP8 cache only): both latent products run on e4m3 operands with fp32 accumulation instead
-of converting the e4m3 keys to bf16. Q's 512 latent columns are quantised once per program with one
-scale per row (amax / 448), folded into that row's scores with the per-token key scale. P·V: the
-probabilities times the per-token key scale are quantised per tile with one scale per row
-(rowmax / 448, applied to that row's accumulator update). A per-row scale is exact to apply (rows
-are the output axis, keys the contracted one) and keeps every row's full 3-bit mantissa, even rows
-whose probabilities in this tile are far below 1 and key scales that differ token to token; a
-fixed scale would flush those to e4m3's subnormals. The rope product stays bf16 (the cache's rope
-is bf16). Under TRITON_INTERPRET (FP8_EMULATE) values are rounded to e4m3 but held in fp32 for an
-fp32 dot, so the interpreter checks the same numerics.
 """
 
 from __future__ import annotations
@@ -33,35 +22,6 @@ from .._triton import HAS_TRITON
 
 if HAS_TRITON:
     from .._triton import tl, triton
-
-    @triton.jit
-    def _round_e4m3(x):
-        # fp32 -> nearest e4m3 value (ties to even, saturating at 448), kept in fp32: the GPU's
-        # cvt.rn.satfinite. The interpreter's own fp8 cast truncates small values (3.9), so it is
-        # not used there. Spacing: 2^(e - 3) for exponent e >= -6, 2^-9 below (subnormals).
-        x = tl.minimum(tl.maximum(x, -448.0), 448.0)
-        e = ((x.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
-        ulp = tl.exp2((tl.maximum(e, -6) - 3).to(tl.float32))
-        big: tl.constexpr = 12582912.0  # 1.5 * 2^23: adding and subtracting it rounds to an integer
-        return ((x / ulp + big) - big) * ulp
-
-    @triton.jit
-    def _rows_to_e4m3(x, AXIS: tl.constexpr, FP8_EMULATE: tl.constexpr):
-        # x: fp32 [R, C] (AXIS 1) or [C, R] (AXIS 0), one scale per row r: (x / scale in e4m3, scale),
-        # the e4m3 values as fp32 when FP8_EMULATE (the interpreter's fp32 dot).
-        # A row below 1e-30 (probabilities far under the row's max times a small key scale) takes
-        # scale 1 and rounds to zero: its 1 / scale would overflow, its terms are negligible anyway.
-        amax = tl.max(tl.abs(x), axis=AXIS)
-        scale = tl.where(amax > 1e-30, amax * (1.0 / 448.0), 1.0)
-        if AXIS == 1:
-            x8 = x * (1.0 / scale)[:, None]
-        else:
-            x8 = x * (1.0 / scale)[None, :]
-        if FP8_EMULATE:
-            x8 = _round_e4m3(x8)
-        else:
-            x8 = x8.to(tl.float8e4nv)
-        return x8, scale
 
     @triton.jit
     def _mla_attn_split_kernel(
@@ -79,13 +39,10 @@ if HAS_TRITON:
         BLOCK_N: tl.constexpr,
         SWAP_AB: tl.constexpr,
         IS_FP8: tl.constexpr,
-        FP8_MMA: tl.constexpr,
         WRITE_LSE: tl.constexpr,
         DOT_DTYPE: tl.constexpr,
-        FP8_EMULATE: tl.constexpr,
     ):
         # DOT_DTYPE is bf16 on GPUs; fp32 under TRITON_INTERPRET, whose bf16 dot is wrong (3.9).
-        # FP8_EMULATE (the interpreter): FP8_MMA's operands are e4m3 values held in fp32.
         D_LAT: tl.constexpr = 512
         D_ROPE: tl.constexpr = 64
         b = tl.program_id(0)
@@ -115,12 +72,7 @@ if HAS_TRITON:
         d = tl.arange(0, D_LAT)
         r = tl.arange(0, D_ROPE)
         q_base = Q + tok[:, None] * stride_qt + head[:, None] * stride_qh
-        q_lat = tl.load(q_base + d[None, :], mask=row_ok[:, None], other=0.0)
-        if FP8_MMA:
-            # q_scale [BLOCK_M]: the row's e4m3 scale, multiplied into its scores with the key scale.
-            q_lat, q_scale = _rows_to_e4m3(q_lat.to(tl.float32), 1, FP8_EMULATE)
-        else:
-            q_lat = q_lat.to(DOT_DTYPE)
+        q_lat = tl.load(q_base + d[None, :], mask=row_ok[:, None], other=0.0).to(DOT_DTYPE)
         q_rope = tl.load(q_base + D_LAT + r[None, :], mask=row_ok[:, None], other=0.0).to(DOT_DTYPE)
 
         m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
@@ -140,14 +92,11 @@ if HAS_TRITON:
                 slot = page * PAGE_SIZE + offs_n % PAGE_SIZE
                 k_lat = tl.load(CLat + slot[:, None] * stride_lat_tok + d[None, :], mask=n_ok[:, None], other=0.0)
                 k_rope = tl.load(CRope + slot[:, None] * stride_rope_tok + r[None, :], mask=n_ok[:, None], other=0.0)
-                if FP8_EMULATE or not FP8_MMA:
-                    k_lat = k_lat.to(DOT_DTYPE)  # FP8_MMA on GPUs: the raw e4m3 tile, no conversion
+                k_lat = k_lat.to(DOT_DTYPE)
                 st = tl.dot(k_lat, q_lat_t)
                 if IS_FP8:
                     k_scale = tl.load(CScale + slot, mask=n_ok, other=0.0)
                     st = st * k_scale[:, None]
-                    if FP8_MMA:
-                        st = st * q_scale[None, :]
                 st = tl.dot(k_rope.to(DOT_DTYPE), q_rope_t, st)
                 st = st * qk_scale_log2
                 st = tl.where(offs_n[:, None] < row_end[None, :], st, float("-inf"))
@@ -158,11 +107,7 @@ if HAS_TRITON:
                 l_i = l_i * alpha + tl.sum(pt, axis=0)
                 if IS_FP8:
                     pt = pt * k_scale[:, None]
-                if FP8_MMA:
-                    pt8, p_scale = _rows_to_e4m3(pt, 0, FP8_EMULATE)
-                    acc_t = acc_t * alpha[None, :] + tl.dot(tl.trans(k_lat), pt8) * p_scale[None, :]
-                else:
-                    acc_t = tl.dot(tl.trans(k_lat), pt.to(DOT_DTYPE), acc_t * alpha[None, :])
+                acc_t = tl.dot(tl.trans(k_lat), pt.to(DOT_DTYPE), acc_t * alpha[None, :])
                 m_i = m_new
             acc = tl.trans(acc_t)
         else:
@@ -174,15 +119,12 @@ if HAS_TRITON:
                 slot = page * PAGE_SIZE + offs_n % PAGE_SIZE
                 k_lat = tl.load(CLat + slot[:, None] * stride_lat_tok + d[None, :], mask=n_ok[:, None], other=0.0)
                 k_rope = tl.load(CRope + slot[:, None] * stride_rope_tok + r[None, :], mask=n_ok[:, None], other=0.0)
-                if FP8_EMULATE or not FP8_MMA:
-                    k_lat = k_lat.to(DOT_DTYPE)  # FP8_MMA on GPUs: the raw e4m3 tile, no conversion
+                k_lat = k_lat.to(DOT_DTYPE)
                 s = tl.dot(q_lat, tl.trans(k_lat))
                 if IS_FP8:
                     # Per-token scale: scores and probabilities take it, the MMA sees raw e4m3.
                     k_scale = tl.load(CScale + slot, mask=n_ok, other=0.0)
                     s = s * k_scale[None, :]
-                    if FP8_MMA:
-                        s = s * q_scale[:, None]
                 s = tl.dot(q_rope, tl.trans(k_rope.to(DOT_DTYPE)), s)
                 s = s * qk_scale_log2
                 s = tl.where(offs_n[None, :] < row_end[:, None], s, float("-inf"))
@@ -193,11 +135,7 @@ if HAS_TRITON:
                 l_i = l_i * alpha + tl.sum(p, axis=1)
                 if IS_FP8:
                     p = p * k_scale[None, :]
-                if FP8_MMA:
-                    p8, p_scale = _rows_to_e4m3(p, 1, FP8_EMULATE)
-                    acc = acc * alpha[:, None] + tl.dot(p8, k_lat) * p_scale[:, None]
-                else:
-                    acc = tl.dot(p.to(DOT_DTYPE), k_lat, acc * alpha[:, None])
+                acc = tl.dot(p.to(DOT_DTYPE), k_lat, acc * alpha[:, None])
                 m_i = m_new
 
         empty = l_i == 0.0
