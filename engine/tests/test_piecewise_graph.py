@@ -137,3 +137,23 @@ def test_piecewise_engine_generates_what_eager_does(long_tiny_model_dir, overlap
             replays = engine.runner.piecewise.num_replays
     assert replays > 0
     assert outputs[False] == outputs[True]
+
+
+def test_size_limit_follows_config_and_skips_mla(tiny_model_dir):
+    """`_piecewise_max_tokens` (also what the KV budget reserves for): the auto limit capped by the step's
+    token budget, 0 when turned off, eager, on CPU, or for MLA attention (which does not split)."""
+    from lightspeed.config import EngineConfig
+    from lightspeed.runner.factory import _piecewise_max_tokens
+
+    cuda = torch.device("cuda")  # only its type is read
+    llama = make_engine(tiny_model_dir, device="cpu").runner.model
+    layers = llama.config.num_hidden_layers
+    assert _piecewise_max_tokens(EngineConfig(max_num_batched_tokens=512), None, llama, layers, cuda) == 512
+    assert _piecewise_max_tokens(EngineConfig(piecewise_cuda_graph_max_tokens=100), None, llama, layers, cuda) == 100
+    for config in (EngineConfig(piecewise_cuda_graph_max_tokens=0), EngineConfig(enforce_eager=True)):
+        assert _piecewise_max_tokens(config, None, llama, layers, cuda) == 0
+    assert _piecewise_max_tokens(EngineConfig(), None, llama, layers, torch.device("cpu")) == 0
+    deepseek = make_engine("tiny-deepseek-v3", device="cpu").runner.model
+    assert _piecewise_max_tokens(EngineConfig(), None, deepseek, deepseek.config.num_hidden_layers, cuda) == 0
+    with pytest.raises(ValueError, match="piecewise_cuda_graph_max_tokens"):
+        EngineConfig(piecewise_cuda_graph_max_tokens=-1)

@@ -176,7 +176,10 @@ def _build(config: EngineConfig, ranks, output_tokens_of, load_tokenizer) -> Bui
     max_stop_ids = config.max_stop_token_ids + MAX_EOS_TOKEN_IDS
     from ..spec.decoder import build_spec_decoder, spec_table_bytes
 
-    reserve = (config.max_num_batched_tokens * model_config.hidden_size * 24
+    # The piecewise graphs keep their largest size's activations in their own pool, beside those of
+    # the eager steps above it: reserved the same way.
+    piecewise_tokens = _piecewise_max_tokens(config, ranks, model, model_config.num_hidden_layers, device)
+    reserve = ((config.max_num_batched_tokens + piecewise_tokens) * model_config.hidden_size * 24
                + config.max_num_seqs * model_config.vocab_size * 4 * 4 + (512 << 20)
                + table_bytes(config.max_num_seqs, model_config.vocab_size, config.max_logit_bias, max_stop_ids)
                + spec_table_bytes(spec_config, config.max_num_seqs, max_model_len))
@@ -232,7 +235,11 @@ def _build(config: EngineConfig, ranks, output_tokens_of, load_tokenizer) -> Bui
     # After the KV cache exists: the graphs bake in its addresses.
     runner.graphs = _graphs(config, ranks, model, kv_cache, max_model_len, model_config.vocab_size, device,
                             quantized=quantization in ("int8", "int4", "gguf"), spec=runner.spec)
-    runner.piecewise = _piecewise(config, ranks, model, kv_cache, model_config.num_hidden_layers, device)
+    if piecewise_tokens:
+        from .piecewise_graph import build_piecewise_graph_runner
+
+        runner.piecewise = build_piecewise_graph_runner(model, kv_cache, max_tokens=piecewise_tokens,
+                                                        num_layers=model_config.num_hidden_layers, device=device)
     if ranks is not None and ranks.is_leader:
         from ..distributed import DriverRunner
 
@@ -290,20 +297,19 @@ def _graphs(config: EngineConfig, ranks, model, kv_cache, max_model_len: int, vo
     return graphs
 
 
-def _piecewise(config: EngineConfig, ranks, model, kv_cache, num_layers: int, device: torch.device):
-    """Piecewise graphs of prefill and mixed steps (CUDA, one rank), or None."""
+def _piecewise_max_tokens(config: EngineConfig, ranks, model, num_layers: int, device: torch.device) -> int:
+    """Most tokens of a step the piecewise graphs hold (CUDA, one rank; 0: none are captured)."""
     from ..layers.attention import Attention
-    from .piecewise_graph import auto_max_tokens, build_piecewise_graph_runner
+    from .piecewise_graph import auto_max_tokens
 
     if device.type != "cuda" or config.enforce_eager or ranks is not None:
-        return None
+        return 0
     if sum(isinstance(m, Attention) for m in model.modules()) != num_layers:
-        return None  # attention of another kind (MLA): it does not split, so prefill steps stay eager
+        return 0  # attention of another kind (MLA): it does not split, so prefill steps stay eager
     max_tokens = config.piecewise_cuda_graph_max_tokens
     if max_tokens is None:
         max_tokens = auto_max_tokens(model, num_layers, config.max_num_batched_tokens)
-    return build_piecewise_graph_runner(model, kv_cache, max_tokens=min(max_tokens, config.max_num_batched_tokens),
-                                        num_layers=num_layers, device=device)
+    return min(max_tokens, config.max_num_batched_tokens)
 
 
 def default_host_cache_bytes(device: torch.device, device_pool_bytes: int) -> int:
