@@ -117,3 +117,16 @@ def test_host_tier_off_serves_and_never_copies(tiny_model_dir):
     run = _run(engine, [list(range(10, 170)), list(range(300, 460))])
     assert all(len(t) == 10 for t in run.tokens.values())
     assert engine.scheduler.stats()["cached_host_pages"] == 0
+
+
+def test_start_up_warm_up_leaves_no_trace(tiny_model_dir):
+    """The core's start-up warm-up request (run before Ready on GPUs) finishes, resets the counters,
+    and changes nothing a later request sees: the same greedy tokens as an engine that never warmed up."""
+    cold = _run(make_engine(tiny_model_dir), PROMPTS)
+    engine = make_engine(tiny_model_dir)
+    assert engine.warm_up() >= 0
+    assert not engine.has_work() and not engine._ids
+    stats = engine.stats()
+    assert (stats.num_steps, stats.num_generated_tokens, stats.num_prefill_tokens) == (0, 0, 0)
+    warm = _run(engine, PROMPTS)
+    assert warm.tokens == cold.tokens and set(warm.finished.values()) == {"length"}

@@ -194,9 +194,9 @@ def bench_decode(dev, quick, shapes, sweep_shapes, flashinfer=None) -> tuple[lis
         results = []
         for block_n in (32, 64, 128):
             for warps in (4, 8):
-                for stages in (2, 3):
-                    # batch 1 fills the GPU only through splits: try up to 4x the planned count
-                    for split_mult in (1, 2, 4) if batch == 1 else (1, 2):
+                for stages in (2, 3, 4) if batch <= 4 else (2, 3):
+                    # small batches fill the GPU only through splits: try from half to 4x the planned count
+                    for split_mult in (0.5, 1, 2, 3, 4) if batch <= 4 else (1, 2):
                         splits = max(1, round(base.num_splits * split_mult))
                         plan = dec.plan_decode(
                             batch,
@@ -240,8 +240,6 @@ def bench_decode(dev, quick, shapes, sweep_shapes, flashinfer=None) -> tuple[lis
                                 "hbm_fraction": kv_bytes / ms / 1e9 / (HBM_BYTES_PER_S / 1e12),
                             }
                         )
-                        if quick:
-                            break
         ok = [r for r in results if "ms" in r]
         best = min(ok, key=lambda r: r["ms"]) if ok else None
         sweep.append(
@@ -555,6 +553,8 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--no-sweep", action="store_true", help="no tile sweeps at all")
     ap.add_argument("--no-decode-sweep", action="store_true", help="skip the decode tile sweep (the slowest)")
+    ap.add_argument("--decode-sweep-only", default=None, metavar="PAGE:BATCH:CONTEXT,...",
+                    help="only the decode tile sweep, over these shapes (e.g. 16:1:8192,16:1:32768)")
     ap.add_argument("--flashinfer", action="store_true",
                     help="time FlashInfer's paged decode beside ours (needs flashinfer and a GPU)")
     args = ap.parse_args(argv)
@@ -607,10 +607,18 @@ def main(argv=None) -> int:
             else [(16, 1, 8192), (16, 1, 32768), (16, 16, 8192), (16, 64, 8192), (16, 256, 32768)]
         )
         tokens, moe_batches, moe_kw = 16384, [1, 4, 16, 64, 256], {}
+    if args.decode_sweep_only:
+        try:
+            sweep_shapes = [tuple(int(x) for x in shape.split(":")) for shape in args.decode_sweep_only.split(",")]
+        except ValueError:
+            sweep_shapes = []
+        if not sweep_shapes or any(len(shape) != 3 or min(shape) < 1 for shape in sweep_shapes):
+            print(f"--decode-sweep-only wants PAGE:BATCH:CONTEXT,... got {args.decode_sweep_only!r}", file=sys.stderr)
+            return 2
     torch.manual_seed(0)
     result = {"meta": meta, "copy_bandwidth": measure_copy_bandwidth(dev, args.quick), "errors": {}}
     print(f"copy bandwidth {result['copy_bandwidth']['tb_per_s']:.2f} TB/s", flush=True)
-    sections = [
+    sections = [] if args.decode_sweep_only else [
         ("decode", lambda: bench_decode(dev, args.quick, decode_shapes, [], flashinfer)[0]),
         ("elementwise", lambda: bench_elementwise(dev, args.quick, tokens)),
         (
@@ -623,8 +631,8 @@ def main(argv=None) -> int:
                 sweep_tiles=() if (args.smoke or args.no_sweep) else MOE_SWEEP_TILES,
             ),
         ),
-        ("decode_sweep", lambda: bench_decode(dev, True, [], sweep_shapes)[1]),
     ]
+    sections.append(("decode_sweep", lambda: bench_decode(dev, True, [], sweep_shapes)[1]))
     for name, fn in sections:
         try:
             result[name] = fn()

@@ -38,6 +38,8 @@ _DISK_FLUSH_S = 3.0
 # Waiting this long for one to land (instead of planning again at once) leaves the GIL to the disk
 # tier's threads, which a spinning step loop starves on a small machine.
 _COPY_WAIT_S = 0.001
+# The start-up warm-up request (two output tokens) finishes in a few steps; more means it is stuck.
+_WARM_UP_MAX_STEPS = 64
 
 log = logging.getLogger("lightspeed.core")
 
@@ -89,6 +91,37 @@ class Engine:
             # first constrained request. Not on CPU: there the worker would share the few cores with
             # the step loop, and an engine per test would each load a tokenizer it may never use.
             self.runner.structured.warm()
+
+    def warm_up(self) -> float:
+        """Run one short request through the real step path before the engine reports ready, so the
+        first user request does not pay the first-use costs of its kernels: Triton compiles for the
+        prefill and sampling kernels, a JIT-compiled backend's nvcc build (FlashInfer's FA3 prefill
+        takes minutes), the allocator's first blocks. vLLM does the same with its dummy runs.
+
+        The request is internal: its id cannot collide with a client's (the client names requests
+        with a uuid), its pages stay in the prefix cache as ordinary reusable pages (its pseudo-random
+        prompt matches no real one), and the step and token counters are reset afterwards. Returns
+        the seconds it took."""
+        started = time.monotonic()
+        page = self.config.page_size
+        length = max(1, min(2 * page + 1, self.max_model_len - 2))  # two full pages and a partial one
+        prompt = [(i * 7919 + 104729) % self.vocab_size for i in range(length)]
+        name = "\x00lightspeed-warm-up"
+        error = self.add_request(m.AddRequest(name, prompt, m.SamplingSpec(max_tokens=2, temperature=0.0,
+                                                                           ignore_eos=True)))
+        if error is not None:
+            raise RuntimeError(f"the start-up warm-up request was rejected: {error}")
+        for _ in range(_WARM_UP_MAX_STEPS):
+            self.step()
+            if name not in self._ids and self._in_flight is None:
+                break
+        else:
+            raise RuntimeError(f"the start-up warm-up request did not finish in {_WARM_UP_MAX_STEPS} steps")
+        errors = self.take_errors()
+        if errors is not None:
+            raise RuntimeError(f"the start-up warm-up request failed: {errors.failed or errors.errors}")
+        self._num_steps = self._num_generated = self._num_prefill_tokens = 0
+        return time.monotonic() - started
 
     # -- requests --------------------------------------------------------------------------------
     def add_request(self, msg: m.AddRequest) -> str | None:

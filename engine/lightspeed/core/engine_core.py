@@ -169,6 +169,11 @@ def main(argv: list[str] | None = None) -> int:
             log.debug("engine core start-up failed:\n%s", traceback.format_exc())
             output_sock.send(m.encoder.encode(m.EngineFailure(str(e), user_error=True)))
             return 2
+        # Not on CPU (tests start an engine each; nothing there JIT-compiles for minutes), nor when
+        # data-parallel cores step together (one core's warm-up steps would wait on the others').
+        if engine.runner.device.type != "cpu" and not engine.steps_with_others:
+            log.info("warm-up request done in %.1f s (kernels compiled before the first request)",
+                     engine.warm_up())
         output_sock.send(m.encoder.encode(engine.ready_message()))
         EngineCore(engine, input_sock, output_sock).run()
         engine.shutdown()
