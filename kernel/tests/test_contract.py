@@ -17,6 +17,7 @@ OPS = {
     ("activation", "silu_and_mul"): ops.silu_and_mul,
     ("activation", "gelu_and_mul"): ops.gelu_and_mul,
     ("kv_store", "paged"): ops.store_kv,
+    ("kv_store", "rope_paged"): ops.rope_store_kv,
     ("attention", "prefill"): ops.attention_prefill,
     ("attention", "decode"): ops.attention_decode,
     ("gemm", "bf16"): ops.linear,

@@ -114,9 +114,16 @@ class Attention(nn.Module):
         self.scale = head_dim**-0.5 if scale is None else scale
         self.soft_cap = soft_cap
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata,
+                rotary=None, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """`rotary` (a RotaryEmbedding) with `positions`: q and k are not yet rotated; the rotation
+        runs fused with the KV store (one kernel per layer, k never written back)."""
         k_cache, v_cache = meta.kv_caches[self.layer_idx]
-        ops.store_kv(k, v, k_cache, v_cache, meta.slot_mapping, k_scale=meta.k_scale, v_scale=meta.v_scale)
+        if rotary is None:
+            ops.store_kv(k, v, k_cache, v_cache, meta.slot_mapping, k_scale=meta.k_scale, v_scale=meta.v_scale)
+        else:
+            q = ops.rope_store_kv(positions, q, k, v, rotary.cos_sin_cache, k_cache, v_cache, meta.slot_mapping,
+                                  is_neox=rotary.is_neox, k_scale=meta.k_scale, v_scale=meta.v_scale)
         split = meta.scratch.get(PIECEWISE_SPLIT)
         if split is not None:  # piecewise CUDA-graph capture: the attention itself runs between pieces
             return split(self, q)

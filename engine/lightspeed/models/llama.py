@@ -74,8 +74,7 @@ class LlamaAttention(nn.Module):
         k = k.reshape(num_tokens, self.num_kv_heads, self.head_dim)
         v = v.reshape(num_tokens, self.num_kv_heads, self.head_dim)
         q, k = self.qk_norm(q, k)
-        q, k = self.rotary_emb(positions, q, k)
-        out = self.attn(q, k, v, meta)  # [T, Hq, D]
+        out = self.attn(q, k, v, meta, self.rotary_emb, positions)  # RoPE fused with the KV store; [T, Hq, D]
         return self.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim))
 
 

@@ -17,7 +17,7 @@ from .gemm import (
     linear_w4,
     linear_w8,
 )
-from .kv_store import store_kv
+from .kv_store import rope_store_kv, store_kv
 from .moe import fused_experts, fused_experts_fp8, moe_topk
 from .norm import fused_add_rms_norm, rms_norm
 from .quantize import quant_fp8_per_block, quant_fp8_per_token, quant_fp8_per_token_head
@@ -53,6 +53,7 @@ __all__ = [
     "quant_fp8_per_token_head",
     "rms_norm",
     "rope_cos_sin_cache",
+    "rope_store_kv",
     "sample",
     "silu_and_mul",
     "spec_fill_drafts",

@@ -1,5 +1,5 @@
-"""Paged KV write op (family ``kv_store``). Dispatch dtype: ``k.dtype``; requests feature
-``fp8_kv`` when the cache is fp8."""
+"""Paged KV write ops (family ``kv_store``): the plain store, and the store fused with the rotary
+embedding of q and k. Dispatch dtype: ``k.dtype``; both request feature ``fp8_kv`` when the cache is fp8."""
 
 from __future__ import annotations
 
@@ -26,4 +26,31 @@ def store_kv(
     features = (FP8_KV,) if k_cache.dtype in FP8_DTYPES else ()
     impl_for("kv_store", "paged", k, features)(
         k, v, k_cache, v_cache, slot_mapping, k_scale=k_scale, v_scale=v_scale
+    )
+
+
+def rope_store_kv(
+    positions: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    *,
+    is_neox: bool = True,
+    k_scale: torch.Tensor | float | None = None,
+    v_scale: torch.Tensor | float | None = None,
+) -> torch.Tensor:
+    """``apply_rope`` then ``store_kv`` in one pass (kv_store/rope_paged): rotates q, writes the
+    rotated k and v into the paged cache; returns the rotated q (possibly q itself, rotated in place).
+
+    Arguments as in the two ops. k may be left rotated or not: callers read only the returned q and
+    the cache. One launch instead of two per attention layer, and k is never written back.
+    """
+    features = (FP8_KV,) if k_cache.dtype in FP8_DTYPES else ()
+    return impl_for("kv_store", "rope_paged", k, features)(
+        positions, q, k, v, cos_sin_cache, k_cache, v_cache, slot_mapping, is_neox=is_neox,
+        k_scale=k_scale, v_scale=v_scale
     )

@@ -35,3 +35,28 @@ def store_kv(
     pages, offsets = slots // page_size, slots % page_size
     k_cache[pages, offsets] = _to_cache(k[valid], k_cache.dtype, k_scale)
     v_cache[pages, offsets] = _to_cache(v[valid], v_cache.dtype, v_scale)
+
+
+@reference("kv_store", "rope_paged", features=("fp8_kv",))
+def rope_store_kv(
+    positions: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    *,
+    is_neox: bool = True,
+    k_scale: torch.Tensor | float | None = None,
+    v_scale: torch.Tensor | float | None = None,
+) -> torch.Tensor:
+    # The definition: the two public ops in sequence. Each dispatches to its own best implementation
+    # for the platform (on CPU the native rope and store), so a platform without a fused kernel
+    # loses nothing against calling them separately.
+    from .. import ops
+
+    q, k = ops.apply_rope(positions, q, k, cos_sin_cache, is_neox=is_neox)
+    ops.store_kv(k, v, k_cache, v_cache, slot_mapping, k_scale=k_scale, v_scale=v_scale)
+    return q

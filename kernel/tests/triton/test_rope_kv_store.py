@@ -114,3 +114,84 @@ def test_rope_kv_store_gpu_sizes():
     ref_kv.store_kv(k, k, rkc, rvc, slots)
     kv_store.store_kv(k, k, kc, vc, slots)
     assert torch.equal(kc, rkc) and torch.equal(vc, rvc)
+
+
+def _fused_case(device, dtype, t, hq, hkv, d, rot, page_size=16, pages=4, skip=()):
+    """q, k, v as strided views of one fused qkv projection (as models produce them), slots, caches."""
+    cache = ref_rope.rope_cos_sin_cache(rot, 64, 10000.0, device=device)
+    pos = torch.randint(0, 64, (t,), device=device)
+    qkv = torch.randn(t, (hq + 2 * hkv) * d, device=device).to(dtype)
+    q = qkv[:, : hq * d].view(t, hq, d)
+    k = qkv[:, hq * d : (hq + hkv) * d].view(t, hkv, d)
+    v = qkv[:, (hq + hkv) * d :].view(t, hkv, d)
+    slots = _slots(t, pages, page_size, skip).to(device)
+    kc = torch.randn(pages, page_size, hkv, d, device=device).to(dtype)
+    return pos, q, k, v, cache, kc, torch.randn_like(kc), slots
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("is_neox", [True, False])
+@pytest.mark.parametrize(
+    "t,hq,hkv,d,rot,skip",
+    [(0, 2, 1, 16, 16, ()), (1, 1, 1, 8, 8, ()), (5, 4, 2, 32, 32, (1,)), (3, 3, 1, 64, 16, ()), (6, 8, 2, 24, 24, (0, 5))],
+)
+def test_rope_store_kv_matches_rope_then_store(device, dtype, is_neox, t, hq, hkv, d, rot, skip):
+    """The fused op against its definition (apply_rope then store_kv): partial rotary, a head dim that
+    is not a power of two (24), skipped slots, GQA."""
+    pos, q, k, v, cache, kc, vc, slots = _fused_case(device, dtype, t, hq, hkv, d, rot, skip=skip)
+    rq, rk = ref_rope.apply_rope(pos, q.clone(), k.clone(), cache, is_neox=is_neox)
+    rkc, rvc = kc.clone(), vc.clone()
+    ref_kv.store_kv(rk, v, rkc, rvc, slots)
+    got = kv_store.rope_store_kv(pos, q, k, v, cache, kc, vc, slots, is_neox=is_neox)
+    assert got is q
+    if t:
+        assert rel_err(q, rq) < TOL[dtype]
+        assert rel_err(kc, rkc) < TOL[dtype] and torch.equal(vc, rvc)
+    assert torch.equal(kc[:, :, :, rot:], rkc[:, :, :, rot:])  # features past rot_dim copied as they are
+    untouched = torch.ones(kc.shape[:2], dtype=torch.bool, device=device).flatten()
+    untouched[slots[slots >= 0]] = False
+    assert torch.equal(kc.flatten(0, 1)[untouched], rkc.flatten(0, 1)[untouched])
+
+
+@pytest.mark.parametrize("is_neox", [True, False])
+def test_rope_store_kv_fp8_with_scale(device, is_neox):
+    pos, q, k, v, cache, _, _, slots = _fused_case(device, torch.float32, 9, 4, 2, 16, 16, skip=(4,))
+    kc = torch.zeros(4, 16, 2, 16, device=device).to(torch.float8_e4m3fn)
+    vc, rkc, rvc = kc.clone(), kc.clone(), kc.clone()
+    rq, rk = ref_rope.apply_rope(pos, q.clone(), k.clone(), cache, is_neox=is_neox)
+    ref_kv.store_kv(rk, v, rkc, rvc, slots, k_scale=0.05, v_scale=torch.tensor(0.1, device=device))
+    kv_store.rope_store_kv(pos, q, k, v, cache, kc, vc, slots, is_neox=is_neox, k_scale=0.05,
+                           v_scale=torch.tensor(0.1, device=device))
+    assert rel_err(q, rq) < TOL[torch.float32]
+    assert_fp8_codes_match(kc, rkc)
+    assert_fp8_codes_match(vc, rvc)
+
+
+def test_rope_store_kv_public_op_definition_on_cpu():
+    """The public op on CPU tensors runs the composite (apply_rope then store_kv) and leaves k rotated."""
+    from lightspeed_kernel import ops
+
+    pos, q, k, v, cache, kc, vc, slots = _fused_case("cpu", torch.float32, 5, 4, 2, 16, 16)
+    rq, rk = ref_rope.apply_rope(pos, q.clone(), k.clone(), cache)
+    rkc, rvc = kc.clone(), vc.clone()
+    ref_kv.store_kv(rk, v, rkc, rvc, slots)
+    got = ops.rope_store_kv(pos, q, k, v, cache, kc, vc, slots)
+    assert torch.allclose(got, rq, atol=1e-6) and torch.allclose(kc, rkc, atol=1e-6) and torch.equal(vc, rvc)
+
+
+@pytest.mark.gpu
+def test_rope_store_kv_gpu_sizes():
+    """The Llama-3-8B decode and prefill shapes on the GPU, bf16, against rope then store."""
+    for t in (1, 64, 8192):
+        cache = ref_rope.rope_cos_sin_cache(128, 131072, 500000.0, device="cuda")
+        pos = torch.randint(0, 131072, (t,), device="cuda")
+        qkv = torch.randn(t, 48 * 128, device="cuda", dtype=torch.bfloat16)
+        q, k, v = qkv[:, :4096].view(t, 32, 128), qkv[:, 4096:5120].view(t, 8, 128), qkv[:, 5120:].view(t, 8, 128)
+        rq, rk = ref_rope.apply_rope(pos, q.clone(), k.clone(), cache)
+        kc = torch.zeros(1024, 16, 8, 128, device="cuda", dtype=torch.bfloat16)
+        vc, rkc, rvc = torch.zeros_like(kc), kc.clone(), kc.clone()
+        slots = torch.randperm(1023 * 16, device="cuda")[:t] + 16
+        ref_kv.store_kv(rk, v, rkc, rvc, slots)
+        kv_store.rope_store_kv(pos, q, k, v, cache, kc, vc, slots)
+        assert rel_err(q, rq) < TOL[torch.bfloat16] and rel_err(kc, rkc) < TOL[torch.bfloat16]
+        assert torch.equal(vc, rvc)
