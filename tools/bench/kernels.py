@@ -260,6 +260,41 @@ def bench_decode(dev, quick, shapes, sweep_shapes, flashinfer=None) -> tuple[lis
 
 
 # ------------------------------------------------------------------------------------------------
+# RoPE + KV store: two launches per layer against the fused one
+
+
+def bench_rope_store(dev, quick, token_counts=(1, 16, 64, 2048), layers=32) -> list:
+    """Per layer, as a captured step runs them: `layers` back-to-back repetitions in one CUDA graph
+    (so launch gaps count as in a decode step), Llama-3-8B heads, bf16, page 16."""
+    from lightspeed_kernel.reference import rope as ref_rope
+    from lightspeed_kernel.triton import kv_store, rope
+
+    rows = []
+    cache = ref_rope.rope_cos_sin_cache(128, 131072, 500000.0, device=dev)
+    for t in token_counts:
+        qkv = torch.randn(t, 48 * 128, device=dev, dtype=torch.bfloat16)
+        q, k, v = qkv[:, :4096].view(t, 32, 128), qkv[:, 4096:5120].view(t, 8, 128), qkv[:, 5120:].view(t, 8, 128)
+        pos = torch.randint(0, 131072, (t,), device=dev)
+        kc = torch.zeros(max(64, t // 16 + 2), 16, 8, 128, device=dev, dtype=torch.bfloat16)
+        vc = torch.zeros_like(kc)
+        slots = torch.randperm((kc.shape[0] - 1) * 16, device=dev)[:t] + 16
+
+        def separate():
+            for _ in range(layers):
+                rope.apply_rope(pos, q, k, cache)
+                kv_store.store_kv(k, v, kc, vc, slots)
+
+        def fused():
+            for _ in range(layers):
+                kv_store.rope_store_kv(pos, q, k, v, cache, kc, vc, slots)
+
+        sep, fus = bench_graph_ms(separate, quick) / layers, bench_graph_ms(fused, quick) / layers
+        rows.append({"tokens": t, "separate_ms": sep, "fused_ms": fus, "saved_us_per_layer": (sep - fus) * 1e3})
+        print(f"rope+store T={t}: separate {sep * 1e3:.2f} us, fused {fus * 1e3:.2f} us per layer", flush=True)
+    return rows
+
+
+# ------------------------------------------------------------------------------------------------
 # elementwise ops
 
 
@@ -527,6 +562,17 @@ def to_markdown(result: dict) -> str:
             f"{r['weight_roofline_ms'] * 1e3:.1f} | {r['hbm_fraction']:.1%} | {r['rel_err']:.1e} | "
             f"{_best_tiles(r)} |"
         )
+    if result.get("rope_store"):
+        lines += [
+            "",
+            "## RoPE + KV store per attention layer (Llama-3-8B heads, bf16; 32 layers in one CUDA graph)",
+            "",
+            "| tokens | apply_rope + store_kv (us) | rope_store_kv fused (us) | saved per layer (us) |",
+            "|---|---|---|---|",
+        ]
+        for r in result["rope_store"]:
+            lines.append(f"| {r['tokens']} | {r['separate_ms'] * 1e3:.2f} | {r['fused_ms'] * 1e3:.2f} | "
+                         f"{r['saved_us_per_layer']:.2f} |")
     for name, err in result.get("errors", {}).items():
         lines += ["", f"**{name} failed:** `{err}`"]
     return "\n".join(lines) + "\n"
@@ -632,6 +678,7 @@ def main(argv=None) -> int:
             ),
         ),
     ]
+    sections.append(("rope_store", lambda: bench_rope_store(dev, args.quick, (1, 16) if args.smoke else (1, 16, 64, 2048))))
     sections.append(("decode_sweep", lambda: bench_decode(dev, True, [], sweep_shapes)[1]))
     for name, fn in sections:
         try:
