@@ -19,7 +19,7 @@ class LengthsSpy:
         self.ops, self.calls = ops, []
 
     def namespace(self) -> SimpleNamespace:
-        names = ("store_kv", "HostLengths")
+        names = ("store_kv", "rope_store_kv", "HostLengths")
         return SimpleNamespace(**{n: getattr(self.ops, n) for n in names},
                                attention_prefill=self._wrap("prefill"), attention_decode=self._wrap("decode"))
 
