@@ -92,7 +92,8 @@ def run_scenario(engine, m, name: str, prompts: list[list[int]], max_tokens: int
     started: set[str] = set()
     while decode_only and len(started) < len(prompts):
         started.update(engine.step().request_ids)
-    engine.step()  # the first step planned behind the last prefill may still carry its chunk
+    if decode_only:  # the first step planned behind the last prefill may still carry its chunk
+        engine.step()  # (a prefill scenario profiles from its first chunk: stepping here ran it unprofiled)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
     steps = 0
     with profile(activities=activities) as prof:
