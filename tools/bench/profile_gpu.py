@@ -7,6 +7,9 @@ Scenarios (Llama-3.1-8B-shaped dummy by default):
   decode_b32   32 requests decoding at 1K context
   prefill_20k  a 20K-token first turn (8192-token chunks), no cached prefix
   turn_800     an agentic turn: 800 new tokens over the 20K-token prefix just computed
+  mixed_16     a 20K-token first turn chunked beside 16 requests decoding at 16K context (their prompts
+               share one cached 16K prefix, so the KV fits; each decode row still reads its 16K): the
+               steps of an agentic c = 16 sweep while a conversation starts
 For each: wall time per step, GPU busy (union of kernel intervals / wall), and kernel time by
 category (gemm, attention, norm/rope/kv-store/activation, sampling, copies, other) and by kernel,
 in a markdown table; the JSON holds the top kernels. Chrome traces are written with --trace.
@@ -114,6 +117,43 @@ def run_scenario(engine, m, name: str, prompts: list[list[int]], max_tokens: int
     return out
 
 
+def run_mixed(engine, m, prompts: list[list[int]], long_prompt: list[int], trace_dir) -> dict:
+    """Requests decoding (started unprofiled) while one long prompt is prefilled: profile the steps
+    from its submission to its first token, then abort the decoders."""
+    from torch.profiler import ProfilerActivity, profile
+
+    decode_spec = m.SamplingSpec(max_tokens=100_000, temperature=0.0, ignore_eos=True)
+    names = [f"mixed-decode-{i}" for i in range(len(prompts))]
+    for name, p in zip(names, prompts):
+        error = engine.add_request(m.AddRequest(name, p, decode_spec))
+        if error is not None:
+            raise RuntimeError(f"mixed: {name} rejected: {error}")
+    started: set[str] = set()
+    while len(started) < len(prompts):
+        started.update(engine.step().request_ids)
+    engine.step()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    steps = 0
+    with profile(activities=activities) as prof:
+        t0 = time.perf_counter()
+        engine.add_request(m.AddRequest("mixed-prefill", long_prompt, m.SamplingSpec(max_tokens=1, temperature=0.0)))
+        while "mixed-prefill" not in engine.step().request_ids:
+            steps += 1
+        steps += 1
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+    engine.abort_requests(names)
+    while engine.has_work() or engine.has_pending_copies():
+        engine.step()
+    if trace_dir is not None:
+        prof.export_chrome_trace(str(trace_dir) + "_mixed.trace.json")
+    out = summarise(prof, steps, wall)
+    out["prompts"] = len(prompts) + 1
+    out["prompt_tokens"] = len(long_prompt)
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="llama-3.1-8b")
@@ -163,6 +203,9 @@ def main(argv=None) -> int:
     first = rand(long_prompt)
     results["prefill_20k"] = run_scenario(engine, m, "prefill_20k", [first], 1, False, trace)
     results["turn_800"] = run_scenario(engine, m, "turn_800", [first + rand(turn)], 1, False, trace)
+    shared = rand(ctx if small else 16000)
+    decoders = [shared + rand(16) for _ in range(4 if small else 16)]
+    results["mixed_16"] = run_mixed(engine, m, decoders, rand(long_prompt), trace)
     for name, r in results.items():
         print(f"{name}: {r['wall_ms_per_step']:.3f} ms/step wall, GPU busy {r['gpu_busy_fraction']:.1%}, "
               f"{r['kernels_per_step']:.0f} kernels/step, " +
