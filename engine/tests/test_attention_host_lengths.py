@@ -51,36 +51,3 @@ def test_prefill_and_decode_rows_of_mixed_steps_get_host_lengths(tiny_model_dir,
     assert prefills and all(given for _, given, _ in prefills)
     mixed_decodes = [c for c in spy.calls if c[0] == "decode" and c[1]]
     assert mixed_decodes, "no decode rows with host lengths: the test saw no mixed step"
-
-
-def _mixed_run(tiny_model_dir, monkeypatch, real_ops, fused: bool):
-    spy = LengthsSpy(real_ops)
-    spy.prefill_takes_decode_rows = lambda q, k_cache, soft_cap=None: fused
-    monkeypatch.setattr(attention_layer, "ops", spy)
-    engine = make_engine(tiny_model_dir, async_scheduling=True, max_num_batched_tokens=32)
-    spec = SamplingSpec(max_tokens=12, temperature=0.0)
-    submit(engine, "first", [1, 2, 3, 4], spec)
-    submit(engine, "second", [7, 8, 9], spec)
-    for _ in range(3):
-        engine.step()  # both are decoding when the long prompt arrives
-    submit(engine, "long", list(range(5, 85)), spec)  # chunked beside the decodes: mixed steps
-    run = run_until_idle(engine)
-    assert set(run.finished) == {"first", "second", "long"}, run.errors
-    return run, spy.calls
-
-
-def test_fused_mixed_steps_run_decode_rows_in_the_prefill_call_with_the_same_tokens(tiny_model_dir, monkeypatch):
-    """A prefill kernel that takes decode rows gets the whole mixed batch (decode rows first) with
-    host lengths of every row, and the greedy tokens equal the split path's (decode kernel + prefill
-    kernel): a decode row is a one-token chunk, bottom-right aligned."""
-    real_ops = attention_layer.ops
-    split, split_calls = _mixed_run(tiny_model_dir, monkeypatch, real_ops, fused=False)
-    fused, fused_calls = _mixed_run(tiny_model_dir, monkeypatch, real_ops, fused=True)
-    assert fused.tokens == split.tokens
-    # fused: the mixed steps' decode rows move from decode calls into the prefill calls
-    decode_calls = lambda calls: sum(mode == "decode" for mode, _, _ in calls)  # noqa: E731
-    prefill_rows = lambda calls: sum(rows for mode, _, rows in calls if mode == "prefill")  # noqa: E731
-    assert decode_calls(fused_calls) < decode_calls(split_calls)
-    assert prefill_rows(fused_calls) > prefill_rows(split_calls)
-    assert max(rows for mode, _, rows in fused_calls if mode == "prefill") == 3  # 2 decode rows + the chunk
-    assert all(given for mode, given, _ in fused_calls if mode == "prefill")

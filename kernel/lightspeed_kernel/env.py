@@ -42,12 +42,6 @@ class KernelEnv:
     """LIGHTSPEED_KERNEL_Q8_ACTIVATIONS=1: decode batches (2 to 23 token rows) of 4-bit weights
     quantise their activations to int8 and run integer dots (cpu/csrc/q8_gemm.c). Off by default:
     on a Zen 3 without VNNI it measured no faster than fp32 activations at 8 to 16 rows."""
-    mixed_attention: str = "split"
-    """LIGHTSPEED_KERNEL_MIXED_ATTENTION: how a step that holds decode rows and prefill chunks attends.
-    "split" (default): the decode kernel on the decode rows, the prefill kernel on the chunks. "fused":
-    one prefill call over every row where the prefill kernel chosen takes decode rows as well
-    (FlashInfer's, which splits long rows' keys in its own plan), so the decode rows' memory-bound
-    reads run beside the chunks' compute-bound tiles instead of after them."""
     native_cc: str | None = None
     """LIGHTSPEED_KERNEL_CC (else CC): the C compiler that builds the native CPU kernels."""
     native_cache_dir: str | None = None
@@ -57,13 +51,6 @@ class KernelEnv:
 
 def _flag(value: str | None) -> bool:
     return (value or "").strip().lower() in ("1", "true", "yes", "on")
-
-
-def _choice(environ, name: str, choices: tuple[str, ...], default: str) -> str:
-    value = (environ.get(name) or "").strip().lower() or default
-    if value not in choices:
-        raise ValueError(f"{name}={value!r}: expected one of {', '.join(choices)}")
-    return value
 
 
 @functools.lru_cache(maxsize=1)
@@ -79,7 +66,6 @@ def kernel_env() -> KernelEnv:
         disable_native=_flag(environ.get("LIGHTSPEED_KERNEL_DISABLE_NATIVE")),
         native_scalar=_flag(environ.get("LIGHTSPEED_KERNEL_NATIVE_SCALAR")),
         q8_activations=_flag(environ.get("LIGHTSPEED_KERNEL_Q8_ACTIVATIONS")),
-        mixed_attention=_choice(environ, "LIGHTSPEED_KERNEL_MIXED_ATTENTION", ("split", "fused"), "split"),
         native_cc=environ.get("LIGHTSPEED_KERNEL_CC") or environ.get("CC") or None,
         native_cache_dir=environ.get("LIGHTSPEED_KERNEL_CACHE_DIR")
         or os.path.join(environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "lightspeed", "kernels"),

@@ -346,9 +346,6 @@ def register(load: Callable[[], object] = load_library, registry=None, **options
         got = lazy.get().prefill(*args, **kw)
         return got if got is not None else next_attention_kernel("prefill", *args, **kw)
 
-    # Its plan splits long rows' keys over CTAs, so decode rows may ride in the same call as the
-    # chunks of a mixed step (ops.prefill_takes_decode_rows; vLLM's FA3 path runs mixed batches so).
-    flashinfer_paged_prefill.takes_decode_rows = True
     return lazy
 
 

@@ -384,8 +384,6 @@ GPU_CASES = [  # (mode, cached, q lens, page size, heads, head dim, prefill back
     ("prefill", [0, 1000, 4999, 17], [300, 64, 1, 129], 16, (32, 8), 128, "auto"),  # FA3 on sm_90
     ("prefill", [0, 1000, 4999, 17], [300, 64, 1, 129], 64, (32, 8), 128, "fa2"),
     ("prefill", [20000], [800], 16, (16, 2), 64, "auto"),
-    # a mixed step in one call (LIGHTSPEED_KERNEL_MIXED_ATTENTION=fused): decode rows, then chunks
-    ("prefill", [20000, 8000, 300, 0, 4096], [1, 1, 3, 2048, 1024], 16, (32, 8), 128, "auto"),
 ]
 
 

@@ -107,36 +107,3 @@ def test_launchers_read_the_interpreter_flag_from_the_snapshot(monkeypatch):
     monkeypatch.undo()
     lk.refresh()
     assert interpreting() == before
-
-
-def test_mixed_attention_is_split_unless_asked_and_fused_only_for_a_kernel_that_takes_decode_rows(monkeypatch):
-    import torch
-    from lightspeed_kernel import env as kenv
-    from lightspeed_kernel import ops
-    from lightspeed_kernel.ops import attention as attn_ops
-
-    q, cache = torch.zeros(4, 4, 8), torch.zeros(2, 4, 2, 8)
-    kenv.kernel_env.cache_clear()
-    monkeypatch.delenv("LIGHTSPEED_KERNEL_MIXED_ATTENTION", raising=False)
-    try:
-        assert kenv.kernel_env().mixed_attention == "split"
-        assert not ops.prefill_takes_decode_rows(q, cache)
-        monkeypatch.setenv("LIGHTSPEED_KERNEL_MIXED_ATTENTION", "fused")
-        kenv.kernel_env.cache_clear()
-        assert kenv.kernel_env().mixed_attention == "fused"
-
-        def takes(*a, **k):
-            return None
-
-        takes.takes_decode_rows = True
-        monkeypatch.setattr(attn_ops, "impl_for", lambda *a, **k: takes)
-        assert ops.prefill_takes_decode_rows(q, cache)
-        monkeypatch.setattr(attn_ops, "impl_for", lambda *a, **k: (lambda *x, **y: None))
-        assert not ops.prefill_takes_decode_rows(q, cache)  # e.g. the Triton prefill kernel
-        monkeypatch.setenv("LIGHTSPEED_KERNEL_MIXED_ATTENTION", "both")
-        kenv.kernel_env.cache_clear()
-        with pytest.raises(ValueError, match="LIGHTSPEED_KERNEL_MIXED_ATTENTION"):
-            kenv.kernel_env()
-    finally:
-        monkeypatch.delenv("LIGHTSPEED_KERNEL_MIXED_ATTENTION", raising=False)
-        kenv.kernel_env.cache_clear()

@@ -218,10 +218,8 @@ def main(argv=None) -> int:
               ", ".join(f"{k} {v:.3f}" for k, v in r["by_category_ms_per_step"].items()), flush=True)
 
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() and args.device != "cpu" else "cpu"
-    from lightspeed_kernel.env import kernel_env
-
     result = {"device": device, "commit": args.commit or git_commit(), "torch": torch.__version__,
-              "model": args.model, "mixed_attention": kernel_env().mixed_attention, "scenarios": results}
+              "model": args.model, "scenarios": results}
     stem.with_suffix(".json").write_text(json.dumps(result, indent=1))
     stem.with_suffix(".md").write_text(to_markdown(result))
     print(f"wrote {stem}.json/.md")
@@ -230,7 +228,7 @@ def main(argv=None) -> int:
 
 def to_markdown(result: dict) -> str:
     lines = [f"# Engine step profile, {result['device']} (model {result['model']}, commit {result['commit']}, "
-             f"torch {result['torch']}, mixed attention {result.get('mixed_attention', 'split')})", ""]
+             f"torch {result['torch']})", ""]
     for name, r in result["scenarios"].items():
         lines += [f"## {name}: {r['prompts']} prompt(s) of {r['prompt_tokens']} tokens, {r['steps']} steps profiled",
                   "", f"Wall {r['wall_ms']:.1f} ms in all, {r['wall_ms_per_step']:.3f} ms/step (the profiler adds host time); GPU busy {r['gpu_busy_ms_per_step']:.3f} ms/step "

@@ -3,9 +3,7 @@
 A batch holds decode rows first (1..16 query tokens each, e.g. speculative drafts), then prefill
 rows (a chunk of a prompt, possibly after a cached prefix). Each layer writes the K/V of all new
 tokens into its cache first, then runs the decode kernel on the decode rows and the prefill
-kernel on the rest, each seeing its new tokens as the last `q_len` tokens of its sequence. Where
-the prefill kernel takes decode rows too (`ops.prefill_takes_decode_rows`), a mixed step runs one
-prefill call over every row instead, so the decode rows' reads overlap the chunks' compute.
+kernel on the rest, each seeing its new tokens as the last `q_len` tokens of its sequence.
 """
 
 from __future__ import annotations
@@ -80,9 +78,8 @@ class AttentionMetadata:
         return self.seq_lens.shape[0] - self.num_decodes
 
     def host_lengths(self, part: str) -> ops.HostLengths | None:
-        """The host lengths of the decode rows ("decode"), the prefill rows ("prefill") or every row
-        ("all"), laid out as the kernel of that part sees them (prefill starts rebased to 0); one
-        slice per step."""
+        """The host lengths of the decode rows ("decode") or the prefill rows ("prefill"), laid out
+        as the kernel of that part sees them (prefill starts rebased to 0); one slice per step."""
         if self.host_query_start_loc is None or self.host_seq_lens is None:
             return None
         key = ("host_lengths", part)
@@ -90,8 +87,6 @@ class AttentionMetadata:
             nd, qsl, lens = self.num_decodes, self.host_query_start_loc, self.host_seq_lens
             if part == "decode":
                 self.scratch[key] = ops.HostLengths(qsl[: nd + 1], lens[:nd])
-            elif part == "all":
-                self.scratch[key] = ops.HostLengths(qsl, lens)
             else:
                 self.scratch[key] = ops.HostLengths(qsl[nd:] - self.num_decode_tokens, lens[nd:])
         return self.scratch[key]
@@ -142,12 +137,11 @@ class Attention(nn.Module):
         common = dict(scale=self.scale, soft_cap=self.soft_cap, k_scale=meta.k_scale, v_scale=meta.v_scale)
         if meta.num_prefills == 0:
             return self._decode(q, k_cache, v_cache, meta, common, out=out)
-        if nd == 0 or ops.prefill_takes_decode_rows(q, k_cache, self.soft_cap):
-            return ops.attention_prefill(q, k_cache, v_cache, meta.page_table, meta.query_start_loc,
-                                         meta.seq_lens, max_query_len=meta.max_query_len,
-                                         host_lengths=meta.host_lengths("all" if nd else "prefill"),
-                                         out=out, **common)
         host = meta.host_lengths("prefill")
+        if nd == 0:
+            return ops.attention_prefill(q, k_cache, v_cache, meta.page_table, meta.query_start_loc,
+                                         meta.seq_lens, max_query_len=meta.max_query_len, host_lengths=host,
+                                         out=out, **common)
         out = torch.empty_like(q) if out is None else out
         self._decode(q[:ndt], k_cache, v_cache, meta, common, out=out[:ndt])
         ops.attention_prefill(q[ndt:], k_cache, v_cache, meta.page_table[nd:], meta.prefill_query_start_loc(),

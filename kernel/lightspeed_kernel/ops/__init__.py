@@ -5,7 +5,7 @@ family/mode (reference, Triton, plugins) takes exactly these arguments.
 """
 
 from .activation import gelu_and_mul, silu_and_mul
-from .attention import HostLengths, attention_decode, attention_prefill, prefill_takes_decode_rows
+from .attention import HostLengths, attention_decode, attention_prefill
 from .gemm import (
     dequantize,
     dequantize_w4,
@@ -31,7 +31,6 @@ __all__ = [
     "apply_rope",
     "attention_decode",
     "attention_prefill",
-    "prefill_takes_decode_rows",
     "compute_logprobs",
     "dequantize",
     "dequantize_w4",

@@ -66,18 +66,6 @@ def attention_prefill(
     )  # fmt: skip
 
 
-def prefill_takes_decode_rows(q: torch.Tensor, k_cache: torch.Tensor, soft_cap: float | None = None) -> bool:
-    """Whether a step with decode rows and prefill chunks should run them all through one
-    :func:`attention_prefill` call (``LIGHTSPEED_KERNEL_MIXED_ATTENTION=fused`` and a prefill kernel
-    that declares ``takes_decode_rows``). Any prefill kernel is correct on decode rows (a row of
-    q_len new tokens is a short chunk); only one that splits long rows' keys is fast on them."""
-    from ..env import kernel_env
-
-    if kernel_env().mixed_attention != "fused":
-        return False
-    return bool(getattr(impl_for("attention", "prefill", q, _features(k_cache, soft_cap)), "takes_decode_rows", False))
-
-
 def attention_decode(
     q: torch.Tensor,
     k_cache: torch.Tensor,
