@@ -123,7 +123,7 @@ def run_mixed(engine, m, prompts: list[list[int]], long_prompt: list[int], trace
 
     decode_spec = m.SamplingSpec(max_tokens=100_000, temperature=0.0, ignore_eos=True)
     names = [f"mixed-decode-{i}" for i in range(len(prompts))]
-    for name, p in zip(names, prompts):
+    for name, p in zip(names, prompts, strict=True):
         error = engine.add_request(m.AddRequest(name, p, decode_spec))
         if error is not None:
             raise RuntimeError(f"mixed: {name} rejected: {error}")
