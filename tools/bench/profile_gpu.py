@@ -81,76 +81,83 @@ def summarise(prof, steps: int, wall_s: float) -> dict:
     }
 
 
-def run_scenario(engine, m, name: str, prompts: list[list[int]], max_tokens: int, decode_only: bool, trace_dir):
-    """Submit prompts and profile their steps; decode_only: step unprofiled until every request has its
-    first token (their prefill chunks done), so only decode steps are profiled."""
+def _submit(engine, m, names: list[str], prompts: list[list[int]], spec) -> None:
+    for name, p in zip(names, prompts, strict=True):
+        error = engine.add_request(m.AddRequest(name, p, spec))
+        if error is not None:
+            raise RuntimeError(f"{name} rejected: {error}")
+
+
+def _step_until_decoding(engine, count: int) -> None:
+    """Step (unprofiled) until `count` requests have their first token, then once more: the first step
+    planned behind the last prefill may still carry its chunk."""
+    started: set[str] = set()
+    while len(started) < count:
+        started.update(engine.step().request_ids)
+    engine.step()
+
+
+def _profiled(run_steps) -> tuple[object, int, float]:
+    """(profiler, steps, wall seconds) of `run_steps()`, which steps the engine and returns its count."""
     from torch.profiler import ProfilerActivity, profile
 
-    spec = m.SamplingSpec(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, min_tokens=max_tokens)
-    for i, p in enumerate(prompts):
-        error = engine.add_request(m.AddRequest(f"{name}-{i}", p, spec))
-        if error is not None:
-            raise RuntimeError(f"{name}: request {i} rejected: {error}")
-    started: set[str] = set()
-    while decode_only and len(started) < len(prompts):
-        started.update(engine.step().request_ids)
-    if decode_only:  # the first step planned behind the last prefill may still carry its chunk
-        engine.step()  # (a prefill scenario profiles from its first chunk: stepping here ran it unprofiled)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
-    steps = 0
     with profile(activities=activities) as prof:
         t0 = time.perf_counter()
-        while engine.has_work():
-            engine.step()
-            steps += 1
+        steps = run_steps()
         if torch.cuda.is_available():
             torch.cuda.synchronize()
         wall = time.perf_counter() - t0
-    while engine.has_pending_copies():
+    return prof, steps, wall
+
+
+def _finish(engine, prof, steps: int, wall: float, name: str, prompts: int, prompt_tokens: int, trace_dir) -> dict:
+    while engine.has_work() or engine.has_pending_copies():
         engine.step()
     if trace_dir is not None:
         prof.export_chrome_trace(str(trace_dir) + f"_{name}.trace.json")
     out = summarise(prof, steps, wall)
-    out["prompts"] = len(prompts)
-    out["prompt_tokens"] = len(prompts[0])
+    out["prompts"], out["prompt_tokens"] = prompts, prompt_tokens
     return out
+
+
+def run_scenario(engine, m, name: str, prompts: list[list[int]], max_tokens: int, decode_only: bool, trace_dir):
+    """Submit prompts and profile their steps; decode_only: step unprofiled until every request has its
+    first token (their prefill chunks done), so only decode steps are profiled (a prefill scenario
+    profiles from its first chunk)."""
+    spec = m.SamplingSpec(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, min_tokens=max_tokens)
+    _submit(engine, m, [f"{name}-{i}" for i in range(len(prompts))], prompts, spec)
+    if decode_only:
+        _step_until_decoding(engine, len(prompts))
+
+    def until_idle() -> int:
+        steps = 0
+        while engine.has_work():
+            engine.step()
+            steps += 1
+        return steps
+
+    prof, steps, wall = _profiled(until_idle)
+    return _finish(engine, prof, steps, wall, name, len(prompts), len(prompts[0]), trace_dir)
 
 
 def run_mixed(engine, m, prompts: list[list[int]], long_prompt: list[int], trace_dir) -> dict:
     """Requests decoding (started unprofiled) while one long prompt is prefilled: profile the steps
     from its submission to its first token, then abort the decoders."""
-    from torch.profiler import ProfilerActivity, profile
-
-    decode_spec = m.SamplingSpec(max_tokens=100_000, temperature=0.0, ignore_eos=True)
     names = [f"mixed-decode-{i}" for i in range(len(prompts))]
-    for name, p in zip(names, prompts, strict=True):
-        error = engine.add_request(m.AddRequest(name, p, decode_spec))
-        if error is not None:
-            raise RuntimeError(f"mixed: {name} rejected: {error}")
-    started: set[str] = set()
-    while len(started) < len(prompts):
-        started.update(engine.step().request_ids)
-    engine.step()
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
-    steps = 0
-    with profile(activities=activities) as prof:
-        t0 = time.perf_counter()
-        engine.add_request(m.AddRequest("mixed-prefill", long_prompt, m.SamplingSpec(max_tokens=1, temperature=0.0)))
+    _submit(engine, m, names, prompts, m.SamplingSpec(max_tokens=100_000, temperature=0.0, ignore_eos=True))
+    _step_until_decoding(engine, len(prompts))
+
+    def until_first_token() -> int:
+        _submit(engine, m, ["mixed-prefill"], [long_prompt], m.SamplingSpec(max_tokens=1, temperature=0.0))
+        steps = 1
         while "mixed-prefill" not in engine.step().request_ids:
             steps += 1
-        steps += 1
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        wall = time.perf_counter() - t0
+        return steps
+
+    prof, steps, wall = _profiled(until_first_token)
     engine.abort_requests(names)
-    while engine.has_work() or engine.has_pending_copies():
-        engine.step()
-    if trace_dir is not None:
-        prof.export_chrome_trace(str(trace_dir) + "_mixed.trace.json")
-    out = summarise(prof, steps, wall)
-    out["prompts"] = len(prompts) + 1
-    out["prompt_tokens"] = len(long_prompt)
-    return out
+    return _finish(engine, prof, steps, wall, "mixed", len(prompts) + 1, len(long_prompt), trace_dir)
 
 
 def main(argv=None) -> int:
