@@ -48,6 +48,7 @@ def _f(default: Any, help: str, choices: tuple | None = None, **kw: Any) -> Any:
 
 
 LOAD_FORMATS = ("auto", "hf", "safetensors", "gguf", "dummy")
+DUMMY_WEIGHTS = ("normal", "uniform")  # loader.DUMMY_DISTRIBUTIONS (the loader imports torch; this module does not)
 DTYPES = ("auto", "bfloat16", "float16", "float32", "bf16", "fp16", "fp32", "half", "float")
 KV_CACHE_DTYPES = ("auto", "bf16", "bfloat16", "fp16", "float16", "fp32", "float32", "fp8", "fp8_e4m3")
 POLICIES = ("decode_first", "prefill_first")
@@ -66,6 +67,9 @@ class EngineConfig:
     tokenizer: str | None = _f(None, "Tokenizer folder or .gguf file (default: the model's).")
     load_format: str = _f("auto", "How to load weights: auto (by path), hf/safetensors, gguf, dummy (random).",
                           LOAD_FORMATS)
+    dummy_weights: str = _f("normal", "Distribution of --load-format dummy weights: normal (N(0, 0.02) matrices, "
+                            "norms 1) or uniform (every weight, norms included, U(-1e-3, 1e-3): vLLM's dummy draw, "
+                            "for side-by-side runs against a vLLM dummy model).", DUMMY_WEIGHTS)
     dtype: str = _f("auto", "Weight and activation dtype; auto = bfloat16 on GPU, float32 on CPU.", DTYPES)
     device: str = _f("auto", "Device: auto (cuda if available), cpu, cuda, cuda:N.")
     max_model_len: int | None = _f(None, "Longest sequence (prompt + output) in tokens; default: the model's "
@@ -171,7 +175,7 @@ class EngineConfig:
             value = getattr(self, name)
             if value is not None:
                 object.__setattr__(self, name, parse_bytes(value))
-        for name, allowed in (("load_format", LOAD_FORMATS), ("dtype", DTYPES),
+        for name, allowed in (("load_format", LOAD_FORMATS), ("dummy_weights", DUMMY_WEIGHTS), ("dtype", DTYPES),
                               ("kv_cache_dtype", KV_CACHE_DTYPES), ("policy", POLICIES)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name}={getattr(self, name)!r} is not one of {', '.join(allowed)}")

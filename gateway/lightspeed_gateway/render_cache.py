@@ -90,3 +90,55 @@ class RenderCache:
         old = self._entries.pop(key, None)
         if old is not None:
             self.num_tokens -= len(old.token_ids)
+
+
+class AnswerTokens:
+    """The token ids the engine generated for answer texts, so that an answer sent back as the
+    assistant message of the next turn is tokenised as it was generated.
+
+    Design note: an agent sends the model's previous answer back as text, and tokenising that text
+    need not give back the generated ids (BPE merges across what were separate generated tokens: a
+    64-token answer of a dummy model re-tokenised to 66). The prefix cache then stops matching a few
+    tokens into the previous answer, and every later turn prefills the rest of it again. Splicing the
+    generated ids keeps the whole answer cached; they decode to exactly the same text (checked when
+    remembered), so the prompt means what the client sent, in the tokens the model itself chose.
+    Keyed by a digest of the text; LRU bounded by the token ids held. Thread-safe."""
+
+    def __init__(self, max_tokens: int) -> None:
+        if max_tokens < 0:
+            raise ValueError("max_tokens must be >= 0")
+        self.max_tokens = max_tokens
+        self.num_tokens = 0
+        self._entries: OrderedDict[bytes, array] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @staticmethod
+    def _key(text: str) -> bytes:
+        return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+
+    def put(self, text: str, token_ids: list[int]) -> None:
+        if not text or not token_ids or len(token_ids) > self.max_tokens:
+            return
+        key = self._key(text)
+        with self._lock:
+            old = self._entries.pop(key, None)
+            if old is not None:
+                self.num_tokens -= len(old)
+            self._entries[key] = array("i", token_ids)
+            self.num_tokens += len(token_ids)
+            while self.num_tokens > self.max_tokens:
+                _, dropped = self._entries.popitem(last=False)
+                self.num_tokens -= len(dropped)
+
+    def get(self, text: str) -> array | None:
+        if not text:
+            return None
+        key = self._key(text)
+        with self._lock:
+            found = self._entries.get(key)
+            if found is not None:
+                self._entries.move_to_end(key)
+            return found

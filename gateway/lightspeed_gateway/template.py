@@ -7,7 +7,9 @@ message at a time, check that each rendering extends the previous one (a propert
 templates), and tokenise each appended piece on its own. The generation prompt of turn k
 (`<|im_start|>assistant\\n`) is split off the front of turn k+1's assistant message the same way.
 When a template breaks the prefix property (e.g. it rewrites earlier turns), we fall back to
-tokenising the whole string: still correct, just fewer cache hits.
+tokenising the whole string: still correct, just fewer cache hits. An assistant message whose text
+is an answer this server generated takes the generated token ids (`AnswerTokens`), not a fresh
+tokenisation of its text, so the cache keeps matching through the previous answer.
 
 Incremental: the pieces of a conversation rendered before are remembered (`render_cache`), so a
 turn renders and tokenises only its new messages: O(new messages) template calls and tokens, not
@@ -29,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from lightspeed_gateway.openai.protocol import ChatMessage, Tool
-from lightspeed_gateway.render_cache import EMPTY, Boundary, RenderCache, canonical, prefix_keys
+from lightspeed_gateway.render_cache import EMPTY, AnswerTokens, Boundary, RenderCache, canonical, prefix_keys
 
 TOOL_SYSTEM_PROMPT = (
     "You may call functions to help with the user's request. The functions are:\n<tools>\n{tools}\n</tools>\n"
@@ -54,23 +56,30 @@ class RenderedPrompt:
     token_ids: list[int]
     prefix_stable: bool  # tokenised piece by piece (True) or as a whole (fallback)
     reused_messages: int = 0  # leading messages whose tokens came from the render cache
+    generated_answers: int = 0  # assistant messages that took the ids the engine generated for them
+
+
+Piece = str | array  # text still to tokenise, or token ids already known (a generated answer)
 
 
 class ChatRenderer:
     """Renders OpenAI messages with a tokenizer's (or an overriding) chat template.
 
     `cache_tokens` bounds the render cache (token ids remembered across requests; 0 turns it off),
-    `workers` the threads `render_async` uses.
+    `answer_tokens` the generated answers remembered (`remember_answer`; 0 turns it off), `workers`
+    the threads `render_async` uses.
     """
 
     def __init__(self, tokenizer: Any, chat_template: str | None = None, cache_tokens: int = 4_000_000,
-                 workers: int = 1) -> None:
+                 workers: int = 1, answer_tokens: int = 2_000_000) -> None:
         self.tokenizer = tokenizer
         self.template = chat_template or getattr(tokenizer, "chat_template", None)
         if not self.template:
             raise ValueError("the tokenizer has no chat template; pass --chat-template")
         self.template_knows_tools = "tools" in self.template
         self.cache = RenderCache(cache_tokens)
+        self.answers = AnswerTokens(answer_tokens)
+        self._special_ids = frozenset(getattr(tokenizer, "all_special_ids", ()) or ())
         # The Rust tokenizer of a HF fast tokenizer: batch encoding releases the GIL.
         self._backend = getattr(tokenizer, "backend_tokenizer", None)
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="render")
@@ -88,6 +97,30 @@ class ChatRenderer:
     async def in_worker(self, fn: Any, *args: Any) -> Any:
         """Other tokenizer work of a request (encoding a prompt, decoding token ids) in the same threads."""
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
+    def remember_answer_soon(self, text: str, token_ids: list[int]) -> None:
+        """Queue `remember_answer` on the render thread: with one worker it runs before the
+        rendering of any request that arrives after this call (the executor is FIFO)."""
+        if self.answers.max_tokens and text and token_ids:
+            self._pool.submit(self.remember_answer, text, list(token_ids))
+
+    def remember_answer(self, text: str, token_ids: list[int]) -> bool:
+        """Remember that the engine generated `token_ids` for the answer `text`, if they decode to
+        exactly that text once trailing special tokens (the EOS the template renders itself) are
+        dropped. An answer cut by a stop string, or with special tokens skipped inside it, does not
+        decode to its text and is not remembered. Returns whether it was."""
+        ids = list(token_ids)
+        while ids and ids[-1] in self._special_ids:
+            ids.pop()
+        if not ids or self._decode(ids) != text:
+            return False
+        self.answers.put(text, ids)
+        return True
+
+    def _decode(self, ids: list[int]) -> str:
+        if self._backend is not None:
+            return self._backend.decode(ids, skip_special_tokens=False)
+        return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
     # -- message conversion ----------------------------------------------------------------
     def to_dicts(self, messages: list[ChatMessage], tools: list[Tool] | None) -> list[dict]:
@@ -165,18 +198,19 @@ class ChatRenderer:
         generation_prompt = full[len(done):]
         if not add_generation_prompt and generation_prompt:
             return RenderedPrompt(full, self._encode(full), False)
-        encoded = self.encode_batch([*pieces, generation_prompt])
+        encoded = iter(self.encode_batch([p for p in pieces if isinstance(p, str)] + [generation_prompt]))
         token_ids = array("i", boundary.token_ids if start else ())
-        for ids in encoded[:-1]:
-            token_ids.extend(ids)
+        for piece in pieces:
+            token_ids.extend(next(encoded) if isinstance(piece, str) else piece)
         self.cache.put(keys[-1], Boundary(done, token_ids, generation_prompt if add_generation_prompt else None),
                        supersedes=keys[start] if start else None)
-        return RenderedPrompt(full, [*token_ids, *encoded[-1]], True, start)
+        answers = sum(not isinstance(p, str) for p in pieces)
+        return RenderedPrompt(full, [*token_ids, *next(encoded)], True, start, answers)
 
     def _extend(self, dicts: list[dict], start: int, boundary: Boundary, tool_dicts: list[dict] | None,
-                kwargs: dict[str, Any]) -> tuple[str, list[str]] | None:
-        """Render messages start+1..N onto `boundary`: (text of all N, the new pieces to tokenise in
-        order), or None when the template breaks the prefix property."""
+                kwargs: dict[str, Any]) -> tuple[str, list[Piece]] | None:
+        """Render messages start+1..N onto `boundary`: (text of all N, the new pieces in order: text
+        to tokenise, or a generated answer's ids), or None when the template breaks the prefix property."""
         done, pieces = boundary.text, []
         for i in range(start + 1, len(dicts) + 1):
             rendered = self._render(dicts[:i], False, tool_dicts, kwargs)
@@ -193,6 +227,12 @@ class ChatRenderer:
                 if gen_prompt and piece.startswith(gen_prompt):
                     pieces.append(gen_prompt)
                     piece = piece[len(gen_prompt):]
+            if dicts[i - 1]["role"] == "assistant":
+                content = dicts[i - 1].get("content")
+                generated = self.answers.get(content) if isinstance(content, str) and piece.startswith(content) else None
+                if generated is not None:
+                    pieces.append(generated)
+                    piece = piece[len(content):]
             pieces.append(piece)
             done = rendered
         return done, pieces

@@ -2,6 +2,8 @@
 
 Output script, read from the prompt text:
 - `SAY:<text>` anywhere in the prompt: the reply is exactly <text> (tokenised), then EOS;
+- `SPELL:<text>`: the reply is <text> one character per token (ids a fresh tokenisation of the
+  text does not give back, as a real model's may not), then EOS;
 - otherwise the reply repeats " lorem ipsum" until max_tokens (finish_reason "length").
 - `DIE` in the prompt kills the fake core: in-flight and later requests fail with EngineDeadError.
 Each token takes `token_delay_s`; pages are "held" while a request runs so stats show them return.
@@ -88,9 +90,11 @@ class FakeAsyncLLM:
         return min(best, len(prompt) - 1) // page * page
 
     def _script(self, prompt_text: str, max_tokens: int) -> tuple[list[int], str]:
-        match = re.search(r"SAY:(.*?)(?:<\|im_end\|>|$)", prompt_text, re.S)
+        match = re.search(r"(SAY|SPELL):(.*?)(?:<\|im_end\|>|$)", prompt_text, re.S)
         if match:
-            ids = self.tokenizer.encode(match.group(1), add_special_tokens=False)
+            text = match.group(2)
+            pieces = list(text) if match.group(1) == "SPELL" else [text]
+            ids = [i for piece in pieces for i in self.tokenizer.encode(piece, add_special_tokens=False)]
             eos = self.tokenizer.eos_token_id
             return (ids + [eos])[:max_tokens], ("stop" if len(ids) < max_tokens else "length")
         filler = self.tokenizer.encode(" lorem ipsum" * (max_tokens // 2 + 1), add_special_tokens=False)

@@ -126,13 +126,16 @@ def check_safetensors(path: Path) -> int:
 _IDENTITY_SPAN = 1 << 20  # bytes hashed at each end of a weight file
 
 
-def weights_identity(files: ModelFiles, seed: int) -> dict:
+def weights_identity(files: ModelFiles, seed: int, dummy_weights: str = "normal") -> dict:
     """What the weights are, cheaply: each weight file's name, size and a CRC-32 of its first and last
     MiB (content, so a copied file is the same model and an edited one is not); for dummy weights,
-    the config they are drawn from and the seed. Part of the disk KV cache's fingerprint."""
+    the config they are drawn from, the distribution and the seed. Part of the disk KV cache's fingerprint."""
     if files.load_format == "dummy":
         config = files.config_path.read_text() if files.config_path is not None else files.preset
-        return {"dummy": True, "config": config, "seed": seed}
+        identity = {"dummy": True, "config": config, "seed": seed}
+        if dummy_weights != "normal":  # the normal draw keeps the fingerprint of earlier disk caches
+            identity["distribution"] = dummy_weights
+        return identity
     identity = []
     for path in files.weight_files:
         size = path.stat().st_size

@@ -44,7 +44,8 @@ def read_model_config(model: str | Path | None, load_format: str = "auto") -> Mo
 def load_model(model: str | Path | None, *, load_format: str = "auto", dtype: str | torch.dtype = "auto",
                device: str | torch.device = "cpu", seed: int = 0,
                parallel: ParallelLayout | ParallelContext | None = None,
-               progress: bool = True, quantization: str | None = None) -> tuple[nn.Module, ModelConfig]:
+               progress: bool = True, quantization: str | None = None,
+               dummy_weights: str = "normal") -> tuple[nn.Module, ModelConfig]:
     """Build and load a model; returns `(model in eval mode, its ModelConfig)`.
 
     `model`: a HF directory, a .gguf file (or directory holding one), or for `load_format="dummy"`
@@ -55,6 +56,7 @@ def load_model(model: str | Path | None, *, load_format: str = "auto", dtype: st
     quantises a full-precision checkpoint per block after loading it. `quantization` int8, int4 or
     gguf hold linear / embedding weights weight-only quantised (layers/weight_only.py;
     `layers.weight_only.quantization_report(model)` says how); None or "none": neither.
+    `dummy_weights`: the distribution of `load_format="dummy"` weights (`init_dummy_weights`).
     Bad or truncated files raise ValueError.
     """
     if model is None:
@@ -81,7 +83,7 @@ def load_model(model: str | Path | None, *, load_format: str = "auto", dtype: st
         convert_to_fp8(net)  # e4m3 weights + block scales, filled by the checkpoint (or dummy init)
     quantized_sources = _quantize(net, weight_only, files, reader)
     if files.load_format == "dummy":
-        init_dummy_weights(net, seed)
+        init_dummy_weights(net, seed, distribution=dummy_weights)
     else:
         if files.load_format == "gguf":
             weights = iterate_gguf_weights(reader, config, files.gguf_file, progress, quantized_sources)
@@ -196,25 +198,45 @@ def _default_dtype(dtype: torch.dtype):
         torch.set_default_dtype(previous)
 
 
+DUMMY_DISTRIBUTIONS = ("normal", "uniform")
+UNIFORM_BOUND = 1e-3  # vLLM's dummy loader draws every weight from U(-1e-3, 1e-3)
+
+
 @torch.no_grad()
-def init_dummy_weights(model: nn.Module, seed: int = 0, std: float = 0.02) -> None:
-    """Random weights for benchmarks: N(0, std) matrices and biases, norm weights 1 (deterministic per
-    seed). FP8 weights get N(0, 1) e4m3 values with block scales `std`: the same N(0, std) weights;
-    weight-only quantised ones are quantised from N(0, std) matrices."""
+def init_dummy_weights(model: nn.Module, seed: int = 0, std: float = 0.02, distribution: str = "normal") -> None:
+    """Random weights for benchmarks, deterministic per seed.
+
+    normal: N(0, std) matrices and biases, norm weights 1 (activations at a trained model's scale).
+    uniform: every weight, norms included, U(-1e-3, 1e-3), as vLLM's `--load-format dummy` draws
+    them (for side-by-side runs: the same distribution, not the same values).
+    FP8 weights: e4m3 values with block scales (N(0, 1) x std, or U(-1, 1) x 1e-3), the same
+    effective distribution; weight-only quantised ones are quantised from such matrices."""
+    if distribution not in DUMMY_DISTRIBUTIONS:
+        raise ValueError(f"dummy weights {distribution!r}: expected one of {', '.join(DUMMY_DISTRIBUTIONS)}")
+    uniform = distribution == "uniform"
+    scale = UNIFORM_BOUND if uniform else std
+
+    def draw(shape, generator, device) -> torch.Tensor:  # fp32, unit scale
+        if uniform:
+            return torch.rand(shape, generator=generator, device=device).mul_(2.0).sub_(1.0)
+        return torch.randn(shape, generator=generator, device=device)
+
     for name, param in named_weights(model).items():
         generator = torch.Generator(device=param.device).manual_seed(seed)
         seed += 1
-        if param.dim() == 1 and name.endswith("norm.weight"):
+        if name.endswith("weight_scale_inv"):
+            param.fill_(scale)
+        elif param.dim() == 1 and name.endswith("norm.weight") and not uniform:
             param.fill_(1.0)
-        elif name.endswith("weight_scale_inv"):
-            param.fill_(std)
         elif not isinstance(param, torch.Tensor):  # a QuantizedWeight
-            param.copy_(torch.empty(param.shape, device=param.device).normal_(0.0, std, generator=generator))
+            param.copy_(draw(param.shape, generator, param.device).mul_(scale))
         elif param.dtype == torch.float8_e4m3fn:
             rows = param.view(-1, param.shape[-1])
             step = max(1, (64 << 20) // param.shape[-1])  # fp32 staging in 256 MB slices
             for start in range(0, rows.shape[0], step):
                 part = rows[start : start + step]
-                part.copy_(torch.randn(part.shape, generator=generator, device=param.device).clamp_(-448, 448))
+                part.copy_(draw(part.shape, generator, param.device).clamp_(-448, 448))
+        elif uniform:
+            param.uniform_(-UNIFORM_BOUND, UNIFORM_BOUND, generator=generator)
         else:
             param.normal_(0.0, std, generator=generator)

@@ -153,7 +153,7 @@ def _build(config: EngineConfig, ranks, output_tokens_of, load_tokenizer) -> Bui
                                         parallel=ranks is not None)
     model, model_config = load_model(config.model, load_format=load_format, dtype=dtype_name, device=device,
                                      seed=config.seed, progress=False, quantization=quantization,
-                                     parallel=ranks.layout if ranks is not None else None)
+                                     dummy_weights=config.dummy_weights, parallel=ranks.layout if ranks is not None else None)
     if quantization in ("int8", "int4", "gguf"):
         from ..layers.weight_only import quantization_report
 
@@ -264,7 +264,7 @@ def build_disk_tier(config: EngineConfig, host_pool, model_config, kv_dtype: tor
     load_format = "hf" if config.load_format == "safetensors" else config.load_format
     files = resolve_model_files(config.model or default_model(), load_format)
     model = {k: v for k, v in dataclasses.asdict(model_config).items() if k != "name"}
-    parts = {"weights": weights_identity(files, config.seed), "model": model, "dtype": model_config.torch_dtype,
+    parts = {"weights": weights_identity(files, config.seed, config.dummy_weights), "model": model, "dtype": model_config.torch_dtype,
              "kv_dtype": kv_dtype, "quantization": quantization, "page_size": config.page_size,
              "tensor_parallel": [config.tensor_parallel_size, 0], "device": device.type,
              "page_tensors": [[[t.shape[0], *t.shape[2:]], t.dtype] for t in host_pool.page_tensors]}

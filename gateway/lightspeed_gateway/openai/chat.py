@@ -55,9 +55,10 @@ class ChoiceParser:
             self.tools = JsonStreamToolParser()
         elif tool_mode == "named":
             self.tools = NamedToolParser(tool_name)
+        self.content = self.reasoning_text = ""  # all the parsed deltas so far
 
     def feed(self, text: str) -> ParsedDelta:
-        return self._through_tools(self.reasoning.feed(text) if self.reasoning else ParsedDelta(content=text))
+        return self._seen(self._through_tools(self.reasoning.feed(text) if self.reasoning else ParsedDelta(content=text)))
 
     def finish(self) -> ParsedDelta:
         out = self._through_tools(self.reasoning.finish()) if self.reasoning else ParsedDelta()
@@ -65,7 +66,12 @@ class ChoiceParser:
             tail = self.tools.finish()
             out.content += tail.content
             out.tool_calls += tail.tool_calls
-        return out
+        return self._seen(out)
+
+    def _seen(self, parsed: ParsedDelta) -> ParsedDelta:
+        self.content += parsed.content
+        self.reasoning_text += parsed.reasoning
+        return parsed
 
     def _through_tools(self, step: ParsedDelta) -> ParsedDelta:
         if self.tools is None or not step.content:
@@ -160,6 +166,13 @@ class _ChatRun:
         self.completion_tokens = 0
         self.cache = CacheUsage()
         self.finish_reasons: list[str | None] = [None] * req.n
+        self.answer_ids: list[list[int]] = [[] for _ in range(req.n)]
+
+    def _remember_answer(self, index: int, content: str, reasoning: str, calls: list) -> None:
+        """Let the next turn, which sends this answer back, reuse its generated token ids (a plain
+        answer only: reasoning and tool calls are rendered back differently from how they came)."""
+        if content and not reasoning and not calls and self.finish_reasons[index] in ("stop", "length"):
+            self.state.renderer.remember_answer_soon(content, self.answer_ids[index])
 
     def _logprob_items(self, completion: Any) -> list[dict]:
         items = []
@@ -183,6 +196,7 @@ class _ChatRun:
                 self.cache.add(out)
                 for c in out.outputs:
                     texts[c.index].append(c.text)
+                    self.answer_ids[c.index] += c.token_ids
                     self.completion_tokens += len(c.token_ids)
                     if self.top_n is not None:
                         logprobs[c.index] += self._logprob_items(c)
@@ -203,6 +217,7 @@ class _ChatRun:
             if reasoning:
                 message["reasoning_content"] = reasoning
             self.finish_reasons[i] = _finish_reason(self.finish_reasons[i], bool(calls))
+            self._remember_answer(i, content, reasoning, calls)
             choices.append({"index": i, "message": message, "finish_reason": self.finish_reasons[i],
                             "logprobs": {"content": logprobs[i]} if self.top_n is not None else None})
         self._observe()
@@ -257,6 +272,7 @@ class _ChatRun:
                 choices = []
                 for c in out.outputs:
                     self.completion_tokens += len(c.token_ids)
+                    self.answer_ids[c.index] += c.token_ids
                     parser = self.parsers[c.index]
                     parsed = parser.feed(c.text) if c.text else ParsedDelta()
                     if c.finish_reason is not None:
@@ -269,6 +285,8 @@ class _ChatRun:
                         choices.append(choice)
                 if choices:
                     yield self._chunk(choices)
+            for i, parser in enumerate(self.parsers):
+                self._remember_answer(i, parser.content, parser.reasoning_text, parser.tool_calls)
             options = self.req.stream_options
             if options is not None and options.include_usage:
                 yield self._chunk([], usage_dict(len(self.prompt_ids), self.completion_tokens, self.cache))
