@@ -14,7 +14,7 @@ from typing import Any
 
 from starlette.requests import Request
 
-from lightspeed_gateway.openai.chat import ChoiceParser
+from lightspeed_gateway.openai.chat import ChoiceParser, remember_plain_answer
 from lightspeed_gateway.openai.serving import (
     ENGINE_ERRORS,
     CacheUsage,
@@ -62,6 +62,7 @@ class Generation:
         if self.parser.reasoning is None and reasoning_parser is not None:
             self.parser.reasoning = REASONING_PARSERS[reasoning_parser](starts_in_reasoning)
         self.completion_tokens = 0
+        self.token_ids: list[int] = []  # generated
         self.cache = CacheUsage()
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
@@ -98,6 +99,7 @@ class Generation:
             self.cache.add(out)
             for completion in out.outputs:
                 self.completion_tokens += len(completion.token_ids)
+                self.token_ids += completion.token_ids
                 delta = self.parser.feed(completion.text) if completion.text else ParsedDelta()
                 if completion.finish_reason is not None:
                     tail = self.parser.finish()
@@ -108,6 +110,7 @@ class Generation:
                     yield Step(delta, completion.finish_reason, completion.stop_reason)
                 elif delta:
                     yield Step(delta)
+        remember_plain_answer(self.state, self.parser, self.finish_reason, self.token_ids)
         self.state.metrics.observe_request(self.timing, len(self.prompt_ids), self.completion_tokens,
                                            self.cache.tokens, [self.finish_reason or "abort"])
 

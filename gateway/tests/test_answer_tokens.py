@@ -124,3 +124,17 @@ def test_served_answers_cut_by_a_stop_string_or_with_reasoning_are_tokenised_afr
                                  {"role": "user", "content": "Once more"}])
         answer_ids = tokenizer.encode(text, add_special_tokens=False)
         assert any(second[i : i + len(answer_ids)] == answer_ids for i in range(len(second)))
+
+
+def test_anthropic_answer_comes_back_in_its_generated_ids(http, tokenizer):
+    text = f"{ANSWER} anthropic"
+    question = f"SPELL:{text}"
+    response = http.post("/v1/messages", json={"model": MODEL, "max_tokens": 64,
+                                               "messages": [{"role": "user", "content": question}]})
+    assert response.status_code == 200, response.text
+    assert response.json()["content"] == [{"type": "text", "text": text}]
+    first = tokenize(http, [{"role": "user", "content": question}])
+    second = tokenize(http, [{"role": "user", "content": question}, {"role": "assistant", "content": text},
+                             {"role": "user", "content": "Once more"}])
+    generated = spelled(tokenizer, text)
+    assert second[len(first) : len(first) + len(generated)] == generated

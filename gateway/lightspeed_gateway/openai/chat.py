@@ -85,6 +85,14 @@ class ChoiceParser:
         return self.tools.tool_calls if self.tools is not None else []
 
 
+def remember_plain_answer(state: GatewayState, parser: ChoiceParser, finish_reason: str | None,
+                          token_ids: list[int]) -> None:
+    """Let the next turn, which sends this answer back, reuse its generated token ids: a plain
+    answer only (reasoning and tool calls are rendered back differently from how they came)."""
+    if parser.content and not parser.reasoning_text and not parser.tool_calls and finish_reason in ("stop", "length"):
+        state.renderer.remember_answer_soon(parser.content, token_ids)
+
+
 def _tool_mode(req: ChatCompletionRequest) -> tuple[str | None, str | None]:
     if not req.tools or req.tool_choice == "none":
         return None, None
@@ -168,12 +176,6 @@ class _ChatRun:
         self.finish_reasons: list[str | None] = [None] * req.n
         self.answer_ids: list[list[int]] = [[] for _ in range(req.n)]
 
-    def _remember_answer(self, index: int, content: str, reasoning: str, calls: list) -> None:
-        """Let the next turn, which sends this answer back, reuse its generated token ids (a plain
-        answer only: reasoning and tool calls are rendered back differently from how they came)."""
-        if content and not reasoning and not calls and self.finish_reasons[index] in ("stop", "length"):
-            self.state.renderer.remember_answer_soon(content, self.answer_ids[index])
-
     def _logprob_items(self, completion: Any) -> list[dict]:
         items = []
         for token_id, entry in zip(completion.token_ids, completion.logprobs or (), strict=False):
@@ -216,8 +218,8 @@ class _ChatRun:
                                       for c in calls] or None}
             if reasoning:
                 message["reasoning_content"] = reasoning
+            remember_plain_answer(self.state, parser, self.finish_reasons[i], self.answer_ids[i])
             self.finish_reasons[i] = _finish_reason(self.finish_reasons[i], bool(calls))
-            self._remember_answer(i, content, reasoning, calls)
             choices.append({"index": i, "message": message, "finish_reason": self.finish_reasons[i],
                             "logprobs": {"content": logprobs[i]} if self.top_n is not None else None})
         self._observe()
@@ -286,7 +288,7 @@ class _ChatRun:
                 if choices:
                     yield self._chunk(choices)
             for i, parser in enumerate(self.parsers):
-                self._remember_answer(i, parser.content, parser.reasoning_text, parser.tool_calls)
+                remember_plain_answer(self.state, parser, self.finish_reasons[i], self.answer_ids[i])
             options = self.req.stream_options
             if options is not None and options.include_usage:
                 yield self._chunk([], usage_dict(len(self.prompt_ids), self.completion_tokens, self.cache))
