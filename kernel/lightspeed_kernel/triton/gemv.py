@@ -295,6 +295,27 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return launch(x, weight, bias, config, workspace)
 
 
+ONE_ROW_KERNEL_NAME = "triton_gemv_one_row"
+
+
+def takes_one_row(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
+    """The calls where the skinny GEMM measured faster than cuBLAS: one row (batch-1 decode), on a
+    GPU of the H200's SM count (where MEASURED_H200 holds its launches)."""
+    return (x.dim() == 2 and x.shape[0] == 1 and takes(x, weight, bias)
+            and (interpreting() or platform_of(x.device).sm_count == H200_SMS))
+
+
+@register_kernel("gemm", "bf16", name=ONE_ROW_KERNEL_NAME, solution="triton", priority=Priority.PORTABLE,
+                 capability={"vendors": ("nvidia",), "min_compute_capability": (8, 0)}, dtypes=FLOAT_DTYPES,
+                 tags=("triton", "cublas"))
+def linear_one_row(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """The skinny GEMM where `takes_one_row` (batch-1 decode on the H200), F.linear (cuBLAS) for
+    everything else: at two rows and more the sweep has cuBLAS level or faster."""
+    if not takes_one_row(x, weight, bias):
+        return F.linear(x, weight, bias)
+    return launch(x, weight, bias, choose_config(1, weight.shape[0], x.shape[1], H200_SMS))
+
+
 # The default gemm/bf16 kernel on NVIDIA GPUs. The reference (the same F.linear) sits in the
 # REFERENCE band, which any PORTABLE kernel outranks; this puts cuBLAS explicitly above triton_gemv
 # until the H200 sweep says where the skinny GEMM wins (raise triton_gemv above it then).

@@ -166,3 +166,13 @@ def test_gpu_split_k_replays_under_a_cuda_graph():
     x.copy_(torch.randn_like(x))
     graph.replay()
     assert rel_err(out, _exact(x, w, b)) < TOL[torch.bfloat16]
+
+
+def test_one_row_variant_takes_one_row_only(device):
+    assert lk.select_kernel("gemm", "bf16", "bfloat16", platform=SM90,
+                            override=gemv.ONE_ROW_KERNEL_NAME).name == gemv.ONE_ROW_KERNEL_NAME
+    on_h200 = device == "cpu" or torch.cuda.get_device_properties(0).multi_processor_count == gemv.H200_SMS
+    for m in (1, 2, 16):
+        x, w, b = _case(m, 48, 136, torch.bfloat16, True, device, seed=m)
+        assert gemv.takes_one_row(x, w, b) is (m == 1 and on_h200)
+        assert rel_err(gemv.linear_one_row(x, w, b), _exact(x, w, b)) < TOL[torch.bfloat16]
