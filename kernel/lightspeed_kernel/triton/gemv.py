@@ -1,11 +1,13 @@
 """Skinny GEMM for decode (gemm/bf16 with 1..16 rows): read each weight byte once, at HBM speed.
 
-Opt-in until the batch-1 step is measured with it. Its GPU tests pass on the H200, and the sweep
+At one row it is the default on the H200 (`triton_gemv_one_row`, measured through the engine);
+at more rows it is opt-in. Its GPU tests pass on the H200, and the sweep
 there (bench/results/gemv_2026-12-02_0437_nvidia-h200/) has its best launch 1.06-1.13x faster than
 cuBLAS on the Llama-8B decode GEMMs at one row (qkv, o, gate_up, down; 1.03x on a 128K LM head),
-level or slower at two rows except gate_up. It registers as `triton_gemv` in the PORTABLE band,
-below `cublas_linear` (F.linear, PERFORMANT, registered beside it for that reason): a default
-`ops.linear` call on an NVIDIA GPU still goes to cuBLAS. Select it with
+level or slower at two rows except gate_up. The any-row kernel registers as `triton_gemv` in the
+PORTABLE band, below `cublas_linear` (F.linear, PERFORMANT); the default on NVIDIA GPUs is
+`triton_gemv_one_row` (PERFORMANT + 1), which runs it at one row where measured and hands every
+other call to F.linear, so a default call of more rows still goes to cuBLAS. Select any rows with
 `LIGHTSPEED_KERNEL_OVERRIDE_GEMM_BF16=triton_gemv` or `lk.override(**{"gemm/bf16": "triton_gemv"})`;
 `tools/bench/gemv.py` times it against cuBLAS over `sweep_configs`. Calls it does not take (more
 than 16 rows, fp32 or mixed dtypes, a weight whose last dim is strided, autograd) go to F.linear,
@@ -299,13 +301,24 @@ ONE_ROW_KERNEL_NAME = "triton_gemv_one_row"
 
 
 def takes_one_row(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
-    """The calls where the skinny GEMM measured faster than cuBLAS: one row (batch-1 decode), on a
-    GPU of the H200's SM count (where MEASURED_H200 holds its launches)."""
-    return (x.dim() == 2 and x.shape[0] == 1 and takes(x, weight, bias)
-            and (interpreting() or platform_of(x.device).sm_count == H200_SMS))
+    """The calls where the skinny GEMM measured faster than cuBLAS: one row (batch-1 decode) on a GPU
+    of the H200's SM count, for a shape of MEASURED_H200 or one at least as large on both sides
+    (4096+ columns and K: the rule's launch there is the measured winners' family, no split K).
+    Narrower projections (MLA's, small models') have not been measured against cuBLAS: F.linear."""
+    if not (x.dim() == 2 and x.shape[0] == 1 and takes(x, weight, bias)):
+        return False
+    if not (interpreting() or platform_of(x.device).sm_count == H200_SMS):
+        return False
+    n, k = weight.shape
+    return (1, n, k) in MEASURED_H200 or (n >= 4096 and k >= 4096) or interpreting()
 
 
-@register_kernel("gemm", "bf16", name=ONE_ROW_KERNEL_NAME, solution="triton", priority=Priority.PORTABLE,
+# The default gemm/bf16 kernel on NVIDIA GPUs: above cublas_linear, since it hands every call it does
+# not take to F.linear. Measured through the engine on the H200 (bench/results/
+# h200_gemv_one_row_2026-12-03_1506/, llama-3.1-8b preset, 1K context): batch-1 step 4.82 vs 4.88 ms
+# with cuBLAS, 356 vs 420 kernels a step (no split-K reduce launches).
+@register_kernel("gemm", "bf16", name=ONE_ROW_KERNEL_NAME, solution="triton",
+                 priority=Priority.of(Priority.PERFORMANT, 1),
                  capability={"vendors": ("nvidia",), "min_compute_capability": (8, 0)}, dtypes=FLOAT_DTYPES,
                  tags=("triton", "cublas"))
 def linear_one_row(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -316,7 +329,7 @@ def linear_one_row(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     return launch(x, weight, bias, choose_config(1, weight.shape[0], x.shape[1], H200_SMS))
 
 
-# The default gemm/bf16 kernel on NVIDIA GPUs. The reference (the same F.linear) sits in the
+# cuBLAS for every gemm/bf16 call triton_gemv_one_row does not take. The reference (the same F.linear) sits in the
 # REFERENCE band, which any PORTABLE kernel outranks; this puts cuBLAS explicitly above triton_gemv
 # until the H200 sweep says where the skinny GEMM wins (raise triton_gemv above it then).
 @register_kernel("gemm", "bf16", name="cublas_linear", solution="torch", priority=Priority.PERFORMANT,

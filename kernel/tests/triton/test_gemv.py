@@ -130,15 +130,17 @@ def test_unmeasured_shapes_split_k_only_below_one_wave():
 SM90 = Platform.parse("sm_90")
 
 
-def test_opt_in_only_cublas_stays_the_default():
+def test_one_row_default_any_rows_opt_in():
+    # fp32 selects it too and goes to F.linear inside (`takes` refuses it)
     for dtype in ("bfloat16", "float16", "float32"):
-        assert lk.select_kernel("gemm", "bf16", dtype, platform=SM90).name == "cublas_linear"
+        assert lk.select_kernel("gemm", "bf16", dtype, platform=SM90).name == gemv.ONE_ROW_KERNEL_NAME
+    for dtype in ("bfloat16", "float16", "float32"):
         assert lk.select_kernel("gemm", "bf16", dtype, platform=SM90, override=gemv.KERNEL_NAME).name == "triton_gemv"
         assert lk.select_kernel("gemm", "bf16", dtype, platform=Platform.parse("cpu")).name == "reference"
     with lk.override(**{"gemm/bf16": "triton_gemv"}):
         assert lk.select_kernel("gemm", "bf16", "bfloat16", platform=SM90).name == "triton_gemv"
     spec = {s.name: s for s in lk.list_kernels("gemm", "bf16")}
-    assert spec["triton_gemv"].priority < spec["cublas_linear"].priority
+    assert spec["triton_gemv"].priority < spec["cublas_linear"].priority < spec[gemv.ONE_ROW_KERNEL_NAME].priority
     assert lk.select_kernel("gemm", "bf16", "bfloat16", platform=Platform.parse("rocm:9.4")).name == "reference"
 
 
@@ -171,8 +173,13 @@ def test_gpu_split_k_replays_under_a_cuda_graph():
 def test_one_row_variant_takes_one_row_only(device):
     assert lk.select_kernel("gemm", "bf16", "bfloat16", platform=SM90,
                             override=gemv.ONE_ROW_KERNEL_NAME).name == gemv.ONE_ROW_KERNEL_NAME
-    on_h200 = device == "cpu" or torch.cuda.get_device_properties(0).multi_processor_count == gemv.H200_SMS
-    for m in (1, 2, 16):
+    for m in (1, 2, 16):  # the interpreter takes any one-row shape; a GPU only measured-size ones
         x, w, b = _case(m, 48, 136, torch.bfloat16, True, device, seed=m)
-        assert gemv.takes_one_row(x, w, b) is (m == 1 and on_h200)
+        assert gemv.takes_one_row(x, w, b) is (m == 1 and device == "cpu")
         assert rel_err(gemv.linear_one_row(x, w, b), _exact(x, w, b)) < TOL[torch.bfloat16]
+    if device == "cuda":
+        on_h200 = torch.cuda.get_device_properties(0).multi_processor_count == gemv.H200_SMS
+        for n, k in LLAMA_8B[:2] + [(49152, 4096)]:
+            x, w, b = _case(1, n, k, torch.bfloat16, False, device, seed=n)
+            assert gemv.takes_one_row(x, w, b) is on_h200
+            assert rel_err(gemv.linear_one_row(x, w, b), _exact(x, w, b)) < TOL[torch.bfloat16]
