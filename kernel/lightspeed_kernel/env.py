@@ -42,6 +42,10 @@ class KernelEnv:
     """LIGHTSPEED_KERNEL_Q8_ACTIVATIONS=1: decode batches (2 to 23 token rows) of 4-bit weights
     quantise their activations to int8 and run integer dots (cpu/csrc/q8_gemm.c). Off by default:
     on a Zen 3 without VNNI it measured no faster than fp32 activations at 8 to 16 rows."""
+    decode_small_grid: bool = True
+    """LIGHTSPEED_KERNEL_DECODE_SMALL_GRID=0: paged decode plans one or two requests (<= 16 request x
+    kv-head programs) like larger batches (block_n 64, three waves of splits), not with the H200
+    sweep's small-grid winners (block_n 32, six waves); for A/B runs."""
     native_cc: str | None = None
     """LIGHTSPEED_KERNEL_CC (else CC): the C compiler that builds the native CPU kernels."""
     native_cache_dir: str | None = None
@@ -66,6 +70,7 @@ def kernel_env() -> KernelEnv:
         disable_native=_flag(environ.get("LIGHTSPEED_KERNEL_DISABLE_NATIVE")),
         native_scalar=_flag(environ.get("LIGHTSPEED_KERNEL_NATIVE_SCALAR")),
         q8_activations=_flag(environ.get("LIGHTSPEED_KERNEL_Q8_ACTIVATIONS")),
+        decode_small_grid=environ.get("LIGHTSPEED_KERNEL_DECODE_SMALL_GRID", "1").strip() not in ("0", "false", "no", "off"),
         native_cc=environ.get("LIGHTSPEED_KERNEL_CC") or environ.get("CC") or None,
         native_cache_dir=environ.get("LIGHTSPEED_KERNEL_CACHE_DIR")
         or os.path.join(environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "lightspeed", "kernels"),

@@ -21,10 +21,16 @@ import torch
 import triton
 import triton.language as tl
 
+from ..env import kernel_env
 from ._attention import attend_tile
 from ._common import FLOAT_DTYPES, FP8_DTYPES, check, dot_upcast, next_pow2, register, scale_tensor
 
 MAX_QUERY_LEN = 16
+# At most this many (request, kv head) programs is a small grid (batch 1-2 of an 8-kv-head model):
+# the H200 sweep's winners there (bench/results/h200_profile_2026-12-03_1156/, kernels_*) are block_n
+# 32 and six waves of splits, down to 64 keys a split: 22.3 vs 24.2 us at batch 1 x 8K, 50.9 vs 52.9
+# at 1 x 32K, 81.2 vs 85.6 at 2 x 32K, exactly the split counts this plan gives (86, 94, 49).
+SMALL_GRID_PROGRAMS = 16
 
 
 # The page-table width changes from step to step, and outside CUDA graphs so does the split plan
@@ -222,20 +228,24 @@ def plan_decode(
     on the H200 (bench/results/kernels_*_h200.md): 88-104% of 4.27 TB/s at batch 16-256.
 
     Splits are added until B * Hkv * splits fills about three waves of programs, never cutting the
-    context below 256 keys per split (the combine pass would cost more than it saves)."""
+    context below 256 keys per split (the combine pass would cost more than it saves). A small grid
+    (B * Hkv <= SMALL_GRID_PROGRAMS, head_dim <= 128) takes block_n 32 and six waves, down to 64 keys
+    a split, at most 128 splits (the sweep's winners; LIGHTSPEED_KERNEL_DECODE_SMALL_GRID=0: off)."""
     check(num_q_heads % num_kv_heads == 0, "Hq must be a multiple of Hkv")
     check(1 <= max_query_len <= MAX_QUERY_LEN, f"decode takes 1..{MAX_QUERY_LEN} query tokens per request")
     group = num_q_heads // num_kv_heads
     if num_sms is None:
         num_sms = _num_sms()
     block_m = max(16, next_pow2(group * max_query_len))
-    if block_n is None:
-        block_n = 64 if head_dim <= 128 else 32
     max_ctx = max(1, max_pages * page_size)
     programs = max(1, batch_size * num_kv_heads)
+    small = programs <= SMALL_GRID_PROGRAMS and head_dim <= 128 and kernel_env().decode_small_grid
+    if block_n is None:
+        block_n = 32 if small or head_dim > 128 else 64
     if num_splits is None:
-        want = triton.cdiv(3 * num_sms, programs)
-        num_splits = max(1, min(want, triton.cdiv(max_ctx, 256), 64))
+        waves, min_keys, most = (6, 64, 128) if small else (3, 256, 64)
+        want = triton.cdiv(waves * num_sms, programs)
+        num_splits = max(1, min(want, triton.cdiv(max_ctx, min_keys), most))
     split_tokens = triton.cdiv(triton.cdiv(max_ctx, num_splits), block_n) * block_n
     num_splits = triton.cdiv(max_ctx, split_tokens)
     return DecodePlan(

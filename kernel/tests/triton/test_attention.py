@@ -292,9 +292,19 @@ def test_plan_decode_splits(batch, max_pages):
     if batch * 8 >= 3 * 132:
         assert plan.num_splits == 1  # enough (request, kv head) programs already: no combine pass
     elif ctx >= 512:
-        assert plan.num_splits > 1 and plan.split_tokens >= 256
+        assert plan.num_splits > 1 and plan.split_tokens >= (64 if batch * 8 <= dec.SMALL_GRID_PROGRAMS else 256)
     ws = dec.decode_workspace_numel(plan, batch, 32, 128)
     assert ws == (0 if plan.num_splits == 1 else batch * 32 * plan.num_splits * 129)
+
+
+def test_small_grid_plans_are_the_h200_sweeps_winners():
+    # bench/results/h200_profile_2026-12-03_1156/kernels_*: the fastest launch of block_n x warps x
+    # stages x splits at batch 1 x 8K / 1 x 32K / 2 x 32K (32 q, 8 kv heads, page 16)
+    for batch, ctx, splits in ((1, 8192, 86), (1, 32768, 94), (2, 32768, 49)):
+        plan = dec.plan_decode(batch, 32, 8, 128, 16, ctx // 16, 1, num_sms=132)
+        assert (plan.block_n, plan.num_splits, plan.num_warps, plan.num_stages) == (32, splits, 4, 2)
+    larger = dec.plan_decode(4, 32, 8, 128, 16, 8192 // 16, 1, num_sms=132)  # 32 programs: the general rule
+    assert larger.block_n == 64 and larger.split_tokens >= 256
 
 
 def test_plan_decode_is_planned_once_per_shape():
