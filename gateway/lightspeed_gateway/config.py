@@ -38,6 +38,10 @@ class ServerConfig:
                                    "the tokenizer's.")
     render_cache_tokens: int = _f(4_000_000, "Token ids of rendered conversations the chat renderer remembers, so "
                                   "a turn tokenises only its new messages (0 = off).")
+    answer_cache_tokens: int = _f(2_000_000, "Token ids of generated answers remembered, so that an answer sent back "
+                                  "as the next turn's assistant message keeps the ids it was generated as and the "
+                                  "prefix cache matches through it (re-tokenising its text can give other ids); "
+                                  "0 = off: every message is tokenised from its text.")
     render_workers: int = _f(1, "Worker threads that render chat templates and tokenise prompts off the event "
                              "loop (template rendering holds the GIL: more threads add event-loop lag, not speed).")
     responses_store_size: int = _f(4096, "Responses kept for previous_response_id and GET /v1/responses/{id} "
@@ -86,8 +90,8 @@ class ServerConfig:
             raise ValueError(f"reasoning_parser={self.reasoning_parser!r}: choose from {sorted(REASONING_PARSERS)}")
         if self.log_level not in LOG_LEVELS:
             raise ValueError(f"log_level={self.log_level!r}: choose from {LOG_LEVELS}")
-        if self.render_cache_tokens < 0 or self.render_workers < 1:
-            raise ValueError("render_cache_tokens must be >= 0 and render_workers >= 1")
+        if self.render_cache_tokens < 0 or self.answer_cache_tokens < 0 or self.render_workers < 1:
+            raise ValueError("render_cache_tokens and answer_cache_tokens must be >= 0 and render_workers >= 1")
         if self.responses_store_size < 1:
             raise ValueError("responses_store_size must be >= 1")
         if self.max_request_body_bytes < 1:

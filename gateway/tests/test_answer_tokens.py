@@ -138,3 +138,18 @@ def test_anthropic_answer_comes_back_in_its_generated_ids(http, tokenizer):
                              {"role": "user", "content": "Once more"}])
     generated = spelled(tokenizer, text)
     assert second[len(first) : len(first) + len(generated)] == generated
+
+
+def test_answer_cache_flag_reaches_the_renderer():
+    app = build_app(ServerConfig(answer_cache_tokens=0), lambda: FakeAsyncLLM(default_model(), token_delay_s=0),
+                    model_path=default_model())
+    with TestClient(app) as client:
+        question = f"SPELL:{ANSWER} off"
+        body = {"model": MODEL, "messages": [{"role": "user", "content": question}], "max_tokens": 64}
+        assert client.post("/v1/chat/completions", json=body).status_code == 200
+        second = tokenize(client, [{"role": "user", "content": question},
+                                   {"role": "assistant", "content": f"{ANSWER} off"}])
+        assert not any(second[i : i + 3] == spelled(load_tokenizer(default_model()), ANSWER)[:3]
+                       for i in range(len(second)))
+    with pytest.raises(ValueError, match="answer_cache_tokens"):
+        ServerConfig(answer_cache_tokens=-1)

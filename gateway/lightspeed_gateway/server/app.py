@@ -104,7 +104,8 @@ def build_app(config: ServerConfig, make_engine: Callable[[], Any], model_path: 
         state = GatewayState(config=config, engine=engine,
                              renderer=ChatRenderer(engine.tokenizer, load_chat_template(config.chat_template),
                                                    cache_tokens=config.render_cache_tokens,
-                                                   workers=config.render_workers),
+                                                   workers=config.render_workers,
+                                                   answer_tokens=config.answer_cache_tokens),
                              model_name=names[0], model_names=names,
                              accepted_model_names=accepted_names(names, path), model_root=str(path or names[0]),
                              metrics=GatewayMetrics(names[0], engine.stats))
