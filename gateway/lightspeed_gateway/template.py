@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from array import array
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -79,6 +80,10 @@ class ChatRenderer:
         self.template_knows_tools = "tools" in self.template
         self.cache = RenderCache(cache_tokens)
         self.answers = AnswerTokens(answer_tokens)
+        # Generated answers: remembered / refused (ids that do not decode to the text) / spliced into a
+        # later prompt. Read by the /metrics collector; written by the render threads.
+        self.answer_counts = {"remembered": 0, "refused": 0, "spliced": 0}
+        self._counts_lock = threading.Lock()
         self._special_ids = frozenset(getattr(tokenizer, "all_special_ids", ()) or ())
         # The Rust tokenizer of a HF fast tokenizer: batch encoding releases the GIL.
         self._backend = getattr(tokenizer, "backend_tokenizer", None)
@@ -112,10 +117,15 @@ class ChatRenderer:
         ids = list(token_ids)
         while ids and ids[-1] in self._special_ids:
             ids.pop()
-        if not ids or self._decode(ids) != text:
-            return False
-        self.answers.put(text, ids)
-        return True
+        remembered = bool(ids) and self._decode(ids) == text
+        if remembered:
+            self.answers.put(text, ids)
+        self._count("remembered" if remembered else "refused")
+        return remembered
+
+    def _count(self, outcome: str, n: int = 1) -> None:
+        with self._counts_lock:
+            self.answer_counts[outcome] += n
 
     def _decode(self, ids: list[int]) -> str:
         if self._backend is not None:
@@ -205,6 +215,8 @@ class ChatRenderer:
         self.cache.put(keys[-1], Boundary(done, token_ids, generation_prompt if add_generation_prompt else None),
                        supersedes=keys[start] if start else None)
         answers = sum(not isinstance(p, str) for p in pieces)
+        if answers:
+            self._count("spliced", answers)
         return RenderedPrompt(full, [*token_ids, *next(encoded)], True, start, answers)
 
     def _extend(self, dicts: list[dict], start: int, boundary: Boundary, tool_dicts: list[dict] | None,

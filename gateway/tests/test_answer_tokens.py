@@ -140,6 +140,18 @@ def test_anthropic_answer_comes_back_in_its_generated_ids(http, tokenizer):
     assert second[len(first) : len(first) + len(generated)] == generated
 
 
+def test_metrics_count_remembered_refused_and_spliced_answers(http):
+    # after the tests above: three answers remembered (whole, streamed, Anthropic), the stop-cut one
+    # refused, and each remembered one spliced into a /tokenize render at least once
+    text = http.get("/metrics").text
+    counts = {}
+    for line in text.splitlines():
+        if line.startswith("lightspeed:answer_cache_answers_total{"):
+            outcome = line.split('outcome="')[1].split('"')[0]
+            counts[outcome] = float(line.rsplit(" ", 1)[1])
+    assert counts["remembered"] >= 3 and counts["refused"] >= 1 and counts["spliced"] >= 3, counts
+
+
 def test_answer_cache_flag_reaches_the_renderer():
     app = build_app(ServerConfig(answer_cache_tokens=0), lambda: FakeAsyncLLM(default_model(), token_delay_s=0),
                     model_path=default_model())

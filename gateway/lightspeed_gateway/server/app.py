@@ -101,14 +101,13 @@ def build_app(config: ServerConfig, make_engine: Callable[[], Any], model_path: 
         engine = EngineClient(llm, log_requests=config.log_requests, request_timeout_s=config.request_timeout_s)
         path = getattr(llm, "model_path", None) or model_path
         names = served_names(path, config.served_model_name)
-        state = GatewayState(config=config, engine=engine,
-                             renderer=ChatRenderer(engine.tokenizer, load_chat_template(config.chat_template),
-                                                   cache_tokens=config.render_cache_tokens,
-                                                   workers=config.render_workers,
-                                                   answer_tokens=config.answer_cache_tokens),
+        renderer = ChatRenderer(engine.tokenizer, load_chat_template(config.chat_template),
+                                cache_tokens=config.render_cache_tokens, workers=config.render_workers,
+                                answer_tokens=config.answer_cache_tokens)
+        state = GatewayState(config=config, engine=engine, renderer=renderer,
                              model_name=names[0], model_names=names,
                              accepted_model_names=accepted_names(names, path), model_root=str(path or names[0]),
-                             metrics=GatewayMetrics(names[0], engine.stats))
+                             metrics=GatewayMetrics(names[0], engine.stats, lambda: renderer.answer_counts))
         app.state.gateway = state
         supervisor = EngineSupervisor(engine, config.health_check_interval_s, config.max_engine_restarts,
                                       config.engine_restart_backoff_s)

@@ -133,8 +133,26 @@ class EngineStatsCollector:
                      "cached_disk_pages")
 
 
+class AnswerCacheCollector:
+    """The chat renderer's generated-answer counts (template.ChatRenderer.answer_counts)."""
+
+    def __init__(self, read_counts: Callable[[], dict[str, int]], model_name: str) -> None:
+        self._read, self._model = read_counts, model_name
+
+    def collect(self):
+        counts = dict(self._read())
+        metric = CounterMetricFamily("lightspeed:answer_cache_answers",
+                                     "Plain generated answers: remembered with their token ids, refused (the ids do "
+                                     "not decode to the text), spliced into a later prompt.",
+                                     labels=["model_name", "outcome"])
+        for outcome in ("remembered", "refused", "spliced"):
+            metric.add_metric([self._model, outcome], float(counts.get(outcome, 0)))
+        yield metric
+
+
 class GatewayMetrics:
-    def __init__(self, model_name: str, read_stats: Callable[[], Any]) -> None:
+    def __init__(self, model_name: str, read_stats: Callable[[], Any],
+                 read_answer_counts: Callable[[], dict[str, int]] | None = None) -> None:
         self.registry = CollectorRegistry()
         labels = ["model_name"]
         r = self.registry
@@ -154,6 +172,8 @@ class GatewayMetrics:
         self.e2e = Histogram("lightspeed:e2e_request_latency_seconds", "Arrival to last token.", labels,
                              buckets=_LATENCY_BUCKETS, registry=r)
         r.register(EngineStatsCollector(read_stats, model_name))
+        if read_answer_counts is not None:
+            r.register(AnswerCacheCollector(read_answer_counts, model_name))
         self.model = model_name
 
     def observe_request(self, timing: Any, prompt_tokens: int, completion_tokens: int, cached_tokens: int,
