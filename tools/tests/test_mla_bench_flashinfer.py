@@ -52,7 +52,9 @@ def test_the_column_times_flashinfer_on_the_points_inputs(monkeypatch, kind):
     assert (r["fi_us"], r["fi_of_roofline"], r["fi_speedup"], r["fi_backend"]) == (50.0, 0.4, 2.0, "fa2")
     assert r["fi_graph"] is False  # the CPU timer ran it eagerly
     if kind == "bf16":
-        assert r["fi_err"] == 0.0  # our packed cache as it is
+        # our packed cache as it is: the stand-in's reference over its rebuilt page table agrees to bf16
+        # rounding (0.0 mostly; CI once saw 1e-4, CPU bf16 GEMMs vary with threading), far below FP8's
+        assert r["fi_err"] <= 1e-3
     else:
         assert 0 < r["fi_err"] < 0.05  # FlashInfer's FP8 format requantises the rope
         column.measure(kind, cache, table, qsl, seq_lens, q, ours, 100.0, 20.0, time_fn)
