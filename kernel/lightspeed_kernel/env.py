@@ -46,6 +46,10 @@ class KernelEnv:
     """LIGHTSPEED_KERNEL_DECODE_SMALL_GRID=0: paged decode plans one or two requests (<= 16 request x
     kv-head programs) like larger batches (block_n 64, three waves of splits), not with the H200
     sweep's small-grid winners (block_n 32, six waves); for A/B runs."""
+    pdl: bool = True
+    """LIGHTSPEED_KERNEL_PDL=0: launch the decode-path Triton kernels (skinny GEMM, paged decode,
+    norms, RoPE + KV store, gated activation) without programmatic dependent launch on sm_90+, so
+    each waits for the kernel before it to finish before it is even scheduled; for A/B runs."""
     native_cc: str | None = None
     """LIGHTSPEED_KERNEL_CC (else CC): the C compiler that builds the native CPU kernels."""
     native_cache_dir: str | None = None
@@ -71,6 +75,7 @@ def kernel_env() -> KernelEnv:
         native_scalar=_flag(environ.get("LIGHTSPEED_KERNEL_NATIVE_SCALAR")),
         q8_activations=_flag(environ.get("LIGHTSPEED_KERNEL_Q8_ACTIVATIONS")),
         decode_small_grid=environ.get("LIGHTSPEED_KERNEL_DECODE_SMALL_GRID", "1").strip() not in ("0", "false", "no", "off"),
+        pdl=environ.get("LIGHTSPEED_KERNEL_PDL", "1").strip() not in ("0", "false", "no", "off"),
         native_cc=environ.get("LIGHTSPEED_KERNEL_CC") or environ.get("CC") or None,
         native_cache_dir=environ.get("LIGHTSPEED_KERNEL_CACHE_DIR")
         or os.path.join(environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "lightspeed", "kernels"),

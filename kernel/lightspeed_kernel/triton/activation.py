@@ -6,7 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import FLOAT_DTYPES, check, check_dtype, check_last_contiguous, register
+from ._common import FLOAT_DTYPES, check, check_dtype, check_last_contiguous, pdl_args, pdl_enter, register
 
 # act codes shared with the fused-MoE kernel
 ACT_SILU = 0
@@ -32,7 +32,9 @@ def apply_act(gate, ACT: tl.constexpr):
 
 
 @triton.jit
-def _act_and_mul_kernel(x_ptr, out_ptr, inter, stride_x, stride_out, ACT: tl.constexpr, BLOCK: tl.constexpr):
+def _act_and_mul_kernel(x_ptr, out_ptr, inter, stride_x, stride_out, ACT: tl.constexpr, BLOCK: tl.constexpr,
+                        USE_PDL: tl.constexpr):
+    pdl_enter(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < inter
@@ -56,7 +58,8 @@ def act_and_mul(x: torch.Tensor, act: int, out: torch.Tensor | None = None) -> t
     block = min(2048, triton.next_power_of_2(inter))
     grid = (t, triton.cdiv(inter, block))
     _act_and_mul_kernel[grid](
-        x, out, inter, x.stride(0), out.stride(0), ACT=act, BLOCK=block, num_warps=4 if block <= 1024 else 8
+        x, out, inter, x.stride(0), out.stride(0), ACT=act, BLOCK=block, num_warps=4 if block <= 1024 else 8,
+        **pdl_args(x.device),
     )
     return out
 

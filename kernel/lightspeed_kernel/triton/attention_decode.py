@@ -23,7 +23,17 @@ import triton.language as tl
 
 from ..env import kernel_env
 from ._attention import attend_tile
-from ._common import FLOAT_DTYPES, FP8_DTYPES, check, dot_upcast, next_pow2, register, scale_tensor
+from ._common import (
+    FLOAT_DTYPES,
+    FP8_DTYPES,
+    check,
+    dot_upcast,
+    next_pow2,
+    pdl_args,
+    pdl_enter,
+    register,
+    scale_tensor,
+)
 
 MAX_QUERY_LEN = 16
 # At most this many (request, kv head) programs is a small grid (batch 1-2 of an 8-kv-head model):
@@ -71,7 +81,9 @@ def _decode_kernel(
     HAS_SOFT_CAP: tl.constexpr,
     HAS_SCALE: tl.constexpr,
     DOT_UPCAST: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    pdl_enter(USE_PDL)
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -160,7 +172,9 @@ def _combine_kernel(
     BLOCK_S: tl.constexpr,
     BLOCK_D: tl.constexpr,
     HEAD_DIM: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    pdl_enter(USE_PDL)
     tok = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     th = tok * n_heads + head
@@ -368,6 +382,7 @@ def run_decode(
         DOT_UPCAST=dot_upcast(),
         num_warps=plan.num_warps,
         num_stages=plan.num_stages,
+        **pdl_args(q.device),
     )
     if splits > 1:
         _combine_kernel[(t, hq)](
@@ -382,6 +397,7 @@ def run_decode(
             BLOCK_D=block_d,
             HEAD_DIM=d,
             num_warps=4,
+            **pdl_args(q.device),
         )
     return out
 

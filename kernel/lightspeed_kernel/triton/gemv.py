@@ -47,7 +47,7 @@ import triton.language as tl
 
 from ..registry import Priority, register_kernel
 from ..registry.platform import platform_of
-from ._common import FLOAT_DTYPES, check, dot_upcast, interpreting, next_pow2
+from ._common import FLOAT_DTYPES, check, dot_upcast, interpreting, next_pow2, pdl_args, pdl_enter
 
 MAX_ROWS = 16  # more rows than this go to cuBLAS (a real GEMM then)
 KERNEL_NAME = "triton_gemv"
@@ -161,8 +161,9 @@ def _skinny_gemm_kernel(
     stride_xm, stride_wn, stride_om,
     HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    USE_DOT: tl.constexpr, DOT_FP32: tl.constexpr, NUM_STAGES: tl.constexpr,
+    USE_DOT: tl.constexpr, DOT_FP32: tl.constexpr, NUM_STAGES: tl.constexpr, USE_PDL: tl.constexpr,
 ):
+    pdl_enter(USE_PDL)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -207,7 +208,8 @@ def _skinny_gemm_kernel(
 
 @triton.jit
 def _split_k_reduce_kernel(ws_ptr, bias_ptr, out_ptr, M, N, stride_om, HAS_BIAS: tl.constexpr,
-                           SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):
+                           SPLIT_K: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
+    pdl_enter(USE_PDL)
     row = tl.program_id(1)
     cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < N
@@ -269,13 +271,13 @@ def launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, con
         x, weight, bias_arg, out, ws, m, n, k, k_per_split, x.stride(0), weight.stride(0), out.stride(0),
         HAS_BIAS=bias is not None, SPLIT=split > 1, BLOCK_M=config.block_m(m), BLOCK_N=config.block_n,
         BLOCK_K=config.block_k, USE_DOT=config.use_dot, DOT_FP32=dot_upcast(), NUM_STAGES=config.num_stages,
-        num_warps=config.num_warps, num_stages=config.num_stages,
+        num_warps=config.num_warps, num_stages=config.num_stages, **pdl_args(x.device),
     )
     if split > 1:
         block = min(1024, next_pow2(n))
         _split_k_reduce_kernel[(triton.cdiv(n, block), m)](
             ws, bias_arg, out, m, n, out.stride(0), HAS_BIAS=bias is not None, SPLIT_K=split, BLOCK=block,
-            num_warps=4,
+            num_warps=4, **pdl_args(x.device),
         )
     return out
 

@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import FLOAT_DTYPES, FP8_DTYPES, check, check_dtype, register, scale_tensor
+from ._common import FLOAT_DTYPES, FP8_DTYPES, check, check_dtype, pdl_args, pdl_enter, register, scale_tensor
 from .rope import _rotate_heads
 
 
@@ -84,7 +84,9 @@ def _store_kv_kernel(
     BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr,
     TOKENS: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    pdl_enter(USE_PDL)
     # TOKENS tokens per program (unrolled): their independent loads overlap
     for i in tl.static_range(TOKENS):
         tok = tl.program_id(0).to(tl.int64) * TOKENS + i
@@ -200,6 +202,7 @@ def store_kv(
         BLOCK_D=block_d,
         TOKENS=tokens,
         num_warps=_num_warps,
+        **pdl_args(k.device),
     )
 
 
@@ -240,7 +243,9 @@ def _rope_store_kv_kernel(
     FP8_MAX: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    pdl_enter(USE_PDL)
     tok = tl.program_id(0).to(tl.int64)
     pos = tl.load(pos_ptr + tok)
     slot = tl.load(slot_ptr + tok).to(tl.int64)  # issued early: the k/v stores wait on it
@@ -368,5 +373,6 @@ def rope_store_kv(
         BLOCK_H=max(1, min(triton.next_power_of_2(hkv), 2048 // block_d)),
         BLOCK_D=block_d,
         num_warps=4,
+        **pdl_args(q.device),
     )
     return q

@@ -6,7 +6,16 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import FLOAT_DTYPES, check, check_dtype, check_last_contiguous, next_pow2, register
+from ._common import (
+    FLOAT_DTYPES,
+    check,
+    check_dtype,
+    check_last_contiguous,
+    next_pow2,
+    pdl_args,
+    pdl_enter,
+    register,
+)
 
 
 @triton.jit
@@ -22,7 +31,9 @@ def _rms_norm_kernel(
     eps,
     HAS_RESIDUAL: tl.constexpr,
     BLOCK: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    pdl_enter(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
@@ -72,6 +83,7 @@ def _launch(x, residual, weight, eps, out, num_warps=None):
         HAS_RESIDUAL=residual is not None,
         BLOCK=block,
         num_warps=num_warps,
+        **pdl_args(x.device),
     )
     return out
 

@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import FLOAT_DTYPES, check, check_dtype, register
+from ._common import FLOAT_DTYPES, check, check_dtype, pdl_args, pdl_enter, register
 
 
 @triton.jit
@@ -65,7 +65,9 @@ def _rope_kernel(
     BLOCK_HQ: tl.constexpr,
     BLOCK_HK: tl.constexpr,
     BLOCK_R: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    pdl_enter(USE_PDL)
     tok = tl.program_id(0).to(tl.int64)
     pos = tl.load(pos_ptr + tok)
     i = tl.arange(0, BLOCK_R)
@@ -127,5 +129,6 @@ def apply_rope(
         BLOCK_HK=block_hk,
         BLOCK_R=block_r,
         num_warps=4,
+        **pdl_args(q.device),
     )
     return q, k

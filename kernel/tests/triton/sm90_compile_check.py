@@ -140,6 +140,12 @@ def cases():
                     f"store_kv {cache_dt} ps{ps}",
                     lambda kc=kc, k=k, scale=scale: kv_store.store_kv(k, k, kc, kc.clone(), slots, **scale),
                 )
+                yield (
+                    f"rope_store_kv {cache_dt} ps{ps}",
+                    lambda kc=kc, q=q, k=k, scale=scale: kv_store.rope_store_kv(
+                        pos, q, k, k, cache, kc, kc.clone(), slots, **scale
+                    ),
+                )
                 pt = torch.ones(4, 3, dtype=torch.int32)
                 qsl = torch.arange(5, dtype=torch.int32)
                 sl = torch.full((4,), 20, dtype=torch.int32)
@@ -259,24 +265,50 @@ def cases():
                                                             num_decodes=2, max_query_len=5)
 
 
-def main(argv: list[str]) -> int:
-    """argv: optional substrings; only cases whose name contains one of them are compiled."""
-    driver.set_active(_Sm90StandIn())
-    JITFunction.run = _compile_only
+# The launchers whose kernels start with pdl_enter (programmatic dependent launch on sm_90+): a second
+# pass compiles their cases with PDL on, as an H200 launches them, and checks the wait is in the PTX.
+PDL_MODULES = ("activation", "attention_decode", "gemv", "kv_store", "norm", "rope")
+PDL_CASES = ("rms_norm", "fused_add_rms_norm", "silu_and_mul", "gelu_and_mul", "rope", "store_kv", "decode", "gemv ")
+
+
+def _force_pdl() -> None:
+    import importlib
+
+    for name in PDL_MODULES:
+        module = importlib.import_module(f"lightspeed_kernel.triton.{name}")
+        module.pdl_args = lambda device: {"USE_PDL": True, "launch_pdl": True}
+
+
+def _compile_cases(argv: list[str], label: str, pdl: bool) -> int:
     failures = 0
     for name, fn in cases():
         if argv and not any(a in name for a in argv):
+            continue
+        if pdl and not name.startswith(PDL_CASES):
             continue
         before = len(COMPILED)
         try:
             fn()
         except Exception:
             failures += 1
-            print(f"FAIL {name}\n{traceback.format_exc(limit=3)}", flush=True)
+            print(f"FAIL {label}{name}\n{traceback.format_exc(limit=3)}", flush=True)
             continue
         for kname, kernel in COMPILED[before:]:
             md = kernel.metadata
-            print(f"ok   {name:40s} {kname:28s} smem {md.shared:6d} B  {_resources(kernel)}", flush=True)
+            if pdl and "griddepcontrol.wait" not in kernel.asm["ptx"]:
+                failures += 1
+                print(f"FAIL {label}{name}: {kname} has no griddepcontrol.wait", flush=True)
+            print(f"ok   {label}{name:40s} {kname:28s} smem {md.shared:6d} B  {_resources(kernel)}", flush=True)
+    return failures
+
+
+def main(argv: list[str]) -> int:
+    """argv: optional substrings; only cases whose name contains one of them are compiled."""
+    driver.set_active(_Sm90StandIn())
+    JITFunction.run = _compile_only
+    failures = _compile_cases(argv, "", pdl=False)
+    _force_pdl()
+    failures += _compile_cases(argv, "pdl ", pdl=True)
     print(f"{failures} failures")
     return 1 if failures else 0
 

@@ -16,6 +16,9 @@ lightspeed-bench agentic "${common[@]}" "${agentic[@]}" --concurrency 1,4,16 --m
 # c=32: its 32 warm-up first turns (700K prompt tokens) take most of a short level; give it longer.
 lightspeed-bench agentic "${common[@]}" "${agentic[@]}" --concurrency 32 --max-duration "$((secs * 2))" \
   --output-dir "$out" --name "${name}_agentic32" --label "$name" 2>&1 | tail -3
+# The server's counters after the agentic levels (Lightspeed: answers remembered / refused / spliced and
+# prefix hits by tier; vLLM: its prefix-cache queries and hits), to read the later-turn misses against.
+curl -sf "http://127.0.0.1:$port/metrics" > "$out/${name}_metrics_after_agentic.txt" || true
 random=(--mode random --input-tokens 1024 --output-tokens 128 --max-duration 20 --request-timeout 120)
 lightspeed-bench agentic "${common[@]}" "${random[@]}" --concurrency 1,32 --output-dir "$out" \
   --name "${name}_random" --label "$name" 2>&1 | tail -5
