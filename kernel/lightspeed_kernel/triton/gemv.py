@@ -155,6 +155,28 @@ def choose_config(m: int, n: int, k: int, num_sms: int) -> GemvConfig:
 
 
 @triton.jit
+def _accumulate_tile(acc, w, x_ptr, k, k_mask, offs_m, m_mask, M, stride_xm,
+                     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, USE_DOT: tl.constexpr, DOT_FP32: tl.constexpr):
+    """acc[BLOCK_N, BLOCK_M] += w[BLOCK_N, BLOCK_K] @ x[:, k]ᵀ (x's rows loaded here)."""
+    if USE_DOT:
+        x = tl.load(x_ptr + offs_m[:, None] * stride_xm + k[None, :], mask=m_mask[:, None] & k_mask[None, :],
+                    other=0.0, eviction_policy="evict_last")  # [BLOCK_M, BLOCK_K]
+        if DOT_FP32:  # the interpreter's bf16 dot is wrong (see _common.dot_upcast)
+            acc = tl.dot(w.to(tl.float32), tl.trans(x.to(tl.float32)), acc)
+        else:
+            acc = tl.dot(w, tl.trans(x), acc)
+    else:
+        wf = w.to(tl.float32)
+        offs_k = tl.arange(0, BLOCK_K)
+        for row in tl.static_range(BLOCK_M):
+            x_row = tl.load(x_ptr + row * stride_xm + k, mask=k_mask & (offs_k * 0 + row < M), other=0.0,
+                            eviction_policy="evict_last").to(tl.float32)  # [BLOCK_K]
+            part = tl.sum(wf * x_row[None, :], axis=1)  # [BLOCK_N]
+            acc += tl.where(offs_m[None, :] == row, part[:, None], 0.0)
+    return acc
+
+
+@triton.jit
 def _skinny_gemm_kernel(
     x_ptr, w_ptr, bias_ptr, out_ptr, ws_ptr,
     M, N, K, k_per_split,
@@ -162,8 +184,8 @@ def _skinny_gemm_kernel(
     HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     USE_DOT: tl.constexpr, DOT_FP32: tl.constexpr, NUM_STAGES: tl.constexpr, USE_PDL: tl.constexpr,
+    PREFETCH_W: tl.constexpr,
 ):
-    pdl_enter(USE_PDL)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -174,27 +196,26 @@ def _skinny_gemm_kernel(
     k_start = pid_k * k_per_split
     w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn  # [BLOCK_N, 1]
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)  # out^T tile: columns x rows
+    if PREFETCH_W:
+        # No kernel writes a weight: under PDL this program's first weight tile streams in before the
+        # wait, while the kernel before it (the norm or attention this GEMM reads) finishes.
+        k = k_start + offs_k
+        w = tl.load(w_rows + k[None, :], mask=n_mask[:, None] & (k < K)[None, :], other=0.0,
+                    eviction_policy="evict_first")
+        pdl_enter(USE_PDL)
+        acc = _accumulate_tile(acc, w, x_ptr, k, k < K, offs_m, m_mask, M, stride_xm, BLOCK_M, BLOCK_K, USE_DOT,
+                               DOT_FP32)
+    else:
+        pdl_enter(USE_PDL)
     # the loop's own num_stages: without it Triton pipelines only loads that feed a dot, and the
     # FMA path's weight loads would wait in registers (compiled for sm_90: no async copies)
-    for kk in tl.range(0, k_per_split, BLOCK_K, num_stages=NUM_STAGES):
+    for kk in tl.range(BLOCK_K if PREFETCH_W else 0, k_per_split, BLOCK_K, num_stages=NUM_STAGES):
         k = k_start + kk + offs_k
         k_mask = k < K
         w = tl.load(w_rows + k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0,
                     eviction_policy="evict_first")  # [BLOCK_N, BLOCK_K]
-        if USE_DOT:
-            x = tl.load(x_ptr + offs_m[:, None] * stride_xm + k[None, :], mask=m_mask[:, None] & k_mask[None, :],
-                        other=0.0, eviction_policy="evict_last")  # [BLOCK_M, BLOCK_K]
-            if DOT_FP32:  # the interpreter's bf16 dot is wrong (see _common.dot_upcast)
-                acc = tl.dot(w.to(tl.float32), tl.trans(x.to(tl.float32)), acc)
-            else:
-                acc = tl.dot(w, tl.trans(x), acc)
-        else:
-            wf = w.to(tl.float32)
-            for row in tl.static_range(BLOCK_M):
-                x_row = tl.load(x_ptr + row * stride_xm + k, mask=k_mask & (offs_k * 0 + row < M), other=0.0,
-                                eviction_policy="evict_last").to(tl.float32)  # [BLOCK_K]
-                part = tl.sum(wf * x_row[None, :], axis=1)  # [BLOCK_N]
-                acc += tl.where(offs_m[None, :] == row, part[:, None], 0.0)
+        acc = _accumulate_tile(acc, w, x_ptr, k, k_mask, offs_m, m_mask, M, stride_xm, BLOCK_M, BLOCK_K, USE_DOT,
+                               DOT_FP32)
     mask = n_mask[:, None] & m_mask[None, :]
     if SPLIT:  # fp32 partial of this K range; _split_k_reduce_kernel finishes
         ws = ws_ptr + (pid_k * M + offs_m[None, :]).to(tl.int64) * N + offs_n[:, None]
@@ -249,8 +270,10 @@ def workspace_elements(m: int, n: int, config: GemvConfig) -> int:
 
 
 def launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, config: GemvConfig,
-           workspace: torch.Tensor | None = None) -> torch.Tensor:
-    """Run `config` on a call that `takes` accepts: x [M, K], weight [N, K], bias [N] -> [M, N]."""
+           workspace: torch.Tensor | None = None, *, prefetch_weights: bool | None = None) -> torch.Tensor:
+    """Run `config` on a call that `takes` accepts: x [M, K], weight [N, K], bias [N] -> [M, N].
+    prefetch_weights: load the first weight tile before the PDL wait (default: when launched with
+    PDL; the same sums either way, tests force it on in the interpreter)."""
     m, k = x.shape
     n = weight.shape[0]
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
@@ -267,11 +290,13 @@ def launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, con
               f"workspace must be a contiguous fp32 tensor of >= {needed} elements on {x.device}")
         ws = workspace
     bias_arg = bias if bias is not None else out
+    pdl = pdl_args(x.device)
     _skinny_gemm_kernel[(triton.cdiv(n, config.block_n), split)](
         x, weight, bias_arg, out, ws, m, n, k, k_per_split, x.stride(0), weight.stride(0), out.stride(0),
         HAS_BIAS=bias is not None, SPLIT=split > 1, BLOCK_M=config.block_m(m), BLOCK_N=config.block_n,
         BLOCK_K=config.block_k, USE_DOT=config.use_dot, DOT_FP32=dot_upcast(), NUM_STAGES=config.num_stages,
-        num_warps=config.num_warps, num_stages=config.num_stages, **pdl_args(x.device),
+        PREFETCH_W=pdl["USE_PDL"] if prefetch_weights is None else prefetch_weights,
+        num_warps=config.num_warps, num_stages=config.num_stages, **pdl,
     )
     if split > 1:
         block = min(1024, next_pow2(n))

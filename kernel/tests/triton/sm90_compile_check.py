@@ -295,9 +295,13 @@ def _compile_cases(argv: list[str], label: str, pdl: bool) -> int:
             continue
         for kname, kernel in COMPILED[before:]:
             md = kernel.metadata
-            if pdl and "griddepcontrol.wait" not in kernel.asm["ptx"]:
+            ptx = kernel.asm["ptx"]
+            if pdl and "griddepcontrol.wait" not in ptx:
                 failures += 1
                 print(f"FAIL {label}{name}: {kname} has no griddepcontrol.wait", flush=True)
+            elif pdl and kname == "_skinny_gemm_kernel" and "ld.global" not in ptx[: ptx.index("griddepcontrol.wait")]:
+                failures += 1  # the first weight tile is meant to stream in before the wait
+                print(f"FAIL {label}{name}: no weight load before griddepcontrol.wait", flush=True)
             print(f"ok   {label}{name:40s} {kname:28s} smem {md.shared:6d} B  {_resources(kernel)}", flush=True)
     return failures
 

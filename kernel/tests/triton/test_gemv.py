@@ -45,6 +45,17 @@ def test_matches_reference(device, name, m, dtype, bias):
         assert rel_err(got, _exact(x, w, b)) < TOL[dtype], (n, k)
 
 
+@pytest.mark.parametrize("name,m", [(c, m) for c in CONFIGS for m in ROWS[c.split("_")[0]][:2]])
+def test_weight_prefetch_before_the_pdl_wait_gives_the_same_bits(device, name, m):
+    # under PDL the first weight tile is loaded ahead of the loop; the sums keep their order
+    for n, k in SHAPES:
+        x, w, b = _case(m, n, k, torch.bfloat16, True, device, seed=m + n)
+        plain = gemv.launch(x, w, b, CONFIGS[name], prefetch_weights=False)
+        ahead = gemv.launch(x, w, b, CONFIGS[name], prefetch_weights=True)
+        assert torch.equal(plain, ahead), (n, k)
+        assert rel_err(ahead, _exact(x, w, b)) < TOL[torch.bfloat16], (n, k)
+
+
 @pytest.mark.parametrize("m", [1, 3, 16])
 def test_default_config(device, m):
     x, w, b = _case(m, 48, 136, torch.bfloat16, True, device)
