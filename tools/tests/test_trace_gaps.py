@@ -1,0 +1,49 @@
+"""trace_gaps.py: busy time is the union of kernel intervals, idle gaps split into kernel-boundary
+and host-wait gaps at the threshold, per step."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+import trace_gaps  # noqa: E402
+
+
+def _trace(spans):
+    """spans: (name, start us, duration us); plus a CPU event the report must ignore."""
+    events = [{"cat": "kernel", "name": n, "ts": t, "dur": d} for n, t, d in spans]
+    return {"traceEvents": events + [{"cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 1000}]}
+
+
+def test_gaps_split_into_boundaries_and_host_waits(tmp_path):
+    # two steps: norm -> gemm 0.5 us apart, then a 40 us host wait before the next step's norm
+    spans = [("norm", 0, 2), ("gemm", 2.5, 10), ("norm", 52.5, 2), ("gemm", 55.0, 10)]
+    report = trace_gaps.gap_report(trace_gaps.kernel_events(_trace(spans)), steps=2)
+    assert report["kernels_per_step"] == 2
+    assert report["busy_us_per_step"] == pytest.approx(24 / 2)
+    assert report["boundary"]["us_per_step"] == pytest.approx(1.0 / 2)
+    assert report["host"]["us_per_step"] == pytest.approx(40 / 2)
+    assert report["host"]["top_pairs"][0]["before"] == "gemm"
+    assert report["span_us_per_step"] == pytest.approx(65 / 2)
+
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(_trace(spans)))
+    out = tmp_path / "r.json"
+    assert trace_gaps.main([str(path), "--steps", "2", "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["host"]["count_per_step"] == 0.5
+
+
+def test_overlapping_kernels_count_once_and_leave_no_gap():
+    # a kernel that starts before the previous one ends (PDL, a second stream) is not idle time
+    spans = [("a", 0, 10), ("b", 5, 10), ("c", 16, 4)]
+    report = trace_gaps.gap_report(trace_gaps.kernel_events(_trace(spans)), steps=1)
+    assert report["busy_us_per_step"] == pytest.approx(19)
+    assert report["boundary"]["us_per_step"] == pytest.approx(1)
+    assert report["host"]["us_per_step"] == 0
+
+
+def test_too_little_trace_is_an_error():
+    with pytest.raises(ValueError):
+        trace_gaps.gap_report([{"name": "a", "ts": 0, "dur": 1}], steps=1)
