@@ -30,6 +30,9 @@ Split-K (`split_k > 1`) for shapes with too few column blocks to keep every SM's
 to a workspace [split_k, M, N], and a second kernel sums them in split order, adds the bias and
 rounds once. Chosen over fp32 atomics because atomics need the workspace zeroed first (a memset
 launch, so no fewer launches) and make the sum's order, hence the bf16 result, vary run to run.
+PDL (sm_90+, see _common.pdl_args): the first weight tile is loaded before the grid-dependency wait, so
+it streams in while the kernel this GEMM reads finishes (weights are never written by a kernel); the
+sums keep their order, so the bits match a launch without it.
 CUDA graphs: the launch depends on (M, N, K, SM count) only; nothing reads the device; with
 `workspace=` given nothing is allocated but the output (like F.linear), and without it the
 partials come from the caching allocator (the capturing graph's pool under capture).
