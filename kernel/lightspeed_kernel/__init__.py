@@ -61,8 +61,9 @@ TRITON_AVAILABLE = _import_triton_kernels()
 
 # After every built-in backend registered; deepgemm registers DeepGEMM's fp8 GEMM when `deep_gemm` imports,
 # flashinfer FlashInfer's paged attention when `flashinfer` is installed (imported at its first call),
-# sdpa a paged prefill through torch's own fused attention (opt-in until measured).
-from . import deepgemm, flashinfer, ops, sdpa  # noqa: E402, F401
+# sdpa a paged prefill through torch's own fused attention (opt-in until measured);
+# composed: fused op families' defaults, made of the ops they fuse.
+from . import composed, deepgemm, flashinfer, ops, sdpa  # noqa: E402, F401
 
 __all__ = [
     "ANY",

@@ -13,6 +13,7 @@ from lightspeed_kernel import ops
 OPS = {
     ("norm", "rms"): ops.rms_norm,
     ("norm", "fused_add_rms"): ops.fused_add_rms_norm,
+    ("norm", "rms_linear"): ops.rms_norm_linear,
     ("rope", "rotary"): ops.apply_rope,
     ("activation", "silu_and_mul"): ops.silu_and_mul,
     ("activation", "gelu_and_mul"): ops.gelu_and_mul,

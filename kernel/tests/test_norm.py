@@ -45,3 +45,23 @@ def test_fused_add_rms_norm(dtype, tokens):
 def test_rms_norm_zero_row_is_finite():
     got = ops.rms_norm(torch.zeros(2, 16), torch.ones(16), 1e-6)
     assert torch.equal(got, torch.zeros(2, 16))
+
+
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_norm_linear_default_is_the_two_ops(residual, dtype):
+    # norm/rms_linear composes rms_norm / fused_add_rms_norm and linear: the model's norm-then-project
+    # path gives the numbers it gave as two calls
+    from lightspeed_kernel.reference.norm import rms_norm_linear as reference
+
+    g = torch.Generator().manual_seed(3)
+    x, r = torch.randn(3, 32, generator=g).to(dtype), torch.randn(3, 32, generator=g).to(dtype)
+    nw, w, b = torch.rand(32, generator=g).to(dtype), torch.randn(8, 32, generator=g).to(dtype), torch.randn(8).to(dtype)
+    out, h = ops.rms_norm_linear(x, r.clone() if residual else None, nw, 1e-6, w, b)
+    if residual:
+        normed, want_h = ops.fused_add_rms_norm(x, r.clone(), nw, 1e-6)
+    else:
+        normed, want_h = ops.rms_norm(x, nw, 1e-6), x
+    assert torch.equal(out, ops.linear(normed, w, b)) and torch.equal(h, want_h)
+    ref_out, ref_h = reference(x, r.clone() if residual else None, nw, 1e-6, w, b)
+    assert torch.allclose(out.float(), ref_out.float(), rtol=2e-2, atol=2e-2) and torch.equal(h, ref_h)

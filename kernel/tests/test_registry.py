@@ -168,6 +168,7 @@ def test_every_op_family_has_a_cpu_reference():
     expected = {
         ("norm", "rms"),
         ("norm", "fused_add_rms"),
+        ("norm", "rms_linear"),
         ("rope", "rotary"),
         ("activation", "silu_and_mul"),
         ("activation", "gelu_and_mul"),
@@ -190,10 +191,11 @@ def test_every_op_family_has_a_cpu_reference():
         ("sampling", "logprobs"),
     }
     assert expected <= families
-    # bf16 on the CPU: the references, except prefill (torch's fused attention) and the quantised
-    # GEMMs (native C kernels where a compiler exists; they take bf16 activations)
+    # bf16 on the CPU: the references, except prefill (torch's fused attention), the quantised
+    # GEMMs (native C kernels where a compiler exists; they take bf16 activations) and the norm +
+    # projection (the composition of the two ops, each then picking its own)
     cpu_picks = {("attention", "prefill"): {"sdpa_prefill"}, ("gemm", "w4"): {"native_w4", "reference"},
-                 ("gemm", "w8"): {"native_w8", "reference"}}
+                 ("gemm", "w8"): {"native_w8", "reference"}, ("norm", "rms_linear"): {"composed_rms_norm_linear"}}
     for family, mode in expected:
         picked = select_kernel(family, mode, "bfloat16", platform=CPU).name
         assert picked in cpu_picks.get((family, mode), {"reference"}), (family, mode, picked)

@@ -33,7 +33,7 @@ def gap_report(kernels: list[dict], steps: int, split_us: float = 5.0, top: int 
     # Overlapping kernels (concurrent streams, PDL waits) count once: busy is the union of intervals.
     busy, end = 0.0, kernels[0]["ts"]
     pairs: dict[str, dict] = {"boundary": collections.defaultdict(list), "host": collections.defaultdict(list)}
-    for prev, cur in zip(kernels, kernels[1:]):
+    for prev, cur in zip(kernels, kernels[1:], strict=False):  # consecutive pairs
         end = max(end, prev["ts"] + prev["dur"])
         gap = cur["ts"] - end
         if gap > 0:

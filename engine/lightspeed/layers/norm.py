@@ -6,7 +6,7 @@ import torch
 from lightspeed_kernel import ops
 from torch import nn
 
-from .linear import default_weight_loader
+from .linear import UNQUANTIZED, default_weight_loader
 
 
 class RMSNorm(nn.Module):
@@ -38,6 +38,17 @@ class RMSNorm(nn.Module):
         if self.boundary is not None:
             return self.boundary.apply(self, x, None)
         return ops.rms_norm(x, self.weight, self.eps), x
+
+    def then_linear(self, linear: nn.Module, x: torch.Tensor,
+                    residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """`(linear(normed), residual)` of `self(x, residual)` (or `self.start(x)` when residual is None)
+        as one op (ops.rms_norm_linear), so a kernel may fold the norm into the projection (batch-1
+        decode: triton_rms_norm_gemv); its default composes the same two ops. Under tensor parallelism
+        (the norm carries collectives) or for a quantized projection: the norm, then the layer."""
+        if self.boundary is None and linear.scheme is UNQUANTIZED and linear.parallel.tp_size == 1:
+            return ops.rms_norm_linear(x, residual, self.weight, self.eps, linear.weight, linear.bias)
+        normed, residual = self.start(x) if residual is None else self(x, residual)
+        return linear(normed), residual
 
     def extra_repr(self) -> str:
         return f"{self.weight.shape[0]}, eps={self.eps}"

@@ -39,7 +39,11 @@ class LlamaMLP(nn.Module):
         self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias, parallel)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, H] -> [T, H]
-        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+        return self.finish(self.gate_up_proj(x))
+
+    def finish(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """Everything after the gate/up projection: [T, 2I] -> [T, H]."""
+        return self.down_proj(self.act_fn(gate_up))
 
 
 class LlamaAttention(nn.Module):
@@ -67,8 +71,11 @@ class LlamaAttention(nn.Module):
         return q, k
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        num_tokens = hidden.shape[0]
-        qkv = self.qkv_proj(hidden)  # [T, (Hq + 2·Hkv)·D]
+        return self.attend(positions, self.qkv_proj(hidden), meta)
+
+    def attend(self, positions: torch.Tensor, qkv: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """Everything after the QKV projection: qkv [T, (Hq + 2·Hkv)·D] -> [T, H]."""
+        num_tokens = qkv.shape[0]
         q, k, v = qkv.split([self.qkv_proj.q_size, self.qkv_proj.kv_size, self.qkv_proj.kv_size], dim=-1)
         q = q.reshape(num_tokens, self.num_heads, self.head_dim)
         k = k.reshape(num_tokens, self.num_kv_heads, self.head_dim)
@@ -97,11 +104,20 @@ class LlamaDecoderLayer(nn.Module):
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None,
                 meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
-        if residual is None:
-            hidden, residual = self.input_layernorm.start(hidden)
+        # Each norm goes into the projection after it as one op where that projection is Llama's own
+        # (a kernel may fold the norm in); other attention / MLP blocks (MLA, MoE) take the normed input.
+        if isinstance(self.self_attn, LlamaAttention):
+            qkv, residual = self.input_layernorm.then_linear(self.self_attn.qkv_proj, hidden, residual)
+            hidden = self.self_attn.attend(positions, qkv, meta)
         else:
-            hidden, residual = self.input_layernorm(hidden, residual)
-        hidden = self.self_attn(positions, hidden, meta)
+            if residual is None:
+                hidden, residual = self.input_layernorm.start(hidden)
+            else:
+                hidden, residual = self.input_layernorm(hidden, residual)
+            hidden = self.self_attn(positions, hidden, meta)
+        if isinstance(self.mlp, LlamaMLP):
+            gate_up, residual = self.post_attention_layernorm.then_linear(self.mlp.gate_up_proj, hidden, residual)
+            return self.mlp.finish(gate_up), residual
         hidden, residual = self.post_attention_layernorm(hidden, residual)
         return self.mlp(hidden), residual
 

@@ -19,7 +19,7 @@ from .gemm import (
 )
 from .kv_store import rope_store_kv, store_kv
 from .moe import fused_experts, fused_experts_fp8, moe_topk
-from .norm import fused_add_rms_norm, rms_norm
+from .norm import fused_add_rms_norm, rms_norm, rms_norm_linear
 from .quantize import quant_fp8_per_block, quant_fp8_per_token, quant_fp8_per_token_head
 from .rope import apply_rope, rope_cos_sin_cache, yarn_get_mscale
 from .sampling import apply_penalties, compute_logprobs, sample
@@ -52,6 +52,7 @@ __all__ = [
     "quant_fp8_per_token",
     "quant_fp8_per_token_head",
     "rms_norm",
+    "rms_norm_linear",
     "rope_cos_sin_cache",
     "rope_store_kv",
     "sample",

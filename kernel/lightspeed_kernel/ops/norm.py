@@ -26,3 +26,22 @@ def fused_add_rms_norm(
     may write new_residual into ``residual``: use the returned tensors.
     """
     return impl_for("norm", "fused_add_rms", x)(x, residual, weight, eps)
+
+
+def rms_norm_linear(
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    norm_weight: torch.Tensor,
+    eps: float,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A pre-norm block's norm and the projection after it (norm/rms_linear):
+    ``h = x + residual`` (``h = x`` when residual is None); ``out = rms_norm(h) @ weight.T + bias``.
+
+    x, residual: [T, H]; norm_weight: [H]; weight: [N, H]; bias: [N]. Returns (out [T, N], h [T, H]);
+    implementations may write h into ``residual``: use the returned tensors. The default composes
+    ``fused_add_rms_norm`` (or ``rms_norm``) and ``linear``; a fused kernel may skip the rounding of the
+    normed activations between the two.
+    """
+    return impl_for("norm", "rms_linear", x)(x, residual, norm_weight, eps, weight, bias)

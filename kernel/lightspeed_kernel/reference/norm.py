@@ -30,3 +30,23 @@ def fused_add_rms_norm(
     summed = (x.float() + residual.float()).to(residual.dtype)
     residual.copy_(summed)
     return rms_norm(residual, weight, eps), residual
+
+
+@reference("norm", "rms_linear")
+def rms_norm_linear(
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    norm_weight: torch.Tensor,
+    eps: float,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    # The unfused numbers: the norm rounds to x's dtype, then the projection in fp32, rounded once.
+    if residual is None:
+        normed, h = rms_norm(x, norm_weight, eps), x
+    else:
+        normed, h = fused_add_rms_norm(x, residual, norm_weight, eps)
+    out = normed.float() @ weight.float().t()
+    if bias is not None:
+        out = out + bias.float()
+    return out.to(x.dtype), h

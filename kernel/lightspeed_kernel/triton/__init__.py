@@ -20,6 +20,7 @@ MODULES = (
     "attention_prefill",
     "fp8_gemm",
     "gemv",
+    "norm_gemv",
     "moe_topk",
     "fused_moe",
     "fused_moe_fp8",

@@ -97,6 +97,18 @@ def _gemv_cases():
                    lambda x=x, w=w, cfg=cfg: gemv.launch(x, w, w[0], cfg))
 
 
+def _norm_gemv_cases():
+    """The norm folded into the one-row GEMM, on the Llama-3.1-8B projections that follow a norm."""
+    from lightspeed_kernel.triton import norm_gemv
+
+    x = torch.empty(1, 4096, dtype=torch.bfloat16)
+    for n in (6144, 28672, 128256):
+        w = torch.empty(n, 4096, dtype=torch.bfloat16)
+        for residual in (None, x.clone()):
+            yield (f"norm_gemv {n} residual={residual is not None}",
+                   lambda w=w, r=residual: norm_gemv.launch(x, r, x[0], 1e-5, w))
+
+
 def cases():
     from lightspeed_kernel.reference import moe as ref_moe
     from lightspeed_kernel.triton import (
@@ -223,6 +235,7 @@ def cases():
             lambda a=a, b=b, m=m: fp8_gemm.fp8_block_gemm(a, torch.ones(m, 8), b, torch.ones(16, 8)),
         )
     yield from _gemv_cases()
+    yield from _norm_gemv_cases()
     lg = torch.randn(4, 1000)
     one = torch.ones(4)
     yield (
@@ -267,8 +280,9 @@ def cases():
 
 # The launchers whose kernels start with pdl_enter (programmatic dependent launch on sm_90+): a second
 # pass compiles their cases with PDL on, as an H200 launches them, and checks the wait is in the PTX.
-PDL_MODULES = ("activation", "attention_decode", "gemv", "kv_store", "norm", "rope")
-PDL_CASES = ("rms_norm", "fused_add_rms_norm", "silu_and_mul", "gelu_and_mul", "rope", "store_kv", "decode", "gemv ")
+PDL_MODULES = ("activation", "attention_decode", "gemv", "kv_store", "norm", "norm_gemv", "rope")
+PDL_CASES = ("rms_norm", "fused_add_rms_norm", "silu_and_mul", "gelu_and_mul", "rope", "store_kv", "decode", "gemv ",
+             "norm_gemv")
 
 
 def _force_pdl() -> None:
@@ -299,7 +313,7 @@ def _compile_cases(argv: list[str], label: str, pdl: bool) -> int:
             if pdl and "griddepcontrol.wait" not in ptx:
                 failures += 1
                 print(f"FAIL {label}{name}: {kname} has no griddepcontrol.wait", flush=True)
-            elif pdl and kname == "_skinny_gemm_kernel" and "ld.global" not in ptx[: ptx.index("griddepcontrol.wait")]:
+            elif pdl and kname in ("_skinny_gemm_kernel", "_rms_norm_gemv_kernel") and "ld.global" not in ptx[: ptx.index("griddepcontrol.wait")]:
                 failures += 1  # the first weight tile is meant to stream in before the wait
                 print(f"FAIL {label}{name}: no weight load before griddepcontrol.wait", flush=True)
             print(f"ok   {label}{name:40s} {kname:28s} smem {md.shared:6d} B  {_resources(kernel)}", flush=True)
