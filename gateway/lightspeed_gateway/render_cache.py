@@ -46,53 +46,71 @@ def prefix_keys(seed: bytes, messages: list[dict]) -> list[bytes]:
     return keys
 
 
-class RenderCache:
-    """LRU of boundaries, bounded by the total number of token ids they hold. Thread-safe: the
-    renderer runs in a worker pool."""
+class TokenBoundedLRU:
+    """An LRU map bounded by the total number of token ids its values hold (`len` of each value, or
+    of its `token_ids`). Thread-safe: the renderer runs in a worker pool."""
 
     def __init__(self, max_tokens: int) -> None:
         if max_tokens < 0:
             raise ValueError("max_tokens must be >= 0")
         self.max_tokens = max_tokens
         self.num_tokens = 0
-        self._entries: OrderedDict[bytes, Boundary] = OrderedDict()
+        self._entries: OrderedDict[bytes, object] = OrderedDict()
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self._entries)
 
-    def longest(self, keys: list[bytes]) -> tuple[int, Boundary]:
-        """(i, boundary) for the longest remembered prefix keys[i] (i >= 1), else (0, EMPTY)."""
-        with self._lock:
-            for i in range(len(keys) - 1, 0, -1):
-                found = self._entries.get(keys[i])
-                if found is not None:
-                    self._entries.move_to_end(keys[i])
-                    return i, found
-        return 0, EMPTY
+    @staticmethod
+    def _size(value) -> int:
+        return len(getattr(value, "token_ids", value))
 
-    def put(self, key: bytes, boundary: Boundary, supersedes: bytes | None = None) -> None:
-        """Remember `boundary` under `key`; `supersedes` is the entry it extends (dropped)."""
-        size = len(boundary.token_ids)
+    def _get_locked(self, key: bytes):
+        found = self._entries.get(key)
+        if found is not None:
+            self._entries.move_to_end(key)
+        return found
+
+    def _put(self, key: bytes, value, supersedes: bytes | None = None) -> None:
+        """Remember `value` under `key` (nothing if it alone exceeds the bound); `supersedes` names an
+        entry it replaces (dropped), then the least recently used go until the bound holds."""
+        size = self._size(value)
         if size > self.max_tokens:
             return
         with self._lock:
             if supersedes is not None and supersedes != key:
                 self._drop(supersedes)
             self._drop(key)
-            self._entries[key] = boundary
+            self._entries[key] = value
             self.num_tokens += size
             while self.num_tokens > self.max_tokens:
                 _, old = self._entries.popitem(last=False)
-                self.num_tokens -= len(old.token_ids)
+                self.num_tokens -= self._size(old)
 
     def _drop(self, key: bytes) -> None:
         old = self._entries.pop(key, None)
         if old is not None:
-            self.num_tokens -= len(old.token_ids)
+            self.num_tokens -= self._size(old)
 
 
-class AnswerTokens:
+class RenderCache(TokenBoundedLRU):
+    """Boundaries by prefix key, bounded by the token ids they hold."""
+
+    def longest(self, keys: list[bytes]) -> tuple[int, Boundary]:
+        """(i, boundary) for the longest remembered prefix keys[i] (i >= 1), else (0, EMPTY)."""
+        with self._lock:
+            for i in range(len(keys) - 1, 0, -1):
+                found = self._get_locked(keys[i])
+                if found is not None:
+                    return i, found
+        return 0, EMPTY
+
+    def put(self, key: bytes, boundary: Boundary, supersedes: bytes | None = None) -> None:
+        """Remember `boundary` under `key`; `supersedes` is the entry it extends (dropped)."""
+        self._put(key, boundary, supersedes)
+
+
+class AnswerTokens(TokenBoundedLRU):
     """The token ids the engine generated for answer texts, so that an answer sent back as the
     assistant message of the next turn is tokenised as it was generated.
 
@@ -104,41 +122,16 @@ class AnswerTokens:
     remembered), so the prompt means what the client sent, in the tokens the model itself chose.
     Keyed by a digest of the text; LRU bounded by the token ids held. Thread-safe."""
 
-    def __init__(self, max_tokens: int) -> None:
-        if max_tokens < 0:
-            raise ValueError("max_tokens must be >= 0")
-        self.max_tokens = max_tokens
-        self.num_tokens = 0
-        self._entries: OrderedDict[bytes, array] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
     @staticmethod
     def _key(text: str) -> bytes:
         return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
 
     def put(self, text: str, token_ids: list[int]) -> None:
-        if not text or not token_ids or len(token_ids) > self.max_tokens:
-            return
-        key = self._key(text)
-        with self._lock:
-            old = self._entries.pop(key, None)
-            if old is not None:
-                self.num_tokens -= len(old)
-            self._entries[key] = array("i", token_ids)
-            self.num_tokens += len(token_ids)
-            while self.num_tokens > self.max_tokens:
-                _, dropped = self._entries.popitem(last=False)
-                self.num_tokens -= len(dropped)
+        if text and token_ids:
+            self._put(self._key(text), array("i", token_ids))
 
     def get(self, text: str) -> array | None:
         if not text:
             return None
-        key = self._key(text)
         with self._lock:
-            found = self._entries.get(key)
-            if found is not None:
-                self._entries.move_to_end(key)
-            return found
+            return self._get_locked(self._key(text))
