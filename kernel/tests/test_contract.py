@@ -17,6 +17,7 @@ OPS = {
     ("rope", "rotary"): ops.apply_rope,
     ("activation", "silu_and_mul"): ops.silu_and_mul,
     ("activation", "gelu_and_mul"): ops.gelu_and_mul,
+    ("activation", "silu_and_mul_linear"): ops.silu_and_mul_linear,
     ("kv_store", "paged"): ops.store_kv,
     ("kv_store", "rope_paged"): ops.rope_store_kv,
     ("attention", "prefill"): ops.attention_prefill,

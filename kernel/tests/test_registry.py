@@ -169,6 +169,7 @@ def test_every_op_family_has_a_cpu_reference():
         ("norm", "rms"),
         ("norm", "fused_add_rms"),
         ("norm", "rms_linear"),
+        ("activation", "silu_and_mul_linear"),
         ("rope", "rotary"),
         ("activation", "silu_and_mul"),
         ("activation", "gelu_and_mul"),
@@ -195,7 +196,8 @@ def test_every_op_family_has_a_cpu_reference():
     # GEMMs (native C kernels where a compiler exists; they take bf16 activations) and the norm +
     # projection (the composition of the two ops, each then picking its own)
     cpu_picks = {("attention", "prefill"): {"sdpa_prefill"}, ("gemm", "w4"): {"native_w4", "reference"},
-                 ("gemm", "w8"): {"native_w8", "reference"}, ("norm", "rms_linear"): {"composed_rms_norm_linear"}}
+                 ("gemm", "w8"): {"native_w8", "reference"}, ("norm", "rms_linear"): {"composed_rms_norm_linear"},
+                 ("activation", "silu_and_mul_linear"): {"composed_silu_and_mul_linear"}}
     for family, mode in expected:
         picked = select_kernel(family, mode, "bfloat16", platform=CPU).name
         assert picked in cpu_picks.get((family, mode), {"reference"}), (family, mode, picked)

@@ -42,8 +42,9 @@ class LlamaMLP(nn.Module):
         return self.finish(self.gate_up_proj(x))
 
     def finish(self, gate_up: torch.Tensor) -> torch.Tensor:
-        """Everything after the gate/up projection: [T, 2I] -> [T, H]."""
-        return self.down_proj(self.act_fn(gate_up))
+        """Everything after the gate/up projection: [T, 2I] -> [T, H]. The activation and the down
+        projection go as one op where a kernel may fold the activation in."""
+        return self.act_fn.then_linear(self.down_proj, gate_up)
 
 
 class LlamaAttention(nn.Module):

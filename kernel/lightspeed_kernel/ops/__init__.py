@@ -4,7 +4,7 @@ Shapes and semantics are the contract in kernel/README.md; every implementation 
 family/mode (reference, Triton, plugins) takes exactly these arguments.
 """
 
-from .activation import gelu_and_mul, silu_and_mul
+from .activation import gelu_and_mul, silu_and_mul, silu_and_mul_linear
 from .attention import HostLengths, attention_decode, attention_prefill
 from .gemm import (
     dequantize,
@@ -57,6 +57,7 @@ __all__ = [
     "rope_store_kv",
     "sample",
     "silu_and_mul",
+    "silu_and_mul_linear",
     "spec_fill_drafts",
     "spec_shift_rows",
     "spec_verify",

@@ -19,3 +19,10 @@ def gelu_and_mul(
     """``gelu(gate) * up`` for x = [gate | up]: [T, 2I] -> [T, I]; approximate "none" (erf) or
     "tanh" (activation/gelu_and_mul); ``out``: optional [T, I] destination."""
     return impl_for("activation", "gelu_and_mul", x)(x, approximate, out=out)
+
+
+def silu_and_mul_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """An MLP's gated activation and the projection after it (activation/silu_and_mul_linear):
+    ``silu_and_mul(x) @ weight.T + bias``. x: [T, 2I]; weight: [N, I]; bias: [N] -> [T, N]. The default
+    composes ``silu_and_mul`` and ``linear``."""
+    return impl_for("activation", "silu_and_mul_linear", x)(x, weight, bias)

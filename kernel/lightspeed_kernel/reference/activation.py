@@ -30,3 +30,12 @@ def gelu_and_mul(
     half = x.shape[-1] // 2
     xf = x.float()
     return _emit(F.gelu(xf[..., :half], approximate=approximate) * xf[..., half:], x.dtype, out)
+
+
+@reference("activation", "silu_and_mul_linear")
+def silu_and_mul_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    # The unfused numbers: the activation rounds to x's dtype, then the projection in fp32, rounded once.
+    out = silu_and_mul(x).float() @ weight.float().t()
+    if bias is not None:
+        out = out + bias.float()
+    return out.to(x.dtype)

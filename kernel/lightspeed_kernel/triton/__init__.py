@@ -21,6 +21,7 @@ MODULES = (
     "fp8_gemm",
     "gemv",
     "norm_gemv",
+    "act_gemv",
     "moe_topk",
     "fused_moe",
     "fused_moe_fp8",

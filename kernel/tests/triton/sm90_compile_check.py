@@ -109,6 +109,14 @@ def _norm_gemv_cases():
                    lambda w=w, r=residual: norm_gemv.launch(x, r, x[0], 1e-5, w))
 
 
+def _act_gemv_cases():
+    """SiLU-and-mul folded into the one-row down projection, the Llama-3.1-8B shape."""
+    from lightspeed_kernel.triton import act_gemv
+
+    x, w = torch.empty(1, 2 * 14336, dtype=torch.bfloat16), torch.empty(4096, 14336, dtype=torch.bfloat16)
+    yield "act_gemv 4096x14336", lambda: act_gemv.launch(x, w)
+
+
 def cases():
     from lightspeed_kernel.reference import moe as ref_moe
     from lightspeed_kernel.triton import (
@@ -236,6 +244,7 @@ def cases():
         )
     yield from _gemv_cases()
     yield from _norm_gemv_cases()
+    yield from _act_gemv_cases()
     lg = torch.randn(4, 1000)
     one = torch.ones(4)
     yield (
@@ -280,9 +289,9 @@ def cases():
 
 # The launchers whose kernels start with pdl_enter (programmatic dependent launch on sm_90+): a second
 # pass compiles their cases with PDL on, as an H200 launches them, and checks the wait is in the PTX.
-PDL_MODULES = ("activation", "attention_decode", "gemv", "kv_store", "norm", "norm_gemv", "rope")
+PDL_MODULES = ("act_gemv", "activation", "attention_decode", "gemv", "kv_store", "norm", "norm_gemv", "rope")
 PDL_CASES = ("rms_norm", "fused_add_rms_norm", "silu_and_mul", "gelu_and_mul", "rope", "store_kv", "decode", "gemv ",
-             "norm_gemv")
+             "norm_gemv", "act_gemv")
 
 
 def _force_pdl() -> None:
@@ -313,7 +322,7 @@ def _compile_cases(argv: list[str], label: str, pdl: bool) -> int:
             if pdl and "griddepcontrol.wait" not in ptx:
                 failures += 1
                 print(f"FAIL {label}{name}: {kname} has no griddepcontrol.wait", flush=True)
-            elif pdl and kname in ("_skinny_gemm_kernel", "_rms_norm_gemv_kernel") and "ld.global" not in ptx[: ptx.index("griddepcontrol.wait")]:
+            elif pdl and kname in ("_skinny_gemm_kernel", "_rms_norm_gemv_kernel", "_silu_mul_gemv_kernel") and "ld.global" not in ptx[: ptx.index("griddepcontrol.wait")]:
                 failures += 1  # the first weight tile is meant to stream in before the wait
                 print(f"FAIL {label}{name}: no weight load before griddepcontrol.wait", flush=True)
             print(f"ok   {label}{name:40s} {kname:28s} smem {md.shared:6d} B  {_resources(kernel)}", flush=True)
