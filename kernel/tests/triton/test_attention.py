@@ -312,3 +312,51 @@ def test_plan_decode_is_planned_once_per_shape():
     first = dec.plan_decode(8, 32, 8, 128, 16, 40, 1, num_sms=132)
     assert dec.plan_decode(8, 32, 8, 128, 16, 40, 1, num_sms=132) is first
     assert dec.plan_decode(9, 32, 8, 128, 16, 40, 1, num_sms=132) is not first
+
+
+@pytest.fixture
+def fused_combine(monkeypatch):
+    import lightspeed_kernel as lk
+
+    monkeypatch.setenv("LIGHTSPEED_KERNEL_DECODE_FUSED_COMBINE", "1")
+    lk.refresh()
+    yield
+    monkeypatch.undo()
+    lk.refresh()
+
+
+@pytest.mark.parametrize("num_splits", [2, 5, 9])
+@pytest.mark.parametrize("cached,q_lens", [([70, 9, 33], [2, 1, 3]), ([300], [1])])
+def test_decode_fused_combine_matches_the_combine_kernel(device, fused_combine, num_splits, cached, q_lens):
+    # the last split program of each (request, kv head) combines; the counters end at zero for the next call
+    batch = paged_batch(cached, q_lens, 16, 8, 2, 64, torch.bfloat16, device, seed=num_splits)
+    want = ref.attention_decode(*_args(batch), **_kw(batch))
+    plan = dec.plan_decode(len(cached), 8, 2, 64, 16, batch["page_table"].shape[1], batch["max_query_len"],
+                           num_splits=num_splits, block_n=16)
+    for _ in range(2):
+        got = dec.run_decode(plan, *_args(batch), scale=1.0 / 8)
+        _check(got, want, torch.bfloat16)
+        assert not dec.split_counters(torch.device(device), 1).any()
+
+
+def test_decode_fused_combine_needs_counters_made_outside_a_capture():
+    assert dec.split_counters(torch.device("cpu"), dec.MAX_SPLIT_COUNTERS + 1) is None
+
+
+@pytest.mark.gpu
+def test_gpu_decode_fused_combine_replays_under_a_cuda_graph(fused_combine):
+    batch = paged_batch([3000] * 2, [1] * 2, 16, 32, 8, 128, torch.bfloat16, "cuda")
+    q = batch["q"]
+    plan = dec.plan_decode(2, 32, 8, 128, 16, batch["page_table"].shape[1], 1)
+    assert plan.num_splits > 1
+    ws = torch.empty(dec.decode_workspace_numel(plan, q.shape[0], 32, 128), device="cuda")
+    out = torch.empty_like(q)
+    dec.run_decode(plan, *_args(batch), scale=0.088, out=out, workspace=ws)  # compile, counters, outside
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        dec.run_decode(plan, *_args(batch), scale=0.088, out=out, workspace=ws)
+    for _ in range(3):
+        q.copy_(torch.randn_like(q))
+        graph.replay()
+        torch.cuda.synchronize()
+        _check(out, ref.attention_decode(*_args(batch), max_query_len=1, scale=0.088), torch.bfloat16)
