@@ -21,7 +21,7 @@ import triton.language as tl
 from ..composed import silu_and_mul_linear as composed_silu_and_mul_linear
 from ..registry import Priority, register_kernel
 from ._common import FLOAT_DTYPES, interpreting, pdl_args, pdl_enter
-from .gemv import H200_SMS, GemvConfig, choose_config
+from .gemv import H200_SMS, GemvConfig, choose_config, weight_tile
 
 KERNEL_NAME = "triton_silu_and_mul_gemv"
 
@@ -49,8 +49,7 @@ def _silu_mul_gemv_kernel(
     w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
     acc = tl.zeros([BLOCK_N], dtype=tl.float32)
     if PREFETCH_W:  # weights are never written by a kernel: the first tile streams in before the wait
-        w = tl.load(w_rows + offs_k[None, :], mask=n_mask[:, None] & (offs_k < inter)[None, :], other=0.0,
-                    eviction_policy="evict_first")
+        w = weight_tile(w_rows, offs_k, n_mask, inter)
         pdl_enter(USE_PDL)
         acc = _act_tile(acc, w, x_ptr, offs_k, offs_k < inter, inter)
     else:
@@ -58,8 +57,7 @@ def _silu_mul_gemv_kernel(
     for k0 in tl.range(BLOCK_K if PREFETCH_W else 0, inter, BLOCK_K, num_stages=NUM_STAGES):
         k = k0 + offs_k
         k_mask = k < inter
-        w = tl.load(w_rows + k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0,
-                    eviction_policy="evict_first")
+        w = weight_tile(w_rows, k, n_mask, inter)
         acc = _act_tile(acc, w, x_ptr, k, k_mask, inter)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)

@@ -158,6 +158,14 @@ def choose_config(m: int, n: int, k: int, num_sms: int) -> GemvConfig:
 
 
 @triton.jit
+def weight_tile(w_rows, k, n_mask, K):
+    """The [BLOCK_N, BLOCK_K] weight tile of rows `w_rows` at columns k, zeros past N and K;
+    evict_first: no weight byte is read twice."""
+    return tl.load(w_rows + k[None, :], mask=n_mask[:, None] & (k < K)[None, :], other=0.0,
+                   eviction_policy="evict_first")
+
+
+@triton.jit
 def _accumulate_tile(acc, w, x_ptr, k, k_mask, offs_m, m_mask, M, stride_xm,
                      BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, USE_DOT: tl.constexpr, DOT_FP32: tl.constexpr):
     """acc[BLOCK_N, BLOCK_M] += w[BLOCK_N, BLOCK_K] @ x[:, k]ᵀ (x's rows loaded here)."""
@@ -203,8 +211,7 @@ def _skinny_gemm_kernel(
         # No kernel writes a weight: under PDL this program's first weight tile streams in before the
         # wait, while the kernel before it (the norm or attention this GEMM reads) finishes.
         k = k_start + offs_k
-        w = tl.load(w_rows + k[None, :], mask=n_mask[:, None] & (k < K)[None, :], other=0.0,
-                    eviction_policy="evict_first")
+        w = weight_tile(w_rows, k, n_mask, K)
         pdl_enter(USE_PDL)
         acc = _accumulate_tile(acc, w, x_ptr, k, k < K, offs_m, m_mask, M, stride_xm, BLOCK_M, BLOCK_K, USE_DOT,
                                DOT_FP32)
@@ -215,8 +222,7 @@ def _skinny_gemm_kernel(
     for kk in tl.range(BLOCK_K if PREFETCH_W else 0, k_per_split, BLOCK_K, num_stages=NUM_STAGES):
         k = k_start + kk + offs_k
         k_mask = k < K
-        w = tl.load(w_rows + k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0,
-                    eviction_policy="evict_first")  # [BLOCK_N, BLOCK_K]
+        w = weight_tile(w_rows, k, n_mask, K)  # [BLOCK_N, BLOCK_K]
         acc = _accumulate_tile(acc, w, x_ptr, k, k_mask, offs_m, m_mask, M, stride_xm, BLOCK_M, BLOCK_K, USE_DOT,
                                DOT_FP32)
     mask = n_mask[:, None] & m_mask[None, :]

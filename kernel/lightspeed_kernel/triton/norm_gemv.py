@@ -26,7 +26,7 @@ import triton.language as tl
 from ..composed import rms_norm_linear as composed_rms_norm_linear
 from ..registry import Priority, register_kernel
 from ._common import FLOAT_DTYPES, interpreting, pdl_args, pdl_enter
-from .gemv import H200_SMS, GemvConfig, choose_config
+from .gemv import H200_SMS, GemvConfig, choose_config, weight_tile
 
 KERNEL_NAME = "triton_rms_norm_gemv"
 
@@ -61,8 +61,7 @@ def _rms_norm_gemv_kernel(
     acc = tl.zeros([BLOCK_N], dtype=tl.float32)
     sumsq = tl.zeros([BLOCK_K], dtype=tl.float32)
     if PREFETCH_W:  # weights are never written by a kernel: the first tile streams in before the wait
-        w = tl.load(w_rows + offs_k[None, :], mask=n_mask[:, None] & (offs_k < K)[None, :], other=0.0,
-                    eviction_policy="evict_first")
+        w = weight_tile(w_rows, offs_k, n_mask, K)
         pdl_enter(USE_PDL)
         acc, sumsq = _norm_tile(acc, sumsq, w, x_ptr, res_ptr, g_ptr, h_ptr, offs_k, offs_k < K, pid, HAS_RESIDUAL)
     else:
@@ -70,8 +69,7 @@ def _rms_norm_gemv_kernel(
     for k0 in tl.range(BLOCK_K if PREFETCH_W else 0, K, BLOCK_K, num_stages=NUM_STAGES):
         k = k0 + offs_k
         k_mask = k < K
-        w = tl.load(w_rows + k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0,
-                    eviction_policy="evict_first")
+        w = weight_tile(w_rows, k, n_mask, K)
         acc, sumsq = _norm_tile(acc, sumsq, w, x_ptr, res_ptr, g_ptr, h_ptr, k, k_mask, pid, HAS_RESIDUAL)
     acc = acc / tl.sqrt(tl.sum(sumsq, axis=0) / K + eps)
     if HAS_BIAS:
