@@ -5,6 +5,7 @@ loop and CUDA graphs) driven in-process under the torch profiler, one scenario a
 Scenarios (Llama-3.1-8B-shaped dummy by default):
   decode_b1    batch-1 decode steps at 1K context (the served TPOT at concurrency 1)
   decode_b32   32 requests decoding at 1K context
+  decode_b64   64 requests decoding at 1K context (max_num_seqs: the served random c = 128 steps)
   prefill_20k  a 20K-token first turn (8192-token chunks), no cached prefix
   turn_800     an agentic turn: 800 new tokens over the 20K-token prefix just computed
   mixed_16     a 20K-token first turn chunked beside 16 requests decoding at 12K context (distinct
@@ -188,9 +189,17 @@ def main(argv=None) -> int:
     stem = result_stem(args.out, "profile_gpu")
     trace = stem if args.trace else None
 
+    results = {}
+    decode_tokens = 8 if small else 64
+    wanted = set(args.scenarios.split(",")) if args.scenarios else None
+    on = lambda name: wanted is None or name in wanted  # noqa: E731
+
     # Warm every shape first (Triton compiles, CUDA graphs): one pass of each scenario unprofiled.
-    warm = {"decode_b1": ([rand(ctx)], 8), "decode_b32": ([rand(ctx) for _ in range(32 if not small else 4)], 8)}
+    warm = {"decode_b1": ([rand(ctx)], 8), "decode_b32": ([rand(ctx) for _ in range(32 if not small else 4)], 8),
+            "decode_b64": ([rand(ctx) for _ in range(64 if not small else 8)], 8)}
     for name, (prompts, n) in warm.items():
+        if name == "decode_b64" and not on(name):
+            continue  # the largest batch warms only when profiled
         spec = m.SamplingSpec(max_tokens=n, temperature=0.0, ignore_eos=True)
         for i, p in enumerate(prompts):
             engine.add_request(m.AddRequest(f"warm-{name}-{i}", p, spec))
@@ -202,14 +211,13 @@ def main(argv=None) -> int:
     while engine.has_work() or engine.has_pending_copies():
         engine.step()
 
-    results = {}
-    decode_tokens = 8 if small else 64
-    wanted = set(args.scenarios.split(",")) if args.scenarios else None
-    on = lambda name: wanted is None or name in wanted  # noqa: E731
     if on("decode_b1"):
         results["decode_b1"] = run_scenario(engine, m, "decode_b1", [rand(ctx)], decode_tokens, True, trace)
     if on("decode_b32"):
         results["decode_b32"] = run_scenario(engine, m, "decode_b32", [rand(ctx) for _ in range(4 if small else 32)],
+                                             decode_tokens, True, trace)
+    if on("decode_b64"):
+        results["decode_b64"] = run_scenario(engine, m, "decode_b64", [rand(ctx) for _ in range(8 if small else 64)],
                                              decode_tokens, True, trace)
     first = rand(long_prompt)
     if on("prefill_20k") or on("turn_800"):
