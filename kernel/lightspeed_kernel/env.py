@@ -46,10 +46,6 @@ class KernelEnv:
     """LIGHTSPEED_KERNEL_DECODE_SMALL_GRID=0: paged decode plans one or two requests (<= 16 request x
     kv-head programs) like larger batches (block_n 64, three waves of splits), not with the H200
     sweep's small-grid winners (block_n 32, six waves); for A/B runs."""
-    decode_fused_combine: bool = False
-    """LIGHTSPEED_KERNEL_DECODE_FUSED_COMBINE=1: a split paged decode combines its splits in the last
-    split program of each (request, kv head) instead of a second kernel (one launch fewer per layer);
-    opt-in until the H200 measures it."""
     pdl: bool = True
     """LIGHTSPEED_KERNEL_PDL=0: launch the decode-path Triton kernels (skinny GEMM, paged decode,
     norms, RoPE + KV store, gated activation) without programmatic dependent launch on sm_90+, so
@@ -79,7 +75,6 @@ def kernel_env() -> KernelEnv:
         native_scalar=_flag(environ.get("LIGHTSPEED_KERNEL_NATIVE_SCALAR")),
         q8_activations=_flag(environ.get("LIGHTSPEED_KERNEL_Q8_ACTIVATIONS")),
         decode_small_grid=environ.get("LIGHTSPEED_KERNEL_DECODE_SMALL_GRID", "1").strip() not in ("0", "false", "no", "off"),
-        decode_fused_combine=_flag(environ.get("LIGHTSPEED_KERNEL_DECODE_FUSED_COMBINE")),
         pdl=environ.get("LIGHTSPEED_KERNEL_PDL", "1").strip() not in ("0", "false", "no", "off"),
         native_cc=environ.get("LIGHTSPEED_KERNEL_CC") or environ.get("CC") or None,
         native_cache_dir=environ.get("LIGHTSPEED_KERNEL_CACHE_DIR")

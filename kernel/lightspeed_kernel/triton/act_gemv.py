@@ -8,8 +8,8 @@ silu(gate) * up as it loads each K tile, rounded to x's dtype as the activation 
 output, then multiplies exactly as the skinny GEMM does (same tiles, same fp32 order per tile).
 One row, no split K, FMA inner product; every other call goes to `composed_silu_and_mul_linear`.
 
-Not the default: it registers below the composition until an H200 A/B through the engine measures it
-(LIGHTSPEED_KERNEL_OVERRIDE_ACTIVATION_SILU_AND_MUL_LINEAR=triton_silu_and_mul_gemv).
+Not the default: through the engine it measured slower than the composition (batch-1 step 5.08 vs 4.78 ms,
+bench/results/h200_fusions_ab_2026-12-04_0357/); it registers below it (LIGHTSPEED_KERNEL_OVERRIDE_ACTIVATION_SILU_AND_MUL_LINEAR=triton_silu_and_mul_gemv).
 """
 
 from __future__ import annotations

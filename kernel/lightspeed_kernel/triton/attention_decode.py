@@ -6,8 +6,7 @@ element exactly once and to keep enough independent tiles in flight to saturate 
   of it (rows m = qi * GROUP + g), so K/V tiles are loaded once per kv head, not once per q head.
 - Split-KV: with few requests (B * Hkv programs well below the SM count) the context is cut into
   fixed token ranges, one program each, writing a normalised partial output and its log-sum-exp;
-  a second kernel combines the splits (or, with LIGHTSPEED_KERNEL_DECODE_FUSED_COMBINE=1, the last split
-  program of each (request, kv head) to finish, found by an arrival counter). The split count is chosen by `plan_decode` from shapes only
+  a second kernel combines the splits. The split count is chosen by `plan_decode` from shapes only
   (batch, heads, page-table width), so one plan serves every layer of a step and CUDA-graph replays.
 - plan/run: `plan_decode` picks the split count and tiles; `run_decode` takes a caller-owned fp32
   workspace (`decode_workspace_numel`) and allocates nothing when it is given.
@@ -58,7 +57,6 @@ def _decode_kernel(
     out_ptr,
     part_o_ptr,
     part_lse_ptr,
-    counter_ptr,
     k_scale_ptr,
     v_scale_ptr,
     sm_scale,
@@ -83,8 +81,6 @@ def _decode_kernel(
     HAS_SOFT_CAP: tl.constexpr,
     HAS_SCALE: tl.constexpr,
     DOT_UPCAST: tl.constexpr,
-    FUSED_COMBINE: tl.constexpr,
-    BLOCK_S: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     pdl_enter(USE_PDL)
@@ -162,39 +158,6 @@ def _decode_kernel(
         tl.store(part_lse_ptr + th * num_splits + split, lse, mask=row_valid)
         pptr = part_o_ptr + (th[:, None] * num_splits + split) * BLOCK_D + dims[None, :]
         tl.store(pptr, o, mask=row_valid[:, None])
-        if FUSED_COMBINE:
-            # The last split program of this (request, kv head) to finish combines them all: every
-            # thread's partial stores come before the counter's release, and its acquire before the
-            # loads, which read L2 (.cg: another SM wrote them). It resets the counter for the next call.
-            tl.debug_barrier()
-            slot = counter_ptr + b * tl.num_programs(1) + kvh
-            arrived = tl.atomic_add(slot, 1, sem="acq_rel", scope="gpu")
-            if arrived == num_splits - 1:
-                tl.atomic_xchg(slot, 0, sem="relaxed", scope="gpu")
-                _combine_rows(part_o_ptr, part_lse_ptr, out_ptr, th, tokens, head, row_valid, dims, dmask,
-                              num_splits, stride_ot, stride_oh, BLOCK_M, BLOCK_S, BLOCK_D)
-
-
-@triton.jit
-def _combine_rows(part_o_ptr, part_lse_ptr, out_ptr, th, tokens, head, row_valid, dims, dmask, num_splits,
-                  stride_ot, stride_oh, BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
-    """out[rows] = sum_s o_s * exp2(lse_s - max) / sum_s exp2(lse_s - max), as _combine_kernel does."""
-    splits = tl.arange(0, BLOCK_S)
-    lse_all = tl.load(part_lse_ptr + th[:, None] * num_splits + splits[None, :],
-                      mask=row_valid[:, None] & (splits < num_splits)[None, :], other=float("-inf"),
-                      cache_modifier=".cg")
-    m = tl.max(lse_all, axis=1)
-    m = tl.where(m > float("-inf"), m, 0.0)  # rows past q_len: nothing to combine (their store is masked)
-    denom = tl.sum(tl.exp2(lse_all - m[:, None]), axis=1)
-    denom = tl.where(denom > 0.0, denom, 1.0)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    for s in range(0, num_splits):
-        lse_s = tl.load(part_lse_ptr + th * num_splits + s, mask=row_valid, other=float("-inf"), cache_modifier=".cg")
-        o_s = tl.load(part_o_ptr + (th[:, None] * num_splits + s) * BLOCK_D + dims[None, :], mask=row_valid[:, None],
-                      other=0.0, cache_modifier=".cg")
-        acc += o_s * (tl.exp2(lse_s - m) / denom)[:, None]
-    optr = out_ptr + tokens[:, None] * stride_ot + head[:, None] * stride_oh + dims[None, :]
-    tl.store(optr, acc.to(out_ptr.dtype.element_ty), mask=row_valid[:, None] & dmask[None, :])
 
 
 @triton.jit(do_not_specialize=["num_splits"])
@@ -233,22 +196,6 @@ def _combine_kernel(
         res.to(out_ptr.dtype.element_ty),
         mask=dims < HEAD_DIM,
     )
-
-
-_SPLIT_COUNTERS: dict[torch.device, torch.Tensor] = {}
-MAX_SPLIT_COUNTERS = 1 << 16  # (request, kv head) pairs one fused-combine launch can count
-
-
-def split_counters(device: torch.device, needed: int) -> torch.Tensor | None:
-    """The zeroed int32 arrival counters of the fused combine on `device` (each launch leaves them zero
-    again), or None where there are none to use: more pairs than MAX_SPLIT_COUNTERS, or a first call
-    inside a CUDA-graph capture (a zero-fill there would be replayed with the graph)."""
-    found = _SPLIT_COUNTERS.get(device)
-    if found is None:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            return None
-        found = _SPLIT_COUNTERS[device] = torch.zeros(MAX_SPLIT_COUNTERS, dtype=torch.int32, device=device)
-    return found if needed <= found.numel() else None
 
 
 @functools.cache
@@ -399,7 +346,6 @@ def run_decode(
         part_lse = workspace[t * hq * splits * block_d : need]
     else:
         part_o = part_lse = out
-    counters = split_counters(q.device, b * hkv) if splits > 1 and kernel_env().decode_fused_combine else None
     _decode_kernel[(b, hkv, splits)](
         q,
         k_cache,
@@ -410,7 +356,6 @@ def run_decode(
         out,
         part_o,
         part_lse,
-        counters if counters is not None else seq_lens,
         ks,
         vs,
         float(scale),
@@ -435,13 +380,11 @@ def run_decode(
         HAS_SOFT_CAP=soft_cap is not None and soft_cap > 0,
         HAS_SCALE=has_scale,
         DOT_UPCAST=dot_upcast(),
-        FUSED_COMBINE=counters is not None,
-        BLOCK_S=next_pow2(splits),
         num_warps=plan.num_warps,
         num_stages=plan.num_stages,
         **pdl_args(q.device),
     )
-    if splits > 1 and counters is None:
+    if splits > 1:
         _combine_kernel[(t, hq)](
             part_o,
             part_lse,

@@ -13,7 +13,8 @@ them once), so results differ from the composed op by bf16 rounding, not bit for
 split K (the one-row launches of the H200 sweep have none), FMA inner product; every other call goes
 to `composed_rms_norm_linear`.
 
-Not the default: it registers below the composition until an H200 A/B through the engine measures it
+Not the default: through the engine it measured slower than the composition (batch-1 step 4.91 vs 4.79 ms,
+bench/results/h200_fusions_ab_2026-12-04_0357/); it registers below it
 (select it with LIGHTSPEED_KERNEL_OVERRIDE_NORM_RMS_LINEAR=triton_rms_norm_gemv).
 """
 

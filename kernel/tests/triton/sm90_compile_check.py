@@ -97,23 +97,6 @@ def _gemv_cases():
                    lambda x=x, w=w, cfg=cfg: gemv.launch(x, w, w[0], cfg))
 
 
-def _with_env(name: str, value: str, fn):
-    """fn() with one LIGHTSPEED_KERNEL_* variable set (the kernel package's snapshot refreshed around it)."""
-    import lightspeed_kernel as lk
-
-    before = os.environ.get(name)
-    os.environ[name] = value
-    lk.refresh()
-    try:
-        return fn()
-    finally:
-        if before is None:
-            os.environ.pop(name)
-        else:
-            os.environ[name] = before
-        lk.refresh()
-
-
 def _norm_gemv_cases():
     """The norm folded into the one-row GEMM, on the Llama-3.1-8B projections that follow a norm."""
     from lightspeed_kernel.triton import norm_gemv
@@ -200,12 +183,6 @@ def cases():
                         lambda kc=kc, q=q, pt=pt, kw=kw, plan=plan: attention_decode.run_decode(
                             plan, q, kc, kc, pt, qsl, sl, scale=0.08
                         ),
-                    )
-                    yield (
-                        f"decode split fused combine {dt} ps{ps}",
-                        lambda kc=kc, q=q, pt=pt, plan=plan: _with_env(
-                            "LIGHTSPEED_KERNEL_DECODE_FUSED_COMBINE", "1",
-                            lambda: attention_decode.run_decode(plan, q, kc, kc, pt, qsl, sl, scale=0.08)),
                     )
                     yield (
                         f"prefill {dt} {cache_dt} ps{ps} cap{cap}",
