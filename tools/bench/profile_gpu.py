@@ -10,6 +10,8 @@ Scenarios (Llama-3.1-8B-shaped dummy by default):
   turn_800     an agentic turn: 800 new tokens over the 20K-token prefix just computed
   mixed_16     a 20K-token first turn chunked beside 16 requests decoding at 12K context (distinct
                prompts): the steps of an agentic c = 16 sweep while a conversation starts
+  mixed_63     a 1K-token prompt beside 63 requests decoding at 1K context: the served random 1024/128
+               c = 128 step at max_num_seqs 64 (one admission a step)
 For each: wall time per step, GPU busy (union of kernel intervals / wall), and kernel time by
 category (gemm, attention, norm/rope/kv-store/activation, sampling, copies, other) and by kernel,
 in a markdown table; the JSON holds the top kernels. Chrome traces are written with --trace.
@@ -227,6 +229,9 @@ def main(argv=None) -> int:
     if on("mixed_16"):
         decoders = [rand(ctx if small else 12000) for _ in range(4 if small else 16)]
         results["mixed_16"] = run_mixed(engine, m, decoders, rand(long_prompt), trace)
+    if on("mixed_63"):
+        decoders = [rand(ctx) for _ in range(7 if small else 63)]
+        results["mixed_63"] = run_mixed(engine, m, decoders, rand(ctx), trace)
     for name, r in results.items():
         print(f"{name}: {r['wall_ms_per_step']:.3f} ms/step wall, GPU busy {r['gpu_busy_fraction']:.1%}, "
               f"{r['kernels_per_step']:.0f} kernels/step, " +
