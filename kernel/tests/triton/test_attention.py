@@ -312,3 +312,45 @@ def test_plan_decode_is_planned_once_per_shape():
     first = dec.plan_decode(8, 32, 8, 128, 16, 40, 1, num_sms=132)
     assert dec.plan_decode(8, 32, 8, 128, 16, 40, 1, num_sms=132) is first
     assert dec.plan_decode(9, 32, 8, 128, 16, 40, 1, num_sms=132) is not first
+
+
+@pytest.fixture
+def prefetch_pages(monkeypatch):
+    import lightspeed_kernel as lk
+
+    monkeypatch.setenv("LIGHTSPEED_KERNEL_DECODE_PREFETCH_PAGES", "1")
+    lk.refresh()
+    yield
+    monkeypatch.undo()
+    lk.refresh()
+
+
+@pytest.mark.parametrize("num_splits,block_n", [(1, 16), (3, 16), (4, 32)])
+@pytest.mark.parametrize("page_size", [8, 16])
+@pytest.mark.parametrize("cached,q_lens", [([70, 9, 33], [2, 1, 3]), ([300, 1], [1, 1]), ([15, 16], [1, 4])])
+def test_decode_with_prefetched_page_ids_matches_the_reference(device, prefetch_pages, num_splits, block_n,
+                                                               page_size, cached, q_lens):
+    # the hand-pipelined page-table loads: split edges, a split shorter than a tile, page-boundary lengths
+    batch = paged_batch(cached, q_lens, page_size, 8, 2, 64, torch.bfloat16, device, seed=num_splits + page_size)
+    want = ref.attention_decode(*_args(batch), **_kw(batch))
+    plan = dec.plan_decode(len(cached), 8, 2, 64, page_size, batch["page_table"].shape[1], batch["max_query_len"],
+                           num_splits=num_splits, block_n=block_n)
+    _check(dec.run_decode(plan, *_args(batch), scale=1.0 / 8), want, torch.bfloat16)
+
+
+@pytest.mark.gpu
+def test_gpu_decode_with_prefetched_page_ids_replays_under_a_cuda_graph(prefetch_pages):
+    batch = paged_batch([3000, 17], [1, 1], 16, 32, 8, 128, torch.bfloat16, "cuda")
+    q = batch["q"]
+    plan = dec.plan_decode(2, 32, 8, 128, 16, batch["page_table"].shape[1], 1)
+    ws = torch.empty(max(1, dec.decode_workspace_numel(plan, q.shape[0], 32, 128)), device="cuda")
+    out = torch.empty_like(q)
+    dec.run_decode(plan, *_args(batch), scale=0.088, out=out, workspace=ws)  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        dec.run_decode(plan, *_args(batch), scale=0.088, out=out, workspace=ws)
+    for _ in range(3):
+        q.copy_(torch.randn_like(q))
+        graph.replay()
+        torch.cuda.synchronize()
+        _check(out, ref.attention_decode(*_args(batch), max_query_len=1, scale=0.088), torch.bfloat16)
