@@ -7,14 +7,16 @@ still gets a kernel (and fp32 parity tests get fp32 math). The impls are callabl
 one-shot signatures of :func:`mla_decode` / :func:`mla_prefill` / :func:`pack_kv`; the decode
 impl also carries ``plan`` / ``run`` (the CUDA-graph path) and ``workspace_bytes``. FlashInfer's
 MLA decode (``flashinfer_mla.py``) registers in the PORTABLE band, below Triton, when the package
-is installed; nothing registers and nothing fails without it.
+is installed; nothing registers and nothing fails without it. The sm_90a CUDA decode kernel
+(``sm90.py``, ``mla_decode_sm90``) registers in the PORTABLE band too, for compute capability 9.0
+only, when torch has CUDA and nvcc is found (it JIT-builds on first use).
 """
 
 from __future__ import annotations
 
 import torch
 
-from . import flashinfer_mla
+from . import flashinfer_mla, sm90
 from .cache import pack_kv, pack_kv_reference
 from .decode import decode_workspace_bytes, mla_decode, plan_decode, run_decode
 from .prefill import mla_prefill
@@ -97,3 +99,5 @@ def register(registry=None) -> None:
                            registry=reg)(impl)
     if ("decode", flashinfer_mla.KERNEL_NAME) not in have:
         flashinfer_mla.discover(reg, page_sizes=PAGE_SIZES)
+    if ("decode", sm90.KERNEL_NAME) not in have:
+        sm90.discover(reg)

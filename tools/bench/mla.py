@@ -11,6 +11,10 @@ the point's roofline max(bytes / 4.27 TB/s, FLOPs / MMA peak): absorbed MLA cost
 query row per cached token, so many heads x query tokens make a point compute-bound (the MMA peak
 is 810 TFLOP/s bf16; FP8 caches are judged against FP8 MMAs at twice that).
 Points run in priority order (targets first) until --budget-s is spent; what did not run is listed.
+--candidates mla_decode_triton,mla_decode_sm90 times each named `mla/decode` kernel of the registry on
+every decode point (through its plan / run, from a CUDA graph), one row per kernel, each row's err against
+the first candidate's output; --points seeds | small | all picks the points (small: the seeds' case and a
+16-point grid: q_len 1 / 4, heads 16 / 128, 16K / 80K, batch 16 and 1).
 --flashinfer puts FlashInfer's MLA decode beside ours on each point (timed the same way, on the same
 queries and pages, its output checked against ours; see FlashInferColumn); without the library the
 table says why and the rest runs.
@@ -179,9 +183,14 @@ class DecodeBench:
             self.caches[kind] = c
         self.ws = torch.empty(1 << 31, dtype=torch.uint8, device="cuda")
 
-    def run(self, kind, batch, heads, q_len, ctx, fold=None, tile=None, flashinfer: FlashInferColumn | None = None):
+    def run(self, kind, batch, heads, q_len, ctx, fold=None, tile=None, flashinfer: FlashInferColumn | None = None,
+            impl=None, seed: int | None = None):
+        """impl: a registry `mla/decode` impl with plan / run (None: plan_decode / run_decode). seed fixes
+        the pages and queries, so candidates timed on one point see the same inputs."""
         from lightspeed_mla import plan_decode, run_decode
 
+        if seed is not None:
+            torch.manual_seed(seed)
         cache = self.caches[kind]
         pages_per = -(-ctx // self.page_size)
         perm = torch.randperm(self.num_pages, device="cuda")[: batch * pages_per]
@@ -189,11 +198,13 @@ class DecodeBench:
         T = batch * q_len
         qsl = torch.arange(batch + 1, dtype=torch.int32) * q_len
         lens = torch.full((batch,), ctx, dtype=torch.int32)
-        plan = plan_decode(self.ws, qsl, lens, heads, page_size=self.page_size, softmax_scale=SCALE,
-                           cache_kind=kind, fold=fold, tile=tile)
+        plan_fn, run_fn = (plan_decode, run_decode) if impl is None else (impl.plan, impl.run)
+        plan = plan_fn(self.ws, qsl, lens, heads, page_size=self.page_size, softmax_scale=SCALE,
+                       cache_kind=kind, fold=fold, tile=tile)
         q = torch.randn(T, heads, 576, device="cuda").to(torch.bfloat16)
         out = torch.empty(T, heads, 512, device="cuda", dtype=torch.bfloat16)
-        us = self.time_fn(lambda: run_decode(plan, q, cache, page_table, out))
+        us = self.time_fn(lambda: run_fn(plan, q, cache, page_table, out))
+        self.last_out = out
         cost = decode_cost(kind, batch, heads, q_len, ctx, cache.bytes_per_token)
         t = plan.tile
         row = {
@@ -255,6 +266,65 @@ def decode_points():
     return pts + grid
 
 
+def small_points():
+    """The seeds' case, then a 16-point grid (for a short run beside another kernel)."""
+    pts = [p for p in decode_points() if p[0] == "seeds"]
+    for kind in ("bf16", "fp8"):
+        for b, h, ql, ctx in ((16, 16, 1, 16384), (16, 16, 1, 81920), (16, 16, 4, 16384), (1, 16, 4, 81920),
+                              (16, 128, 1, 16384), (4, 128, 1, 81920), (16, 32, 2, 81920), (16, 64, 1, 81920)):
+            pts.append(("small", kind, b, h, ql, ctx, None))
+    return pts
+
+
+def select_points(which: str):
+    if which == "seeds":
+        return [p for p in decode_points() if p[0] == "seeds"]
+    if which == "small":
+        return small_points()
+    return decode_points()
+
+
+def candidate_impls(names: str | None) -> dict:
+    """{name: impl} of the named `mla/decode` kernels for this GPU, or {name: "why not"}."""
+    if not names:
+        return {}
+    import lightspeed_kernel as lk
+
+    platform = lk.platform_of(torch.device("cuda"))
+    found = {}
+    for name in (n.strip() for n in names.split(",") if n.strip()):
+        try:
+            found[name] = lk.select_kernel("mla", "decode", torch.bfloat16, platform=platform, override=name,
+                                           traits={"page_size": 64}).impl
+        except Exception as e:  # noqa: BLE001 - not registered here: say so in the table
+            found[name] = f"{type(e).__name__}: {e}"[:200]
+    return found
+
+
+def run_candidates(bench, candidates: dict, tag, kind, b, h, ql, ctx, fold) -> list[dict]:
+    """One row per candidate on one point (same seed: same pages and queries), err vs the first one's."""
+    rows, first = [], None
+    for name, impl in candidates.items():
+        if isinstance(impl, str):
+            r = {"kind": kind, "batch": b, "heads": h, "q_len": ql, "ctx": ctx, "error": impl}
+        elif not hasattr(impl, "plan"):
+            r = {"kind": kind, "batch": b, "heads": h, "q_len": ql, "ctx": ctx, "error": "no plan / run"}
+        else:
+            try:
+                r = bench.run(kind, b, h, ql, ctx, fold=fold, impl=impl, seed=1000 + b + h + ql + ctx)
+                if first is None:
+                    first = bench.last_out.clone()
+                    r["err_vs_first"] = 0.0
+                else:
+                    r["err_vs_first"] = round(rel_err(bench.last_out, first), 5)
+            except Exception as e:  # noqa: BLE001 - a kernel that refuses a point (fp8 on sm90) is a result
+                r = {"kind": kind, "batch": b, "heads": h, "q_len": ql, "ctx": ctx,
+                     "error": f"{type(e).__name__}: {e}"[:200]}
+        r["kernel"], r["tag"] = name, tag
+        rows.append(r)
+    return rows
+
+
 def tile_sweep(bench, results):
     from lightspeed_mla.tuning import DecodeTile
 
@@ -311,7 +381,11 @@ def write_markdown(results: dict, path: Path) -> None:
               "| tag | kv | batch | heads | q_len | ctx | µs | roofline µs | of roofline | HBM frac | TFLOP/s | bound | "
               "fold | splits | tile |" + (" FlashInfer µs | FI of roofline | ours µs / FI µs | FI err |" if fi else ""),
               "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|---|---|" if fi else "")]
+    if any("kernel" in r for r in results["decode"]):
+        lines += _candidates_table(results["decode"])
     for r in results["decode"]:
+        if "kernel" in r:
+            continue
         if "error" in r:
             lines.append(f"| {r['tag']} | {r['kind']} | {r['batch']} | {r['heads']} | {r['q_len']} | {r['ctx']} | "
                          f"error: {r['error']} |")
@@ -325,6 +399,22 @@ def write_markdown(results: dict, path: Path) -> None:
     if results["tile_sweep"]:
         lines += ["", "## Tile sweep", "", "```"] + [json.dumps(r) for r in results["tile_sweep"]] + ["```"]
     path.write_text("\n".join(lines) + "\n")
+
+
+def _candidates_table(rows: list[dict]) -> list[str]:
+    out = ["### Candidates (--candidates): one row per kernel and point; err vs the first candidate", "",
+           "| kernel | tag | kv | batch | heads | q_len | ctx | µs | roofline µs | of roofline | HBM frac | "
+           "TFLOP/s | splits | err |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if "kernel" not in r:
+            continue
+        head = f"| {r['kernel']} | {r['tag']} | {r['kind']} | {r['batch']} | {r['heads']} | {r['q_len']} | {r['ctx']} |"
+        if "error" in r:
+            out.append(head + f" error: {r['error']} |")
+        else:
+            out.append(head + f" {r['us']} | {r['roofline_us']} | {r['of_roofline']} | {r['hbm_frac']} | "
+                              f"{r['tflops']} | {r['splits']} | {r.get('err_vs_first', '')} |")
+    return out + [""]
 
 
 def _flashinfer_note(info: dict | None) -> list[str]:
@@ -361,6 +451,10 @@ def main(argv=None) -> int:
                          "tools/bench/h200/flashinfer_setup.sh, then mla/scripts/flashinfer_mla_sources.sh install)")
     ap.add_argument("--flashinfer-backend", choices=("fa3", "fa2"), default=None,
                     help="FlashInfer's MLA backend (default: fa3 on sm_90, else fa2)")
+    ap.add_argument("--candidates", default=None,
+                    help="comma-separated mla/decode kernel names to time side by side on each decode point "
+                         "(e.g. mla_decode_triton,mla_decode_sm90)")
+    ap.add_argument("--points", choices=("all", "small", "seeds"), default="all", help="which decode points")
     args = ap.parse_args(argv)
     import triton
 
@@ -375,16 +469,26 @@ def main(argv=None) -> int:
     results["flashinfer"] = flashinfer.info if flashinfer else None
     if flashinfer:
         print("flashinfer", flashinfer.info, flush=True)
-    bench = DecodeBench(max_tokens=128 * 81920 + 4096)
+    bench = DecodeBench(max_tokens=(128 if args.points == "all" else 16) * 81920 + 4096)
     if args.tile_sweep:
         tile_sweep(bench, results)
         save(results, args.out)
     if not args.skip_prefill:
         results["prefill"].append(prefill_point())
         print("prefill", results["prefill"][-1], flush=True)
-    for tag, kind, b, h, ql, ctx, fold in decode_points():
+    candidates = candidate_impls(args.candidates)
+    results["candidates"] = {k: (v if isinstance(v, str) else "ok") for k, v in candidates.items()}
+    for tag, kind, b, h, ql, ctx, fold in select_points(args.points):
         if time.time() - t0 > args.budget_s:
             results["skipped"].append([kind, b, h, ql, ctx])
+            continue
+        if candidates:
+            if fold is False:
+                continue  # a knob of the Triton planner
+            for r in run_candidates(bench, candidates, tag, kind, b, h, ql, ctx, fold):
+                results["decode"].append(r)
+                print(json.dumps(r), flush=True)
+            save(results, args.out)
             continue
         try:
             r = bench.run(kind, b, h, ql, ctx, fold=fold, flashinfer=flashinfer if tag != "fold_off" else None)

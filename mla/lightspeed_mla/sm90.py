@@ -1,0 +1,256 @@
+"""`mla_decode_sm90`: the absorbed MLA decode as a CUDA kernel for sm_90a (Hopper), JIT-built with nvcc.
+
+The kernel (cuda/mla_decode_sm90.cu, design note at its top) is the plan of mla/NOTES.md: one CTA per
+(request, split, 64 rows of (query token, head) pairs), TMA loads of 64-key page tiles into a 2-stage
+shared-memory ring fed by a producer warpgroup, two consumer warpgroups running wgmma (S = Q K^T split by
+keys, P V split by the 512 latent columns), online softmax, split-KV partials merged by the Triton
+combine of kernels/decode_triton.py. bf16 caches only (the packed [pages, page_size, 576] tensor);
+FP8 caches go to the Triton kernel.
+
+Plan / run follow `plan_decode` / `run_decode` exactly (the same `MLADecodePlan`, fold layout with
+64-row tiles, splits filling one wave of one CTA per SM): planned once from shapes, the true lengths
+read on the device, so one captured CUDA graph serves every step.
+
+Build: `torch.utils.cpp_extension.load` on first use, for sm_90a only, into
+``lightspeed_kernel.kernel_env().native_cache_dir``/mla_sm90 (LIGHTSPEED_KERNEL_CACHE_DIR); the
+module name carries a hash of the sources, so an edited kernel never loads a stale build.
+
+Registered (when torch has CUDA and nvcc is found) for compute capability exactly 9.0 in the PORTABLE
+band, below `mla_decode_triton`: it runs only when asked for
+(`LIGHTSPEED_KERNEL_OVERRIDE_MLA_DECODE=mla_decode_sm90`) until the H200 numbers say otherwise.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import threading
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .cache import D_LATENT, D_PACKED, MLACache
+from .decode import (
+    LOG2E,
+    MLADecodePlan,
+    _host_i32,
+    _layout,
+    decode_workspace_bytes,
+    plan_decode,
+    triton_next_pow2,
+)
+from .device import device_info
+from .tuning import DecodeTile
+
+KERNEL_NAME = "mla_decode_sm90"
+CUDA_DIR = Path(__file__).parent / "cuda"
+SOURCES = ("binding.cpp", "mla_decode_sm90.cu")
+HEADERS = ("mla_decode_sm90.h",)
+ARCH_FLAG = "-gencode=arch=compute_90a,code=sm_90a"  # wgmma / setmaxnreg need the "a" target
+PAGE_SIZES = (8, 16, 32, 64, 128, 256)  # a TMA box holds min(page_size, 64) tokens, >= 8 swizzle rows
+FEATURES = ("paged", "bf16_kv", "lse", "spec_decode", "causal", "fold_sq", "split_kv", "ragged")
+# 64 rows x 64 keys; 12 warps (2 consumer warpgroups + the producer warpgroup), 2 stages, 1 CTA / SM.
+TILE = DecodeTile(block_m=64, block_n=64, num_warps=12, num_stages=2, swap_ab=False, ctas_per_sm=1)
+
+
+class BuildError(RuntimeError):
+    """The JIT build failed; the message carries the compiler's output."""
+
+
+def nvcc_path() -> str | None:
+    """The nvcc torch's extension builder would use: $CUDA_HOME / $CUDA_PATH, then PATH, then
+    /usr/local/cuda."""
+    for root in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")):
+        if root and os.path.isfile(os.path.join(root, "bin", "nvcc")):
+            return os.path.join(root, "bin", "nvcc")
+    found = shutil.which("nvcc")
+    if found:
+        return found
+    return "/usr/local/cuda/bin/nvcc" if os.path.isfile("/usr/local/cuda/bin/nvcc") else None
+
+
+def availability() -> tuple[bool, str | None]:
+    """(True, None) when this kernel can be built here: a CUDA build of torch and an nvcc."""
+    if torch.version.cuda is None:
+        return False, f"{KERNEL_NAME} unavailable: torch {torch.__version__} has no CUDA"
+    if nvcc_path() is None:
+        return False, f"{KERNEL_NAME} unavailable: nvcc not found (CUDA_HOME, PATH, /usr/local/cuda)"
+    return True, None
+
+
+def source_digest() -> str:
+    """Hash of the kernel sources: part of the module name, so edits rebuild."""
+    h = hashlib.sha256()
+    for name in SOURCES + HEADERS:
+        h.update(name.encode())
+        h.update((CUDA_DIR / name).read_bytes())
+    return h.hexdigest()[:16]
+
+
+def default_build_root() -> str:
+    import lightspeed_kernel as lk
+
+    return os.path.join(lk.kernel_env().native_cache_dir, "mla_sm90")
+
+
+def build_options(build_root: str | None = None, verbose: bool = False) -> dict:
+    """Keyword arguments of `torch.utils.cpp_extension.load` for this kernel. The explicit -gencode
+    keeps torch from adding its own arch flags (it would add sm_90 without the "a", where wgmma
+    does not assemble)."""
+    name = f"lightspeed_mla_sm90_{source_digest()}"
+    root = build_root or default_build_root()
+    return {
+        "name": name,
+        "sources": [str(CUDA_DIR / s) for s in SOURCES],
+        "extra_include_paths": [str(CUDA_DIR)],
+        "extra_cflags": ["-O3"],
+        "extra_cuda_cflags": ["-O3", ARCH_FLAG, "-lineinfo", "-Xptxas=-v"],
+        "build_directory": os.path.join(root, name),
+        "verbose": verbose,
+    }
+
+
+_lock = threading.Lock()
+_extension = None
+
+
+def load_extension(build_root: str | None = None, verbose: bool = False):
+    """The built module (builds on first call; a failed build raises BuildError with nvcc's output)."""
+    global _extension  # noqa: PLW0603 - the one loaded module of this process
+    if _extension is not None:
+        return _extension
+    with _lock:
+        if _extension is None:
+            from torch.utils import cpp_extension
+
+            opts = build_options(build_root, verbose)
+            os.makedirs(opts["build_directory"], exist_ok=True)
+            try:
+                _extension = cpp_extension.load(**opts)
+            except Exception as e:  # noqa: BLE001 - ninja / nvcc failures come as RuntimeError or OSError
+                raise BuildError(f"{KERNEL_NAME}: JIT build failed in {opts['build_directory']}: {e}") from e
+    return _extension
+
+
+def check_plan_inputs(cache_kind: str, page_size: int) -> None:
+    if cache_kind != "bf16":
+        raise ValueError(f"{KERNEL_NAME}: bf16 caches only, got {cache_kind!r} (fp8 goes to mla_decode_triton)")
+    if page_size not in PAGE_SIZES:
+        raise ValueError(f"{KERNEL_NAME}: page_size must be one of {PAGE_SIZES}, got {page_size}")
+
+
+def plan(workspace: torch.Tensor, query_start_loc, seq_lens, num_heads: int, *, page_size: int,
+         softmax_scale: float, cache_kind: str = "bf16", num_splits: int | None = None,
+         **_ignored) -> MLADecodePlan:
+    """`plan_decode` with this kernel's layout: query tokens folded into 64-row tiles
+    (row = token * H + head), 64-key tiles, splits filling one wave of one CTA per SM.
+    `fold` / `tile` overrides of the Triton planner do not apply and are ignored."""
+    check_plan_inputs(cache_kind, page_size)
+    return plan_decode(workspace, query_start_loc, seq_lens, num_heads, page_size=page_size,
+                       softmax_scale=softmax_scale, cache_kind=cache_kind, fold=True, num_splits=num_splits,
+                       tile=TILE)
+
+
+def num_splits_for(batch: int, max_q_len: int, max_kv_len: int, num_heads: int, num_sms: int) -> int:
+    """The split count `plan` picks (for workspace sizing)."""
+    from .device import DeviceInfo
+
+    return _layout(batch, max_q_len, max_kv_len, num_heads, DeviceInfo(9, num_sms), "bf16", True, TILE)[4]
+
+
+def check_run_inputs(plan: MLADecodePlan, q: torch.Tensor, cache: MLACache, page_table: torch.Tensor,
+                     out: torch.Tensor, lse: torch.Tensor | None) -> None:
+    T, H = plan.num_tokens, plan.num_heads
+    if plan.tile != TILE or not plan.fold:
+        raise ValueError(f"{KERNEL_NAME}: the plan was not made by lightspeed_mla.sm90.plan")
+    if q.shape != (T, H, D_PACKED) or q.stride(-1) != 1 or q.dtype != torch.bfloat16:
+        raise ValueError(f"{KERNEL_NAME}: q must be bf16 [{T}, {H}, {D_PACKED}] with unit last stride, "
+                         f"got {q.dtype} {tuple(q.shape)}")
+    if out.shape != (T, H, D_LATENT) or out.stride(-1) != 1 or out.dtype != torch.bfloat16:
+        raise ValueError(f"{KERNEL_NAME}: out must be bf16 [{T}, {H}, {D_LATENT}], got {out.dtype} {tuple(out.shape)}")
+    if lse is not None and (lse.shape != (T, H) or not lse.is_contiguous() or lse.dtype != torch.float32):
+        raise ValueError(f"{KERNEL_NAME}: lse must be contiguous fp32 [{T}, {H}]")
+    if cache.kind != "bf16" or cache.packed is None or cache.packed.dtype != torch.bfloat16:
+        raise ValueError(f"{KERNEL_NAME}: needs a bf16 packed cache")
+    if cache.page_size != plan.page_size:
+        raise ValueError(f"{KERNEL_NAME}: cache page size {cache.page_size} differs from the plan's {plan.page_size}")
+    if page_table.dim() != 2 or page_table.shape[0] < plan.batch_size or page_table.stride(-1) != 1 \
+            or page_table.dtype != torch.int32:
+        raise ValueError(f"{KERNEL_NAME}: page_table must be int32 [B, max_pages] with unit last stride")
+
+
+def run(plan: MLADecodePlan, q: torch.Tensor, cache: MLACache, page_table: torch.Tensor, out: torch.Tensor,
+        lse: torch.Tensor | None = None) -> torch.Tensor:
+    """One layer of a planned batch: the CUDA kernel, then the Triton combine when split. No
+    allocation, no host sync (CUDA-graph capturable). Same tensors as `run_decode`."""
+    check_run_inputs(plan, q, cache, page_table, out, lse)
+    T, H, S = plan.num_tokens, plan.num_heads, plan.num_splits
+    if T == 0:
+        return out
+    ext = load_extension()
+    ext.decode(q, cache.packed, page_table, plan.seq_lens, plan.query_start_loc, out,
+               lse if S == 1 else None, plan.partial_out if S > 1 else None, plan.partial_lse if S > 1 else None,
+               plan.batch_size, plan.row_tiles, S, plan.softmax_scale * LOG2E)
+    if S > 1:
+        from .kernels import decode_triton as _k
+
+        lse_arg = lse if lse is not None else out
+        _k._combine_kernel[(T, H)](
+            plan.partial_out, plan.partial_lse, out, lse_arg,
+            *plan.partial_out.stride()[:3], out.stride(0), out.stride(1), H, S,
+            SPLITS_POW2=triton_next_pow2(S), WRITE_LSE=lse is not None, num_warps=4,
+        )
+    return out
+
+
+def mla_decode_sm90(q: torch.Tensor, cache: MLACache, page_table: torch.Tensor, seq_lens: torch.Tensor,
+                    query_start_loc: torch.Tensor, softmax_scale: float, *, out: torch.Tensor | None = None,
+                    return_lse: bool = False, num_splits: int | None = None, **_ignored):
+    """One-shot form (plans and runs; allocates: not for CUDA graphs). Returns out, or (out, lse)."""
+    T, H = q.shape[0], q.shape[1]
+    qsl, lens = _host_i32(query_start_loc), _host_i32(seq_lens)
+    B = lens.shape[0]
+    max_q = int(np.diff(qsl).max()) if B else 0
+    splits = num_splits or num_splits_for(B, max_q, int(lens.max()) if B else 0, H, device_info(q.device).num_sms)
+    ws = torch.empty(decode_workspace_bytes(B, T, H, splits), dtype=torch.uint8, device=q.device)
+    p = plan(ws, qsl, lens, H, page_size=cache.page_size, softmax_scale=softmax_scale, cache_kind=cache.kind,
+             num_splits=num_splits)
+    out = out if out is not None else torch.empty(T, H, D_LATENT, dtype=q.dtype, device=q.device)
+    lse = torch.empty(T, H, dtype=torch.float32, device=q.device) if return_lse else None
+    run(p, q, cache, page_table.to(torch.int32), out, lse)
+    return (out, lse) if return_lse else out
+
+
+class Sm90DecodeOp:
+    """`mla_decode_sm90` as a registry impl: the one-shot call plus plan / run / workspace_bytes."""
+
+    plan = staticmethod(plan)
+    run = staticmethod(run)
+    workspace_bytes = staticmethod(decode_workspace_bytes)
+
+    def __call__(self, *args, **kwargs):
+        return mla_decode_sm90(*args, **kwargs)
+
+
+CAPABILITY = {"device_types": ("cuda",), "vendors": ("nvidia",), "min_compute_capability": (9, 0),
+              "max_compute_capability": (9, 0)}
+
+
+def register(registry=None) -> None:
+    """Register `mla_decode_sm90` (PORTABLE band + 1: below Triton until measured; sm_90 only)."""
+    import lightspeed_kernel as lk
+
+    lk.register_kernel("mla", "decode", name=KERNEL_NAME, solution="cuda", priority=lk.Priority.of(lk.Priority.PORTABLE, 1),
+                       capability=CAPABILITY, dtypes=(torch.bfloat16,), features=FEATURES,
+                       traits={"page_size": PAGE_SIZES, "kv_dtype": ("bf16",)}, tags=("latency", "throughput"),
+                       registry=registry)(Sm90DecodeOp())
+
+
+def discover(registry=None) -> tuple[bool, str | None]:
+    """Register the kernel when it can be built here: (available, why not)."""
+    ok, why = availability()
+    if ok:
+        register(registry)
+    return ok, why

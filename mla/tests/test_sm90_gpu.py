@@ -1,0 +1,135 @@
+"""The sm_90a CUDA decode kernel (`mla_decode_sm90`) against `mla_decode_reference` on an H100 / H200
+(pytest -m gpu): page sizes 16 / 32 / 64, q_len 1..16, lengths 1..81920 with the awkward ones, heads
+16..128, forced split counts, NaN in page tails, CUDA-graph capture with changing lengths.
+Every case prints its max abs / rel error (run with -s, or see the summary of a failure)."""
+
+import pytest
+import torch
+from lightspeed_mla import decode_workspace_bytes, mla_decode_reference, sm90
+from mla_helpers import make_paged_cache, query_start, rel_err
+
+pytestmark = pytest.mark.gpu
+DEV = "cuda"
+SCALE = 192 ** -0.5
+
+
+@pytest.fixture(scope="module", autouse=True)
+def built():
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip(f"sm_90 only; this GPU is sm_{''.join(map(str, torch.cuda.get_device_capability()))}")
+    ok, why = sm90.availability()
+    if not ok:
+        pytest.skip(why)
+    try:
+        return sm90.load_extension()
+    except sm90.BuildError as e:  # on an H100 / H200 a failed build is a failure, not a skip
+        pytest.fail(str(e)[-6000:], pytrace=False)
+
+
+def _check(out, lse, ref, ref_lse, tag):
+    err = rel_err(out, ref)
+    abs_err = (out.double() - ref.double()).abs().max().item()
+    lse_err = (lse - ref_lse).abs().max().item()
+    print(f"sm90 {tag}: rel {err:.2e} max abs {abs_err:.2e} lse max abs {lse_err:.2e}")
+    assert err < 1.5e-2, (tag, err, abs_err)
+    torch.testing.assert_close(lse, ref_lse, atol=2e-2, rtol=1e-3)
+
+
+def _case(page_size, lens, q_len, heads, seed=0, num_splits=None, nan_tails=False):
+    g = torch.Generator().manual_seed(seed)
+    cache, page_table = make_paged_cache("bf16", page_size, lens, device=DEV, generator=g)
+    if nan_tails:  # slots past each request's last key in its last page: a kernel must not read them
+        for b, n in enumerate(lens):
+            if n % page_size:
+                cache.packed[page_table[b, (n - 1) // page_size].long(), n % page_size:] = float("nan")
+    qsl = query_start([q_len] * len(lens))
+    q = torch.randn(int(qsl[-1]), heads, 576, generator=g).to(DEV, torch.bfloat16)
+    out, lse = sm90.mla_decode_sm90(q, cache, page_table, torch.tensor(lens), qsl, SCALE, return_lse=True,
+                                    num_splits=num_splits)
+    ref, ref_lse = mla_decode_reference(q, cache, page_table, torch.tensor(lens, device=DEV), qsl, SCALE)
+    _check(out, lse, ref, ref_lse, f"page {page_size} q_len {q_len} heads {heads} lens {lens} splits {num_splits}")
+
+
+@pytest.mark.parametrize("page_size", [16, 32, 64])
+@pytest.mark.parametrize("q_len", [1, 2, 4, 16])
+def test_pages_and_spec_tokens(page_size, q_len):
+    lens = [q_len, page_size - 1 if page_size - 1 >= q_len else page_size, page_size, page_size + 1,
+            3 * page_size - 1, 1000 + q_len]
+    _case(page_size, lens, q_len, 16, seed=q_len)
+
+
+@pytest.mark.parametrize("heads,q_len", [(16, 4), (32, 2), (32, 3), (64, 1), (128, 1), (128, 8), (16, 16)])
+def test_heads(heads, q_len):
+    _case(64, [700, 2049, 63, 65], q_len, heads, seed=heads)
+
+
+def test_long_lengths():
+    _case(64, [1, 63, 64, 65, 81920], 1, 16, seed=4)
+    _case(64, [4, 63, 4097, 81919, 81920], 4, 16, seed=5)
+    _case(32, [81920, 30001], 16, 16, seed=6)
+    _case(64, [81920, 30000], 8, 128, seed=7)
+
+
+@pytest.mark.parametrize("num_splits", [1, 2, 7, 64])
+def test_split_counts(num_splits):
+    _case(64, [5000, 300, 17, 129], 2, 16, seed=num_splits, num_splits=num_splits)
+
+
+@pytest.mark.parametrize("page_size", [16, 64])
+def test_nan_in_page_tails_is_never_read(page_size):
+    _case(page_size, [4, 63, 65, 1000, 4097], 4, 16, seed=9, nan_tails=True)
+    _case(page_size, [1, 63, 65, 1000, 4097], 1, 16, seed=10, num_splits=3, nan_tails=True)
+
+
+def test_empty_batch_and_the_registry_path():
+    import lightspeed_kernel as lk
+
+    impl = lk.select_kernel("mla", "decode", torch.bfloat16, platform=lk.Platform.parse("sm_90"),
+                            traits={"page_size": 64, "kv_dtype": "bf16"}, override=sm90.KERNEL_NAME).impl
+    cache, table = make_paged_cache("bf16", 64, [10], device=DEV)
+    q = torch.empty(0, 16, 576, device=DEV, dtype=torch.bfloat16)
+    out = impl(q, cache, table[:0], torch.zeros(0, dtype=torch.int32), torch.zeros(1, dtype=torch.int32), SCALE)
+    assert out.shape == (0, 16, 512)
+
+
+@pytest.mark.parametrize("num_splits", [1, 16])
+def test_plan_run_under_cuda_graph(num_splits):
+    torch.manual_seed(0)
+    H, q_len, lens = 16, 4, [3000, 9000, 40, 20000]
+    cache, page_table = make_paged_cache("bf16", 64, [n + 64 for n in lens], device=DEV)
+    B = len(lens)
+    qsl = query_start([q_len] * B)
+    T = B * q_len
+    ws = torch.empty(decode_workspace_bytes(B, T, H, 16), dtype=torch.uint8, device=DEV)
+    plan = sm90.plan(ws, qsl, lens, H, page_size=64, softmax_scale=SCALE, num_splits=num_splits)
+    q = torch.randn(T, H, 576, device=DEV).to(torch.bfloat16)
+    out = torch.empty(T, H, 512, device=DEV, dtype=torch.bfloat16)
+    lse = torch.empty(T, H, device=DEV)
+    sm90.run(plan, q, cache, page_table, out, lse)  # build and compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        sm90.run(plan, q, cache, page_table, out, lse)
+    for step in (1, 2, 63):  # later steps: longer, same plan shape; the graph reads the new lengths
+        new_lens = [n + step for n in lens]
+        sm90.plan(ws, qsl, new_lens, H, page_size=64, softmax_scale=SCALE, num_splits=num_splits)
+        q.copy_(torch.randn_like(q, dtype=torch.float32))
+        out.fill_(float("nan"))
+        graph.replay()
+        ref, ref_lse = mla_decode_reference(q, cache, page_table, torch.tensor(new_lens, device=DEV), qsl, SCALE)
+        _check(out, lse, ref, ref_lse, f"graph splits {num_splits} step {step}")
+
+
+def test_agrees_with_the_triton_kernel_on_the_seeds_case():
+    from lightspeed_mla import mla_decode
+
+    g = torch.Generator().manual_seed(11)
+    lens = [81920] * 4
+    cache, table = make_paged_cache("bf16", 64, lens, device=DEV, generator=g)
+    qsl = query_start([4] * 4)
+    q = torch.randn(16, 16, 576, generator=g).to(DEV, torch.bfloat16)
+    ours = sm90.mla_decode_sm90(q, cache, table, torch.tensor(lens), qsl, SCALE)
+    theirs = mla_decode(q, cache, table, torch.tensor(lens), qsl, SCALE)
+    err = rel_err(ours, theirs)
+    print(f"sm90 vs triton, seeds' case batch 4: rel {err:.2e}")
+    assert err < 1e-2
