@@ -125,6 +125,9 @@ def load_extension(build_root: str | None = None, verbose: bool = False):
         if _extension is None:
             from torch.utils import cpp_extension
 
+            nvcc = nvcc_path()
+            if cpp_extension.CUDA_HOME is None and nvcc is not None:  # torch found none: use ours
+                cpp_extension.CUDA_HOME = str(Path(os.path.realpath(nvcc)).parent.parent)
             opts = build_options(build_root, verbose)
             os.makedirs(opts["build_directory"], exist_ok=True)
             try:
