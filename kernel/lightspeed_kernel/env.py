@@ -46,9 +46,6 @@ class KernelEnv:
     """LIGHTSPEED_KERNEL_DECODE_SMALL_GRID=0: paged decode plans one or two requests (<= 16 request x
     kv-head programs) like larger batches (block_n 64, three waves of splits), not with the H200
     sweep's small-grid winners (block_n 32, six waves); for A/B runs."""
-    decode_prefetch_pages: bool = False
-    """LIGHTSPEED_KERNEL_DECODE_PREFETCH_PAGES=1: paged decode loads the next tile's page ids while the
-    current tile's keys load (a hand-written one-tile pipeline of the page table); for A/B runs."""
     pdl: bool = True
     """LIGHTSPEED_KERNEL_PDL=0: launch the decode-path Triton kernels (skinny GEMM, paged decode,
     norms, RoPE + KV store, gated activation) without programmatic dependent launch on sm_90+, so
@@ -78,7 +75,6 @@ def kernel_env() -> KernelEnv:
         native_scalar=_flag(environ.get("LIGHTSPEED_KERNEL_NATIVE_SCALAR")),
         q8_activations=_flag(environ.get("LIGHTSPEED_KERNEL_Q8_ACTIVATIONS")),
         decode_small_grid=environ.get("LIGHTSPEED_KERNEL_DECODE_SMALL_GRID", "1").strip() not in ("0", "false", "no", "off"),
-        decode_prefetch_pages=_flag(environ.get("LIGHTSPEED_KERNEL_DECODE_PREFETCH_PAGES")),
         pdl=environ.get("LIGHTSPEED_KERNEL_PDL", "1").strip() not in ("0", "false", "no", "off"),
         native_cc=environ.get("LIGHTSPEED_KERNEL_CC") or environ.get("CC") or None,
         native_cache_dir=environ.get("LIGHTSPEED_KERNEL_CACHE_DIR")

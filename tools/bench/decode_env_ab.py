@@ -2,7 +2,7 @@
 """A/B of one LIGHTSPEED_KERNEL_* variable on paged decode attention alone (Llama-3-8B heads: 32 q / 8 kv,
 head dim 128, bf16), the planned launch replayed from a CUDA graph, L2 flushed between runs.
 
-    python tools/bench/decode_env_ab.py --var LIGHTSPEED_KERNEL_DECODE_PREFETCH_PAGES --values 0,1 \
+    python tools/bench/decode_env_ab.py --var LIGHTSPEED_KERNEL_DECODE_SMALL_GRID --values 1,0 \
         --shapes 16:1:1024,16:1:8192,16:1:23552,16:1:32768,16:16:8192,16:64:1024 --out OUT
 
 Each shape is timed under every value in turn, `--rounds` times over (A B A B ...: drift hits both

@@ -25,16 +25,6 @@ def _load_rows(ptrs, mask, USE_MASK: tl.constexpr):
 
 
 @triton.jit
-def tile_pages(pt_row_ptr, n0, kv_end, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr = True):
-    """Page ids (int64) of keys n0 .. n0+BLOCK_N of the request whose page-table row starts at
-    pt_row_ptr; 0 for keys at or past kv_end when MASKED."""
-    tok = n0 + tl.arange(0, BLOCK_N)
-    if MASKED:
-        return tl.load(pt_row_ptr + tok // PAGE_SIZE, mask=tok < kv_end, other=0).to(tl.int64)
-    return tl.load(pt_row_ptr + tok // PAGE_SIZE).to(tl.int64)
-
-
-@triton.jit
 def attend_tile(
     acc,
     m_i,
@@ -64,45 +54,14 @@ def attend_tile(
     to row r iff j < kv_end and j <= row_limit[r]. qk_scale includes log2(e) (and the fp8 k scale).
     MASKED=False: the caller knows every key of the tile is visible to every row (the tiles left of
     a prefill block's causal diagonal), so no per-element mask is built or applied."""
-    page = tile_pages(pt_row_ptr, n0, kv_end, PAGE_SIZE, BLOCK_N, MASKED)
-    return attend_paged_tile(acc, m_i, l_i, q, k_cache, v_cache, page, n0, kv_end, row_limit, head_off,
-                             stride_cp, stride_co, qk_scale, soft_cap, PAGE_SIZE, BLOCK_N, BLOCK_D, HEAD_DIM,
-                             HAS_SOFT_CAP, DOT_UPCAST, MASKED)
-
-
-@triton.jit
-def attend_paged_tile(
-    acc,
-    m_i,
-    l_i,
-    q,
-    k_cache,
-    v_cache,
-    page,
-    n0,
-    kv_end,
-    row_limit,
-    head_off,
-    stride_cp,
-    stride_co,
-    qk_scale,
-    soft_cap,
-    PAGE_SIZE: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    HAS_SOFT_CAP: tl.constexpr,
-    DOT_UPCAST: tl.constexpr,
-    MASKED: tl.constexpr = True,
-):
-    """attend_tile with the tile's page ids (`tile_pages`) already loaded: a caller that loads the next
-    tile's ids before this one's keys takes the page-table read off the key loads' critical path."""
     tok = n0 + tl.arange(0, BLOCK_N)
     dims = tl.arange(0, BLOCK_D)
     if MASKED:
         in_range = tok < kv_end
+        page = tl.load(pt_row_ptr + tok // PAGE_SIZE, mask=in_range, other=0).to(tl.int64)
         kv_mask = in_range[:, None] & (dims < HEAD_DIM)[None, :]
     else:
+        page = tl.load(pt_row_ptr + tok // PAGE_SIZE).to(tl.int64)
         kv_mask = (dims < HEAD_DIM)[None, :]
     # kv offsets: [BLOCK_N] -> rows of the cache for this kv head
     row_off = page * stride_cp + (tok % PAGE_SIZE).to(tl.int64) * stride_co + head_off

@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from ..env import kernel_env
-from ._attention import attend_paged_tile, attend_tile, tile_pages
+from ._attention import attend_tile
 from ._common import (
     FLOAT_DTYPES,
     FP8_DTYPES,
@@ -81,7 +81,6 @@ def _decode_kernel(
     HAS_SOFT_CAP: tl.constexpr,
     HAS_SCALE: tl.constexpr,
     DOT_UPCAST: tl.constexpr,
-    PREFETCH_PAGES: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     pdl_enter(USE_PDL)
@@ -121,21 +120,30 @@ def _decode_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     pt_row = page_table + b.to(tl.int64) * stride_pt
     head_off = kvh.to(tl.int64) * stride_ch
-    if PREFETCH_PAGES:
-        # the next tile's page ids load while this tile's keys do (a one-tile software pipeline of
-        # the page table), so each key load waits for one memory round trip, not two
-        page = tile_pages(pt_row, kv_start, kv_end, PAGE_SIZE, BLOCK_N)
-        for n0 in range(kv_start, kv_end, BLOCK_N):
-            page_next = tile_pages(pt_row, n0 + BLOCK_N, kv_end, PAGE_SIZE, BLOCK_N)
-            acc, m_i, l_i = attend_paged_tile(acc, m_i, l_i, q, k_cache, v_cache, page, n0, kv_end, row_limit,
-                                              head_off, stride_cp, stride_co, qk_scale, soft_cap, PAGE_SIZE,
-                                              BLOCK_N, BLOCK_D, HEAD_DIM, HAS_SOFT_CAP, DOT_UPCAST)
-            page = page_next
-    else:
-        for n0 in range(kv_start, kv_end, BLOCK_N):
-            acc, m_i, l_i = attend_tile(acc, m_i, l_i, q, k_cache, v_cache, pt_row, n0, kv_end, row_limit,
-                                        head_off, stride_cp, stride_co, qk_scale, soft_cap, PAGE_SIZE, BLOCK_N,
-                                        BLOCK_D, HEAD_DIM, HAS_SOFT_CAP, DOT_UPCAST)
+    for n0 in range(kv_start, kv_end, BLOCK_N):
+        acc, m_i, l_i = attend_tile(
+            acc,
+            m_i,
+            l_i,
+            q,
+            k_cache,
+            v_cache,
+            pt_row,
+            n0,
+            kv_end,
+            row_limit,
+            head_off,
+            stride_cp,
+            stride_co,
+            qk_scale,
+            soft_cap,
+            PAGE_SIZE,
+            BLOCK_N,
+            BLOCK_D,
+            HEAD_DIM,
+            HAS_SOFT_CAP,
+            DOT_UPCAST,
+        )
     if HAS_SCALE:
         acc = acc * tl.load(v_scale_ptr)
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
@@ -372,7 +380,6 @@ def run_decode(
         HAS_SOFT_CAP=soft_cap is not None and soft_cap > 0,
         HAS_SCALE=has_scale,
         DOT_UPCAST=dot_upcast(),
-        PREFETCH_PAGES=kernel_env().decode_prefetch_pages,
         num_warps=plan.num_warps,
         num_stages=plan.num_stages,
         **pdl_args(q.device),

@@ -117,23 +117,6 @@ def _act_gemv_cases():
     yield "act_gemv 4096x14336", lambda: act_gemv.launch(x, w)
 
 
-def _with_env(name: str, value: str, fn):
-    """fn() with one LIGHTSPEED_KERNEL_* variable set (the kernel package's snapshot refreshed around it)."""
-    import lightspeed_kernel as lk
-
-    before = os.environ.get(name)
-    os.environ[name] = value
-    lk.refresh()
-    try:
-        return fn()
-    finally:
-        if before is None:
-            os.environ.pop(name)
-        else:
-            os.environ[name] = before
-        lk.refresh()
-
-
 def cases():
     from lightspeed_kernel.reference import moe as ref_moe
     from lightspeed_kernel.triton import (
@@ -200,12 +183,6 @@ def cases():
                         lambda kc=kc, q=q, pt=pt, kw=kw, plan=plan: attention_decode.run_decode(
                             plan, q, kc, kc, pt, qsl, sl, scale=0.08
                         ),
-                    )
-                    yield (
-                        f"decode split prefetched page ids {dt} ps{ps}",
-                        lambda kc=kc, q=q, pt=pt, plan=plan: _with_env(
-                            "LIGHTSPEED_KERNEL_DECODE_PREFETCH_PAGES", "1",
-                            lambda: attention_decode.run_decode(plan, q, kc, kc, pt, qsl, sl, scale=0.08)),
                     )
                     yield (
                         f"prefill {dt} {cache_dt} ps{ps} cap{cap}",
