@@ -4,8 +4,9 @@ The kernel (cuda/mla_decode_sm90.cu, design note at its top) is the plan of mla/
 (request, split, 64 rows of (query token, head) pairs), TMA loads of 64-key page tiles into a 2-stage
 shared-memory ring fed by a producer warpgroup, two consumer warpgroups running wgmma (S = Q K^T split by
 keys, P V split by the 512 latent columns), online softmax, split-KV partials merged by the Triton
-combine of kernels/decode_triton.py. bf16 caches only (the packed [pages, page_size, 576] tensor);
-FP8 caches go to the Triton kernel.
+combine of kernels/decode_triton.py. Both cache formats: bf16 (the packed [pages, page_size, 576]
+tensor) and FP8 (e4m3 latent, one fp32 scale a token, bf16 rope: S_latent on e4m3 wgmma with Q
+quantised per row, P V in bf16 on the latent widened in shared memory, the scale folded into P).
 
 Plan / run follow `plan_decode` / `run_decode` exactly (the same `MLADecodePlan`, fold layout with
 64-row tiles, splits filling one wave of one CTA per SM): planned once from shapes, the true lengths
@@ -47,10 +48,11 @@ from .tuning import DecodeTile
 KERNEL_NAME = "mla_decode_sm90"
 CUDA_DIR = Path(__file__).parent / "cuda"
 SOURCES = ("binding.cpp", "mla_decode_sm90.cu")
-HEADERS = ("mla_decode_sm90.h",)
+HEADERS = ("mla_decode_sm90.h", "sm90_ptx.cuh")
+CACHE_KINDS = ("bf16", "fp8")
 ARCH_FLAG = "-gencode=arch=compute_90a,code=sm_90a"  # wgmma / setmaxnreg need the "a" target
 PAGE_SIZES = (8, 16, 32, 64, 128, 256)  # a TMA box holds min(page_size, 64) tokens, >= 8 swizzle rows
-FEATURES = ("paged", "bf16_kv", "lse", "spec_decode", "causal", "fold_sq", "split_kv", "ragged")
+FEATURES = ("paged", "bf16_kv", "fp8_kv", "lse", "spec_decode", "causal", "fold_sq", "split_kv", "ragged")
 # 64 rows x 64 keys; 12 warps (2 consumer warpgroups + the producer warpgroup), 2 stages, 1 CTA / SM.
 TILE = DecodeTile(block_m=64, block_n=64, num_warps=12, num_stages=2, swap_ab=False, ctas_per_sm=1)
 
@@ -138,8 +140,8 @@ def load_extension(build_root: str | None = None, verbose: bool = False):
 
 
 def check_plan_inputs(cache_kind: str, page_size: int) -> None:
-    if cache_kind != "bf16":
-        raise ValueError(f"{KERNEL_NAME}: bf16 caches only, got {cache_kind!r} (fp8 goes to mla_decode_triton)")
+    if cache_kind not in CACHE_KINDS:
+        raise ValueError(f"{KERNEL_NAME}: cache kind must be one of {CACHE_KINDS}, got {cache_kind!r}")
     if page_size not in PAGE_SIZES:
         raise ValueError(f"{KERNEL_NAME}: page_size must be one of {PAGE_SIZES}, got {page_size}")
 
@@ -157,7 +159,7 @@ def plan(workspace: torch.Tensor, query_start_loc, seq_lens, num_heads: int, *, 
 
 
 def num_splits_for(batch: int, max_q_len: int, max_kv_len: int, num_heads: int, num_sms: int) -> int:
-    """The split count `plan` picks (for workspace sizing)."""
+    """The split count `plan` picks (for workspace sizing); the same for both cache kinds."""
     from .device import DeviceInfo
 
     return _layout(batch, max_q_len, max_kv_len, num_heads, DeviceInfo(9, num_sms), "bf16", True, TILE)[4]
@@ -175,8 +177,13 @@ def check_run_inputs(plan: MLADecodePlan, q: torch.Tensor, cache: MLACache, page
         raise ValueError(f"{KERNEL_NAME}: out must be bf16 [{T}, {H}, {D_LATENT}], got {out.dtype} {tuple(out.shape)}")
     if lse is not None and (lse.shape != (T, H) or not lse.is_contiguous() or lse.dtype != torch.float32):
         raise ValueError(f"{KERNEL_NAME}: lse must be contiguous fp32 [{T}, {H}]")
-    if cache.kind != "bf16" or cache.packed is None or cache.packed.dtype != torch.bfloat16:
-        raise ValueError(f"{KERNEL_NAME}: needs a bf16 packed cache")
+    if cache.kind != plan.cache_kind:
+        raise ValueError(f"{KERNEL_NAME}: cache kind {cache.kind!r} differs from the plan's {plan.cache_kind!r}")
+    if cache.kind == "bf16" and (cache.packed is None or cache.packed.dtype != torch.bfloat16):
+        raise ValueError(f"{KERNEL_NAME}: a bf16 cache must be the packed bf16 tensor")
+    if cache.kind == "fp8" and (cache.latent.dtype != torch.float8_e4m3fn or cache.rope.dtype != torch.bfloat16
+                                or cache.scale is None or cache.scale.dtype != torch.float32):
+        raise ValueError(f"{KERNEL_NAME}: an fp8 cache is e4m3 latent, bf16 rope and fp32 scales")
     if cache.page_size != plan.page_size:
         raise ValueError(f"{KERNEL_NAME}: cache page size {cache.page_size} differs from the plan's {plan.page_size}")
     if page_table.dim() != 2 or page_table.shape[0] < plan.batch_size or page_table.stride(-1) != 1 \
@@ -193,7 +200,9 @@ def run(plan: MLADecodePlan, q: torch.Tensor, cache: MLACache, page_table: torch
     if T == 0:
         return out
     ext = load_extension()
-    ext.decode(q, cache.packed, page_table, plan.seq_lens, plan.query_start_loc, out,
+    fp8 = cache.kind == "fp8"
+    ext.decode(q, cache.latent if fp8 else cache.packed, cache.rope if fp8 else None, cache.scale if fp8 else None,
+               page_table, plan.seq_lens, plan.query_start_loc, out,
                lse if S == 1 else None, plan.partial_out if S > 1 else None, plan.partial_lse if S > 1 else None,
                plan.batch_size, plan.row_tiles, S, plan.softmax_scale * LOG2E)
     if S > 1:
@@ -247,7 +256,7 @@ def register(registry=None) -> None:
 
     lk.register_kernel("mla", "decode", name=KERNEL_NAME, solution="cuda", priority=lk.Priority.of(lk.Priority.PORTABLE, 1),
                        capability=CAPABILITY, dtypes=(torch.bfloat16,), features=FEATURES,
-                       traits={"page_size": PAGE_SIZES, "kv_dtype": ("bf16",)}, tags=("latency", "throughput"),
+                       traits={"page_size": PAGE_SIZES, "kv_dtype": CACHE_KINDS}, tags=("latency", "throughput"),
                        registry=registry)(Sm90DecodeOp())
 
 

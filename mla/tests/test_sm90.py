@@ -64,9 +64,11 @@ def test_registers_for_sm90_only_below_triton_reachable_by_override(monkeypatch)
     for platform in (AMPERE, BLACKWELL, lk.CPU):  # sm_90a code runs on sm_90 alone
         with pytest.raises(lk.KernelSelectionError):
             reg.select("mla", "decode", torch.bfloat16, platform=platform, traits=traits, override=sm90.KERNEL_NAME)
-    with pytest.raises(lk.KernelSelectionError):  # FP8 caches stay on Triton
-        reg.select("mla", "decode", torch.bfloat16, platform=HOPPER, override=sm90.KERNEL_NAME,
-                   features=["fp8_kv"], traits={"kv_dtype": "fp8"})
+    fp8 = reg.select("mla", "decode", torch.bfloat16, platform=HOPPER, override=sm90.KERNEL_NAME,
+                     features=["fp8_kv"], traits={"kv_dtype": "fp8", "page_size": 64})
+    assert fp8.name == sm90.KERNEL_NAME  # both cache formats
+    with pytest.raises(lk.KernelSelectionError):  # an fp16 model's queries
+        reg.select("mla", "decode", torch.float16, platform=HOPPER, override=sm90.KERNEL_NAME, traits=traits)
     with pytest.raises(lk.KernelSelectionError):  # a TMA box needs >= 8 rows
         reg.select("mla", "decode", torch.bfloat16, platform=HOPPER, override=sm90.KERNEL_NAME,
                    traits={"page_size": 4})
@@ -103,10 +105,11 @@ def test_splits_fill_one_wave_of_one_cta_per_sm():
     assert sm90.num_splits_for(256, 1, 81920, 16, num_sms=132) == 1
 
 
-def test_plan_refuses_fp8_and_small_pages():
+def test_plan_refuses_unknown_caches_and_small_pages():
     ws = torch.empty(1 << 20, dtype=torch.uint8)
-    with pytest.raises(ValueError, match="bf16 caches only"):
-        sm90.plan(ws, [0, 1], [10], 16, page_size=64, softmax_scale=SCALE, cache_kind="fp8")
+    assert sm90.plan(ws, [0, 1], [10], 16, page_size=64, softmax_scale=SCALE, cache_kind="fp8").cache_kind == "fp8"
+    with pytest.raises(ValueError, match="cache kind"):
+        sm90.plan(ws, [0, 1], [10], 16, page_size=64, softmax_scale=SCALE, cache_kind="int4")
     with pytest.raises(ValueError, match="page_size"):
         sm90.plan(ws, [0, 1], [10], 16, page_size=4, softmax_scale=SCALE)
 
@@ -119,6 +122,13 @@ def test_run_checks_its_inputs_before_building():
     out = torch.zeros(2, 16, 512, dtype=torch.bfloat16)
     table = torch.zeros(1, 7, dtype=torch.int32)
     sm90.check_run_inputs(p, q, cache, table, out, None)  # consistent: no error
+    p8 = sm90.plan(ws, [0, 2], [100], 16, page_size=16, softmax_scale=SCALE, cache_kind="fp8")
+    cache8 = MLACache.empty(8, 16, "fp8")
+    sm90.check_run_inputs(p8, q, cache8, table, out, None)
+    with pytest.raises(ValueError, match="fp8 cache"):
+        sm90.check_run_inputs(p8, q, MLACache("fp8", cache8.latent, cache8.rope.float(), cache8.scale), table, out, None)
+    with pytest.raises(ValueError, match="kind"):
+        sm90.check_run_inputs(p8, q, cache, table, out, None)
     triton_plan = plan_decode(ws, [0, 2], [100], 16, page_size=16, softmax_scale=SCALE)
     bad = [
         (triton_plan, q, cache, table, out, None),
@@ -186,6 +196,6 @@ def test_kernel_compiles_for_sm90a_without_spills(tmp_path):
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     report = done.stderr
-    assert "mla_decode_sm90_kernel" in report
-    assert re.search(r"0 bytes spill stores, 0 bytes spill loads", report), report
+    assert "mla_decode_sm90_bf16_kernel" in report and "mla_decode_sm90_fp8_kernel" in report
+    assert len(re.findall(r"0 bytes spill stores, 0 bytes spill loads", report)) == 2, report
     assert "serialized" not in report, report  # ptxas' wgmma serialisation warning

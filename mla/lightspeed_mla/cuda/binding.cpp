@@ -15,13 +15,32 @@ void check_cuda(const at::Tensor& t, const char* name, at::ScalarType dtype) {
   TORCH_CHECK(t.scalar_type() == dtype, "mla_decode_sm90: ", name, " has dtype ", t.scalar_type(), ", want ", dtype);
 }
 
-void decode(const at::Tensor& q, const at::Tensor& kv_packed, const at::Tensor& page_table,
-            const at::Tensor& seq_lens, const at::Tensor& query_start, at::Tensor out,
+// kv: the bf16 packed cache [pages, page_size, 576], or (with rope and scale given) the FP8 cache's
+// e4m3 latent [pages, page_size, 512]; rope: bf16 [pages, page_size, 64]; scale: fp32 [pages, page_size, 1].
+void decode(const at::Tensor& q, const at::Tensor& kv, c10::optional<at::Tensor> rope, c10::optional<at::Tensor> scale,
+            const at::Tensor& page_table, const at::Tensor& seq_lens, const at::Tensor& query_start, at::Tensor out,
             c10::optional<at::Tensor> lse, c10::optional<at::Tensor> partial_out,
             c10::optional<at::Tensor> partial_lse, int64_t batch, int64_t row_tiles, int64_t num_splits,
             double scale_log2) {
   check_cuda(q, "q", at::kBFloat16);
-  check_cuda(kv_packed, "kv_packed", at::kBFloat16);
+  const bool fp8 = rope.has_value();
+  TORCH_CHECK(fp8 == scale.has_value(), "mla_decode_sm90: rope and scale come together (the FP8 cache)");
+  check_cuda(kv, "kv", fp8 ? at::kFloat8_e4m3fn : at::kBFloat16);
+  const int64_t width = fp8 ? 512 : 576, align = fp8 ? 16 : 8;  // a token row: 16-byte multiple
+  TORCH_CHECK(kv.dim() == 3 && kv.size(2) == width && kv.stride(2) == 1 && kv.stride(1) % align == 0 &&
+                  kv.stride(0) == kv.size(1) * kv.stride(1) && reinterpret_cast<uintptr_t>(kv.data_ptr()) % 16 == 0,
+              "mla_decode_sm90: kv must be a page-flat [pages, page_size, ", width, "] tensor, 16-byte aligned rows");
+  if (fp8) {
+    check_cuda(*rope, "rope", at::kBFloat16);
+    check_cuda(*scale, "scale", at::kFloat);
+    TORCH_CHECK(rope->dim() == 3 && rope->size(0) == kv.size(0) && rope->size(1) == kv.size(1) && rope->size(2) == 64 &&
+                    rope->stride(2) == 1 && rope->stride(1) % 8 == 0 && rope->stride(0) == rope->size(1) * rope->stride(1) &&
+                    reinterpret_cast<uintptr_t>(rope->data_ptr()) % 16 == 0,
+                "mla_decode_sm90: rope must be a page-flat [pages, page_size, 64] tensor, 16-byte aligned rows");
+    TORCH_CHECK(scale->is_contiguous() && scale->numel() == kv.size(0) * kv.size(1) &&
+                    reinterpret_cast<uintptr_t>(scale->data_ptr()) % 16 == 0,
+                "mla_decode_sm90: scale must be contiguous [pages, page_size, 1]");
+  }
   check_cuda(page_table, "page_table", at::kInt);
   check_cuda(seq_lens, "seq_lens", at::kInt);
   check_cuda(query_start, "query_start", at::kInt);
@@ -29,10 +48,6 @@ void decode(const at::Tensor& q, const at::Tensor& kv_packed, const at::Tensor& 
   TORCH_CHECK(q.dim() == 3 && q.size(2) == 576 && q.stride(2) == 1, "mla_decode_sm90: q must be [T, H, 576]");
   TORCH_CHECK(q.stride(0) % 8 == 0 && q.stride(1) % 8 == 0 && reinterpret_cast<uintptr_t>(q.data_ptr()) % 16 == 0,
               "mla_decode_sm90: q rows must be 16-byte aligned");
-  TORCH_CHECK(kv_packed.dim() == 3 && kv_packed.size(2) == 576 && kv_packed.stride(2) == 1 &&
-                  kv_packed.stride(1) % 8 == 0 && kv_packed.stride(0) == kv_packed.size(1) * kv_packed.stride(1) &&
-                  reinterpret_cast<uintptr_t>(kv_packed.data_ptr()) % 16 == 0,
-              "mla_decode_sm90: kv_packed must be a page-flat [pages, page_size, 576] tensor, 16-byte aligned rows");
   TORCH_CHECK(page_table.dim() == 2 && page_table.stride(1) == 1, "mla_decode_sm90: page_table must be [B, P]");
   TORCH_CHECK(out.dim() == 3 && out.size(0) == q.size(0) && out.size(1) == q.size(1) && out.size(2) == 512 &&
                   out.stride(2) == 1 && out.stride(0) % 2 == 0 && out.stride(1) % 2 == 0,
@@ -44,9 +59,15 @@ void decode(const at::Tensor& q, const at::Tensor& kv_packed, const at::Tensor& 
   a.q = q.data_ptr();
   a.q_stride_t = q.stride(0);
   a.q_stride_h = q.stride(1);
-  a.kv = kv_packed.data_ptr();
-  a.kv_num_tokens = kv_packed.size(0) * kv_packed.size(1);
-  a.kv_stride_token = kv_packed.stride(1);
+  a.kv = kv.data_ptr();
+  a.kv_num_tokens = kv.size(0) * kv.size(1);
+  a.kv_stride_token = kv.stride(1);
+  a.fp8 = fp8;
+  if (fp8) {
+    a.rope = rope->data_ptr();
+    a.rope_stride_token = rope->stride(1);
+    a.scale = scale->data_ptr<float>();
+  }
   a.page_table = page_table.data_ptr<int32_t>();
   a.page_table_stride = page_table.stride(0);
   a.seq_lens = seq_lens.data_ptr<int32_t>();
@@ -58,7 +79,7 @@ void decode(const at::Tensor& q, const at::Tensor& kv_packed, const at::Tensor& 
   a.num_heads = static_cast<int>(q.size(1));
   a.row_tiles = static_cast<int>(row_tiles);
   a.num_splits = static_cast<int>(num_splits);
-  a.page_size = static_cast<int>(kv_packed.size(1));
+  a.page_size = static_cast<int>(kv.size(1));
   a.scale_log2 = static_cast<float>(scale_log2);
   if (lse.has_value()) {
     check_cuda(*lse, "lse", at::kFloat);
@@ -89,5 +110,6 @@ void decode(const at::Tensor& q, const at::Tensor& kv_packed, const at::Tensor& 
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decode", &decode, "absorbed MLA decode, sm_90a (see lightspeed_mla/sm90.py)");
-  m.def("smem_bytes", &lightspeed_mla::mla_sm90_smem_bytes, "dynamic shared memory per CTA");
+  m.def("smem_bytes", &lightspeed_mla::mla_sm90_smem_bytes, "dynamic shared memory per CTA, bf16 kernel");
+  m.def("fp8_smem_bytes", &lightspeed_mla::mla_sm90_fp8_smem_bytes, "dynamic shared memory per CTA, FP8 kernel");
 }

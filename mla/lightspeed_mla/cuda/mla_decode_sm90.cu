@@ -3,93 +3,252 @@
 //
 // Design note. A CTA owns 64 rows of one request (rows = (query token, head) pairs, row =
 // token * H + head, so 16 heads x 4 speculative tokens fill one tile) and one split of its keys.
-//   warpgroup 2 (producer; one lane): for each 64-key tile, reads the page ids from the page table and issues one
-//     TMA box per (page piece, 64-column block): 9 boxes of [rows, 64] cover the 576-wide rows, each
-//     landing 128B-swizzled, the layout wgmma reads. A 2-stage ring with full / empty mbarriers.
+//   warpgroup 2 (producer; one lane): for each 64-key tile, reads the page ids from the page table and
+//     issues TMA boxes of [min(page_size, 64) tokens, 128 bytes] per page piece: 9 of them cover a bf16
+//     token's 576 values, each landing 128B-swizzled, the layout wgmma reads. A 2-stage ring with full /
+//     empty mbarriers.
 //   warpgroups 0 and 1 (consumers): warpgroup g computes S = Q K^T for keys 32g..32g+31 of the tile
-//     (m64n32k16, K = 576: Q and K both from shared memory), the two exchange row maxima through
-//     shared memory, each writes its half of P (bf16) to shared memory, and then warpgroup g runs
-//     P V for latent columns 256g..256g+255 (m64n256k16, V = the same latent tile read MN-major).
-//     So every MMA is done once, S and P V are split evenly, and the 64x512 fp32 accumulator is
-//     128 registers a thread.
-// Shared memory: Q 72 KB + 2 x 72 KB KV stages + P 8 KB = 224 KB: one CTA per SM; the split count
-// fills one wave (choose_num_splits). Keys past the split's end inside the last tile are masked in S
-// and their V rows zeroed (a page's tail past the request may hold anything, NaN included).
+//     (m64n32, K = 576: Q and K both from shared memory), the two exchange row maxima through shared
+//     memory, each writes its half of P (bf16) to shared memory, and then warpgroup g runs P V for
+//     latent columns 256g..256g+255 (m64n256k16, V = the latent tile read MN-major). So every MMA is
+//     done once, S and P V are split evenly, and the 64x512 fp32 accumulator is 128 registers a thread.
+// bf16 cache: Q 72 KB + 2 x 72 KB stages + P 8 KB = 224 KB. Keys past the split's end in the last tile
+//   are masked in S and their V rows zeroed (a page's tail past the request may hold NaN).
+// FP8 cache (e4m3 latent, one fp32 scale a token, bf16 rope): Q's latent is quantised per row at the
+//   start (scale amax / 448), S_latent runs as e4m3 wgmma (m64n32k32) and S_rope as bf16, S = q_scale *
+//   k_scale * S_latent + S_rope. e4m3 wgmma takes K-major operands only and V is MN-major, so each
+//   warpgroup widens its 256 V columns to bf16 in shared memory (exact: the e4m3 bits are placed in a
+//   bf16 with the exponent bias left at 7, value * 2^-120) while its S MMAs run, and P V stays bf16
+//   with the per-token scale (and the 2^120) folded into P. The stage is released as soon as S and the
+//   widening are done. Q 40 KB + 2 x 41 KB stages + bf16 V 64 KB + P 8 KB = 194 KB.
 // Page sizes 8..256 (powers of two): a tile is one page piece of min(page_size, 64) tokens or several.
 
 #include "mla_decode_sm90.h"
 
 #include <cudaTypedefs.h>
 
-#include "sm90_ptx.cuh"
-
 #include <cmath>
 #include <cstdio>
+
+#include "sm90_ptx.cuh"
 
 namespace lightspeed_mla {
 namespace {
 
-constexpr int kRows = 64;          // query rows per CTA (one wgmma M)
-constexpr int kKeys = 64;          // keys per tile
+using namespace sm90;
+
+constexpr int kRows = 64;   // query rows per CTA (one wgmma M)
+constexpr int kKeys = 64;   // keys per tile
 constexpr int kStages = 2;
-constexpr int kDim = 576;          // latent 512 + rope 64
-constexpr int kColBlocks = kDim / 64;            // 9 blocks of 64 columns (128 B, one swizzle row)
-constexpr int kBlockBytes = kKeys * 128;         // one [64 rows x 64 cols] bf16 block: 8 KB
-constexpr int kTileBytes = kColBlocks * kBlockBytes;  // 72 KB: a Q tile or a KV tile
-constexpr int kQOff = 0;
-constexpr int kKVOff = kQOff + kTileBytes;
-constexpr int kPOff = kKVOff + kStages * kTileBytes;
-constexpr int kRedMaxOff = kPOff + kRows * 128;  // float [2][64]
-constexpr int kRedSumOff = kRedMaxOff + 2 * kRows * 4;
-constexpr int kBarOff = kRedSumOff + 2 * kRows * 4;  // uint64 full[2], empty[2]
-constexpr int kSmemUsed = kBarOff + 2 * kStages * 8;
-constexpr int kSmemBytes = kSmemUsed + 1024;     // slack to align the base to 1024 B (swizzle atoms)
+constexpr int kDim = 576;   // latent 512 + rope 64
+constexpr int kBlockBytes = kKeys * 128;  // one swizzled [64 rows, 128 bytes] block: 8 KB
 constexpr int kConsumerThreads = 256;
 constexpr int kThreads = kConsumerThreads + 128;  // + the producer warpgroup (one lane issues)
 // Registers are handed out per warpgroup: 384 threads get 168 each at launch; the producer gives
-// most of its share back so the consumers' 128-register accumulators fit (3 x 128 x ... <= 64K).
+// most of its share back so the consumers' 128-register accumulators fit.
 constexpr int kProducerRegs = 40;
 constexpr int kConsumerRegs = 232;
 static_assert(128 * kProducerRegs + kConsumerThreads * kConsumerRegs <= 65536, "register file");
+
+// Shared memory of the bf16 kernel (offsets from a 1024-aligned base).
+namespace bf16l {
+constexpr int kColBlocks = kDim / 64;                  // 9 blocks of 64 columns
+constexpr int kTileBytes = kColBlocks * kBlockBytes;   // 72 KB: a Q tile or a KV tile
+constexpr int kQ = 0;
+constexpr int kKV = kQ + kTileBytes;
+constexpr int kP = kKV + kStages * kTileBytes;
+constexpr int kRedMax = kP + kRows * 128;  // float [2][64]
+constexpr int kRedSum = kRedMax + 2 * kRows * 4;
+constexpr int kBar = kRedSum + 2 * kRows * 4;  // uint64 full[2], empty[2]
+constexpr int kSmemBytes = kBar + 2 * kStages * 8 + 1024;  // + slack to align the base to 1024 B
 static_assert(kSmemBytes <= 227 * 1024, "over the sm_90 shared memory per block");
+}  // namespace bf16l
+
+// Shared memory of the FP8 kernel.
+namespace fp8l {
+constexpr int kQ8 = 0;                         // e4m3 [64, 512]: 4 blocks
+constexpr int kQRope = kQ8 + 4 * kBlockBytes;  // bf16 [64, 64]: 1 block
+constexpr int kStage0 = kQRope + kBlockBytes;
+constexpr int kLatBytes = 4 * kBlockBytes, kRopeBytes = kBlockBytes, kScaleBytes = kKeys * 4;
+constexpr int kStageBytes = kLatBytes + kRopeBytes + 1024;  // e4m3 latent, bf16 rope, fp32 scales; 1 KB aligned
+constexpr int kTxBytes = kLatBytes + kRopeBytes + kScaleBytes;
+constexpr int kV = kStage0 + kStages * kStageBytes;  // bf16 V [64 keys, 512]: 8 blocks
+constexpr int kP = kV + 8 * kBlockBytes;
+constexpr int kRedMax = kP + kRows * 128;
+constexpr int kRedSum = kRedMax + 2 * kRows * 4;
+constexpr int kQScale = kRedSum + 2 * kRows * 4;  // float [64]
+constexpr int kBar = kQScale + kRows * 4;
+constexpr int kSmemBytes = kBar + 2 * kStages * 8 + 1024;
+static_assert(kSmemBytes <= 227 * 1024, "over the sm_90 shared memory per block");
+}  // namespace fp8l
+
+constexpr float kTwoPow120 = 1.329227995784916e36f;  // undoes the widened V's 2^-120 (in P)
 
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define LIGHTSPEED_SM90A 1
 #endif
 
-using namespace sm90;
+// What one CTA does: request b's rows row0.. (a 64-row tile) over keys [start, end) of split `split`.
+struct Work {
+  int split, b, H, q_start, q_len, kv_len, row0, rows_total, start, end, n_tiles;
+};
 
-__global__ void __launch_bounds__(kThreads, 1)
-    mla_decode_sm90_kernel(const __grid_constant__ CUtensorMap kv_map, const MlaSm90Args p) {
-#ifdef LIGHTSPEED_SM90A
-  const int split = blockIdx.x, tile_m = blockIdx.y, b = blockIdx.z;
-  const int H = p.num_heads;
-  const int q_start = p.query_start[b];
-  const int q_len = p.query_start[b + 1] - q_start;
-  const int kv_len = p.seq_lens[b];
-  const int row0 = tile_m * kRows;
-  const int rows_total = q_len * H;
-  if (row0 >= rows_total) return;  // the whole CTA: no barrier has been touched
+__device__ __forceinline__ bool cta_work(const MlaSm90Args& p, Work& w) {
+  w.split = blockIdx.x;
+  w.b = blockIdx.z;
+  w.H = p.num_heads;
+  w.q_start = p.query_start[w.b];
+  w.q_len = p.query_start[w.b + 1] - w.q_start;
+  w.kv_len = p.seq_lens[w.b];
+  w.row0 = blockIdx.y * kRows;
+  w.rows_total = w.q_len * w.H;
+  if (w.row0 >= w.rows_total) return false;
+  // Split `split` of the request's keys (64-aligned ranges, as the Triton kernel cuts them), cut at
+  // the causal end of the tile's last row.
+  const int last_q = min((w.row0 + kRows - 1) / w.H, w.q_len - 1);
+  const int tile_end = w.kv_len - w.q_len + last_q + 1;
+  const int per_split = ((w.kv_len + p.num_splits - 1) / p.num_splits + kKeys - 1) / kKeys * kKeys;
+  w.start = w.split * per_split;
+  w.end = min(w.start + per_split, tile_end);
+  w.n_tiles = w.end > w.start ? (w.end - w.start + kKeys - 1) / kKeys : 0;
+  return true;
+}
 
-  // Keys this CTA covers: split `split` of the request, cut at the causal end of its last row.
-  const int last_q = min((row0 + kRows - 1) / H, q_len - 1);
-  const int tile_end = kv_len - q_len + last_q + 1;
-  const int per_split = ((kv_len + p.num_splits - 1) / p.num_splits + kKeys - 1) / kKeys * kKeys;
-  const int start = split * per_split;
-  const int end = min(start + per_split, tile_end);
-  const int n_tiles = end > start ? (end - start + kKeys - 1) / kKeys : 0;
+// A consumer thread's place in the wgmma fragments: rows r_lo and r_hi of the 64, and the causal
+// key limit of each (query i of the request sees keys < kv_len - q_len + i + 1).
+struct Frag {
+  int tid, wg, lane, r_lo, r_hi, limit[2];
+};
 
-  extern __shared__ uint8_t smem_raw[];
-  const uint32_t raw = smem_addr(smem_raw);
-  const uint32_t pad = ((raw + 1023) & ~1023u) - raw;
-  uint8_t* smem = smem_raw + pad;
-  const uint32_t base = raw + pad;
-  const uint32_t full_bar = base + kBarOff, empty_bar = full_bar + kStages * 8;
-  float* red_max = reinterpret_cast<float*>(smem + kRedMaxOff);
-  float* red_sum = reinterpret_cast<float*>(smem + kRedSumOff);
+__device__ __forceinline__ Frag make_frag(const Work& w) {
+  Frag f;
+  f.tid = threadIdx.x;
+  f.wg = f.tid / 128;
+  f.lane = f.tid % 32;
+  f.r_lo = 16 * ((f.tid % 128) / 32) + f.lane / 4;
+  f.r_hi = f.r_lo + 8;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) f.limit[h] = min(w.end, w.kv_len - w.q_len + (w.row0 + (h ? f.r_hi : f.r_lo)) / w.H + 1);
+  return f;
+}
 
-  const int tid = threadIdx.x;
-  if (tid == 0) {
+// Key of S fragment element i (0..15) within the 64-key tile.
+__device__ __forceinline__ int frag_key(const Frag& f, int i) {
+  return 32 * f.wg + 8 * (i >> 2) + 2 * (f.lane & 3) + (i & 1);
+}
+
+// Online softmax, part 1: each row's maximum over this tile's 64 keys (both warpgroups' halves).
+// s: log2-domain scores, masked to -inf. Ends with the consumers' barrier.
+__device__ __forceinline__ void tile_row_max(const float (&s)[16], float* red_max, const Frag& f, float (&mx)[2]) {
+  mx[0] = mx[1] = -INFINITY;
+#pragma unroll
+  for (int i = 0; i < 16; ++i) mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], s[i]);
+  mx[0] = warp_max4(mx[0]);
+  mx[1] = warp_max4(mx[1]);
+  if ((f.lane & 3) == 0) {
+    red_max[f.wg * kRows + f.r_lo] = mx[0];
+    red_max[f.wg * kRows + f.r_hi] = mx[1];
+  }
+  named_barrier_sync(1, kConsumerThreads);
+  mx[0] = fmaxf(red_max[f.r_lo], red_max[kRows + f.r_lo]);
+  mx[1] = fmaxf(red_max[f.r_hi], red_max[kRows + f.r_hi]);
+}
+
+// Online softmax, part 2: new running max, rescale the accumulator and the row sums, write
+// P * p_mul (bf16) for this warpgroup's 32 keys into the swizzled [64, 64] P tile.
+template <bool kScaleP>
+__device__ __forceinline__ void tile_probs(const float (&s)[16], const float (&p_mul)[16], const float (&mx)[2],
+                                           float (&m_run)[2], float (&l_run)[2], float (&acc)[128],
+                                           uint8_t* p_tile, const Frag& f) {
+  float m_use[2], alpha[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float m_new = fmaxf(m_run[h], mx[h]);
+    m_use[h] = m_new == -INFINITY ? 0.f : m_new;
+    alpha[h] = exp2f(m_run[h] - m_use[h]);
+    m_run[h] = m_new;
+  }
+  float psum[2] = {0.f, 0.f};
+#pragma unroll
+  for (int i = 0; i < 16; i += 2) {
+    const int h = (i >> 1) & 1;
+    float p0 = exp2f(s[i] - m_use[h]), p1 = exp2f(s[i + 1] - m_use[h]);
+    psum[h] += p0 + p1;
+    if (kScaleP) {
+      p0 *= p_mul[i];
+      p1 *= p_mul[i + 1];
+    }
+    *reinterpret_cast<__nv_bfloat162*>(p_tile + swizzled_offset(h ? f.r_hi : f.r_lo, frag_key(f, i))) =
+        __floats2bfloat162_rn(p0, p1);
+  }
+  l_run[0] = l_run[0] * alpha[0] + psum[0];
+  l_run[1] = l_run[1] * alpha[1] + psum[1];
+#pragma unroll
+  for (int i = 0; i < 128; ++i) acc[i] *= alpha[(i >> 1) & 1];
+}
+
+// O[64, 256 columns of this warpgroup] += P[64, 64] V[64 keys, 256]: 4 k-steps of 16 keys. v_base:
+// this warpgroup's first [64 keys, 64 columns] bf16 block; the blocks are kBlockBytes apart.
+__device__ __forceinline__ void tile_pv(float (&acc)[128], uint32_t p_base, uint32_t v_base) {
+  fence_regs(acc);  // the rescaled accumulator is written before the fence
+  wgmma_fence();
+#pragma unroll
+  for (int k = 0; k < kKeys / 16; ++k)
+    wgmma_m64n256_ss_tb(acc, smem_desc(p_base + k * 32, 16), smem_desc(v_base + k * 16 * 128, kBlockBytes), 1);
+  wgmma_commit();
+  wgmma_wait_all();
+  fence_regs(acc);
+}
+
+// The output (one split) or this split's normalised partial and its log2-LSE.
+__device__ __forceinline__ void write_out(const MlaSm90Args& p, const Work& w, const Frag& f, const float (&acc)[128],
+                                          const float (&m_run)[2], float (&l_run)[2], float* red_sum) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) l_run[h] = warp_sum4(l_run[h]);
+  if ((f.lane & 3) == 0) {
+    red_sum[f.wg * kRows + f.r_lo] = l_run[0];
+    red_sum[f.wg * kRows + f.r_hi] = l_run[1];
+  }
+  named_barrier_sync(1, kConsumerThreads);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = h ? f.r_hi : f.r_lo;
+    const int row = w.row0 + r;
+    if (row >= w.rows_total) continue;
+    const float l = red_sum[r] + red_sum[kRows + r];
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+    const float lse2 = l > 0.f ? m_run[h] + log2f(l) : -INFINITY;
+    const int64_t tok = w.q_start + row / w.H, head = row % w.H;
+    const int col0 = 256 * f.wg + 2 * (f.lane & 3);
+    if (p.num_splits == 1) {
+      __nv_bfloat16* o = static_cast<__nv_bfloat16*>(p.out) + tok * p.out_stride_t + head * p.out_stride_h;
+#pragma unroll
+      for (int j = 0; j < 32; ++j) {
+        const int i = 4 * j + 2 * h;
+        *reinterpret_cast<__nv_bfloat162*>(o + col0 + 8 * j) = __floats2bfloat162_rn(acc[i] * inv, acc[i + 1] * inv);
+      }
+      if (p.lse != nullptr && f.wg == 0 && (f.lane & 3) == 0) p.lse[tok * w.H + head] = lse2 * 0.6931471805599453f;
+    } else {
+      float* o = p.partial_out + tok * p.po_stride_t + head * p.po_stride_h + w.split * p.po_stride_s;
+#pragma unroll
+      for (int j = 0; j < 32; ++j) {
+        const int i = 4 * j + 2 * h;
+        *reinterpret_cast<float2*>(o + col0 + 8 * j) = make_float2(acc[i] * inv, acc[i + 1] * inv);
+      }
+      if (f.wg == 0 && (f.lane & 3) == 0) p.partial_lse[(tok * w.H + head) * p.num_splits + w.split] = lse2;
+    }
+  }
+}
+
+// Producer: for tile i, the (page id, token row) of each box of min(page_size, 64) tokens. Pieces past
+// the request's last page re-read its last page (finite data, masked in S).
+__device__ __forceinline__ int box_row(const MlaSm90Args& p, const int32_t* pt, int key, int last_page) {
+  const int page = pt[min(key / p.page_size, last_page)];
+  return page * p.page_size + (key & (p.page_size - 1));
+}
+
+__device__ __forceinline__ void init_barriers(uint32_t full_bar, uint32_t empty_bar) {
+  if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       mbar_init(full_bar + 8 * s, 1);
       mbar_init(empty_bar + 8 * s, kConsumerThreads);
@@ -97,28 +256,40 @@ __global__ void __launch_bounds__(kThreads, 1)
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
+}
 
-  if (tid >= kConsumerThreads) {
-    // ---- producer warpgroup: one lane issues every TMA ----
+__device__ __forceinline__ uint8_t* aligned_smem(uint8_t* raw, uint32_t& base) {
+  const uint32_t addr = smem_addr(raw);
+  const uint32_t pad = ((addr + 1023) & ~1023u) - addr;
+  base = addr + pad;
+  return raw + pad;
+}
+
+__global__ void __launch_bounds__(kThreads, 1)
+    mla_decode_sm90_bf16_kernel(const __grid_constant__ CUtensorMap kv_map, const MlaSm90Args p) {
+#ifdef LIGHTSPEED_SM90A
+  using namespace bf16l;
+  Work w;
+  if (!cta_work(p, w)) return;  // the whole CTA, before any barrier
+  extern __shared__ uint8_t smem_raw[];
+  uint32_t base;
+  uint8_t* smem = aligned_smem(smem_raw, base);
+  const uint32_t full_bar = base + kBar, empty_bar = full_bar + kStages * 8;
+  init_barriers(full_bar, empty_bar);
+
+  if (threadIdx.x >= kConsumerThreads) {  // ---- producer warpgroup ----
     setmaxnreg_dec<kProducerRegs>();
-    if (tid == kConsumerThreads) {
+    if (threadIdx.x == kConsumerThreads) {
       asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&kv_map)) : "memory");
-      const int box_rows = min(p.page_size, kKeys);
-      const int boxes = kKeys / box_rows;
-      const int last_page = (kv_len - 1) / p.page_size;
-      const int32_t* pt = p.page_table + static_cast<int64_t>(b) * p.page_table_stride;
-      for (int i = 0; i < n_tiles; ++i) {
+      const int box_rows = min(p.page_size, kKeys), last_page = (w.kv_len - 1) / p.page_size;
+      const int32_t* pt = p.page_table + static_cast<int64_t>(w.b) * p.page_table_stride;
+      for (int i = 0; i < w.n_tiles; ++i) {
         const int stage = i % kStages;
         if (i >= kStages) mbar_wait(empty_bar + 8 * stage, ((i / kStages) - 1) & 1);
-        const uint32_t bar = full_bar + 8 * stage;
+        const uint32_t bar = full_bar + 8 * stage, dst = base + kKV + stage * kTileBytes;
         mbar_expect_tx(bar, kTileBytes);
-        const uint32_t dst = base + kKVOff + stage * kTileBytes;
-        const int key0 = start + i * kKeys;
-        for (int j = 0; j < boxes; ++j) {
-          const int key = key0 + j * box_rows;
-          // Pieces past the request's last page re-read its last page: finite data, masked below.
-          const int page = pt[min(key / p.page_size, last_page)];
-          const int row = page * p.page_size + (key & (p.page_size - 1));
+        for (int j = 0; j < kKeys / box_rows; ++j) {
+          const int row = box_row(p, pt, w.start + i * kKeys + j * box_rows, last_page);
 #pragma unroll
           for (int c = 0; c < kColBlocks; ++c)
             tma_load_2d(dst + c * kBlockBytes + j * box_rows * 128, &kv_map, c * 64, row, bar);
@@ -130,174 +301,232 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   // ---- consumers ----
   setmaxnreg_inc<kConsumerRegs>();
-  const int wg = tid / 128;          // warpgroup: S keys 32wg.., P V columns 256wg..
-  const int warp = (tid % 128) / 32;  // rows 16warp.. of the wgmma M tile
-  const int lane = tid % 32;
-  const int r_lo = 16 * warp + lane / 4, r_hi = r_lo + 8;  // the two rows this thread holds
-
-  // Q -> shared memory, 128B-swizzled blocks; rows past the request's are zeros.
-  if (n_tiles > 0) {
-    for (int v = tid; v < kRows * (kDim / 8); v += kConsumerThreads) {
-      const int r = v / (kDim / 8), c8 = v % (kDim / 8);
+  const Frag f = make_frag(w);
+  if (w.n_tiles > 0) {  // Q -> shared memory, swizzled; rows past the request's are zeros
+    for (int v = f.tid; v < kRows * (kDim / 8); v += kConsumerThreads) {
+      const int r = v / (kDim / 8), c8 = v % (kDim / 8), row = w.row0 + r;
       uint4 val = make_uint4(0, 0, 0, 0);
-      const int row = row0 + r;
-      if (row < rows_total) {
-        const int tok = q_start + row / H, head = row % H;
-        const __nv_bfloat16* src = static_cast<const __nv_bfloat16*>(p.q) + tok * p.q_stride_t +
-                                   head * p.q_stride_h + c8 * 8;
-        val = *reinterpret_cast<const uint4*>(src);
+      if (row < w.rows_total) {
+        const int64_t tok = w.q_start + row / w.H, head = row % w.H;
+        val = *reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(p.q) + tok * p.q_stride_t +
+                                              head * p.q_stride_h + c8 * 8);
       }
-      *reinterpret_cast<uint4*>(smem + kQOff + swizzled_offset(r, c8 * 8)) = val;
+      *reinterpret_cast<uint4*>(smem + kQ + swizzled_offset(r, c8 * 8)) = val;
     }
     fence_proxy_async();
   }
   named_barrier_sync(1, kConsumerThreads);
 
-  // Causal limit of each held row: query i of the request sees keys < kv_len - q_len + i + 1.
-  int limit[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int row = row0 + (h ? r_hi : r_lo);
-    limit[h] = min(end, kv_len - q_len + row / H + 1);
-  }
-
   float acc[128];
 #pragma unroll
   for (int i = 0; i < 128; ++i) acc[i] = 0.f;
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
-  const uint32_t q_base = base + kQOff, p_base = base + kPOff;
-
-  for (int it = 0; it < n_tiles; ++it) {
+  const float no_mul[16] = {};
+  for (int it = 0; it < w.n_tiles; ++it) {
     const int stage = it % kStages;
-    const uint32_t kv_base = base + kKVOff + stage * kTileBytes;
-    const int key0 = start + it * kKeys;
+    const uint32_t kv_base = base + kKV + stage * kTileBytes;
+    const int key0 = w.start + it * kKeys;
     mbar_wait(full_bar + 8 * stage, (it / kStages) & 1);
 
-    // S[64 rows, 32 keys] = Q K^T over the 576 columns: 36 k-steps of 16.
+    // S[64 rows, this warpgroup's 32 keys] = Q K^T over the 576 columns: 36 k-steps of 16.
     float s[16];
     fence_regs(s);
     wgmma_fence();
 #pragma unroll
     for (int k = 0; k < kDim / 16; ++k) {
       const uint32_t koff = (k >> 2) * kBlockBytes + (k & 3) * 32;
-      wgmma_m64n32_ss(s, smem_desc(q_base + koff, 16), smem_desc(kv_base + wg * 32 * 128 + koff, 16), k > 0);
+      wgmma_m64n32_ss(s, smem_desc(base + kQ + koff, 16), smem_desc(kv_base + f.wg * 32 * 128 + koff, 16), k > 0);
     }
     wgmma_commit();
     wgmma_wait_all();
     fence_regs(s);
+#pragma unroll
+    for (int i = 0; i < 16; ++i) s[i] = key0 + frag_key(f, i) < f.limit[(i >> 1) & 1] ? s[i] * p.scale_log2 : -INFINITY;
 
-    // Mask and scale (log2 domain); fragment element i: row (i>>1)&1 ? r_hi : r_lo,
-    // key 8*(i>>2) + 2*(lane&3) + (i&1) of this warpgroup's 32.
-    float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      const int h = (i >> 1) & 1;
-      const int key = key0 + 32 * wg + 8 * (i >> 2) + 2 * (lane & 3) + (i & 1);
-      s[i] = key < limit[h] ? s[i] * p.scale_log2 : -INFINITY;
-      mx[h] = fmaxf(mx[h], s[i]);
-    }
-    mx[0] = warp_max4(mx[0]);
-    mx[1] = warp_max4(mx[1]);
-    if ((lane & 3) == 0) {
-      red_max[wg * kRows + r_lo] = mx[0];
-      red_max[wg * kRows + r_hi] = mx[1];
-    }
-    named_barrier_sync(1, kConsumerThreads);
-    float m_use[2], alpha[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int r = h ? r_hi : r_lo;
-      const float m_new = fmaxf(m_run[h], fmaxf(red_max[r], red_max[kRows + r]));
-      m_use[h] = m_new == -INFINITY ? 0.f : m_new;
-      alpha[h] = exp2f(m_run[h] - m_use[h]);
-      m_run[h] = m_new;
-    }
-    float psum[2] = {0.f, 0.f};
-#pragma unroll
-    for (int i = 0; i < 16; i += 2) {
-      const int h = (i >> 1) & 1;
-      const float p0 = exp2f(s[i] - m_use[h]), p1 = exp2f(s[i + 1] - m_use[h]);
-      psum[h] += p0 + p1;
-      const int r = h ? r_hi : r_lo;
-      const int key = 32 * wg + 8 * (i >> 2) + 2 * (lane & 3);
-      *reinterpret_cast<__nv_bfloat162*>(smem + kPOff + swizzled_offset(r, key)) = __floats2bfloat162_rn(p0, p1);
-    }
-    l_run[0] = l_run[0] * alpha[0] + psum[0];
-    l_run[1] = l_run[1] * alpha[1] + psum[1];
-#pragma unroll
-    for (int i = 0; i < 128; ++i) acc[i] *= alpha[(i >> 1) & 1];
-
+    float mx[2];
+    tile_row_max(s, reinterpret_cast<float*>(smem + kRedMax), f, mx);
+    tile_probs<false>(s, no_mul, mx, m_run, l_run, acc, smem + kP, f);
     // Keys past `end` in this tile: zero this warpgroup's V rows (P is 0 there, but 0 * NaN is not).
-    const int valid = end - key0;
+    const int valid = w.end - key0;
     if (valid < kKeys) {
-      const int t = tid % 128;
-      for (int v = t; v < (kKeys - valid) * 4 * 8; v += 128) {
-        const int r = valid + v / 32, blk = 4 * wg + (v / 8) % 4, c16 = v % 8;
-        *reinterpret_cast<uint4*>(smem + kKVOff + stage * kTileBytes + blk * kBlockBytes + r * 128 + c16 * 16) =
+      for (int v = f.tid % 128; v < (kKeys - valid) * 4 * 8; v += 128) {
+        const int r = valid + v / 32, blk = 4 * f.wg + (v / 8) % 4, c16 = v % 8;
+        *reinterpret_cast<uint4*>(smem + kKV + stage * kTileBytes + blk * kBlockBytes + r * 128 + c16 * 16) =
             make_uint4(0, 0, 0, 0);
       }
     }
     fence_proxy_async();
     named_barrier_sync(1, kConsumerThreads);
-
-    // O[64 rows, 256 columns] += P[64, 64 keys] V[64 keys, 256]: 4 k-steps of 16 keys.
-    fence_regs(acc);  // the rescaled accumulator is written before the fence
-    wgmma_fence();
-#pragma unroll
-    for (int k = 0; k < kKeys / 16; ++k) {
-      const uint64_t da = smem_desc(p_base + k * 32, 16);
-      const uint64_t db = smem_desc(kv_base + 4 * wg * kBlockBytes + k * 16 * 128, kBlockBytes);
-      wgmma_m64n256_ss_tb(acc, da, db, 1);
-    }
-    wgmma_commit();
-    wgmma_wait_all();
-    fence_regs(acc);
+    tile_pv(acc, base + kP, kv_base + 4 * f.wg * kBlockBytes);
     mbar_arrive(empty_bar + 8 * stage);
   }
+  write_out(p, w, f, acc, m_run, l_run, reinterpret_cast<float*>(smem + kRedSum));
+#endif  // LIGHTSPEED_SM90A
+}
 
-  // Row sums: 4 lanes a row, then the two warpgroups' key halves.
+__global__ void __launch_bounds__(kThreads, 1)
+    mla_decode_sm90_fp8_kernel(const __grid_constant__ CUtensorMap lat_map, const __grid_constant__ CUtensorMap rope_map,
+                               const MlaSm90Args p) {
+#ifdef LIGHTSPEED_SM90A
+  using namespace fp8l;
+  Work w;
+  if (!cta_work(p, w)) return;
+  extern __shared__ uint8_t smem_raw[];
+  uint32_t base;
+  uint8_t* smem = aligned_smem(smem_raw, base);
+  const uint32_t full_bar = base + kBar, empty_bar = full_bar + kStages * 8;
+  init_barriers(full_bar, empty_bar);
+
+  if (threadIdx.x >= kConsumerThreads) {  // ---- producer warpgroup ----
+    setmaxnreg_dec<kProducerRegs>();
+    if (threadIdx.x == kConsumerThreads) {
+      asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&lat_map)) : "memory");
+      asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&rope_map)) : "memory");
+      const int box_rows = min(p.page_size, kKeys), last_page = (w.kv_len - 1) / p.page_size;
+      const int32_t* pt = p.page_table + static_cast<int64_t>(w.b) * p.page_table_stride;
+      for (int i = 0; i < w.n_tiles; ++i) {
+        const int stage = i % kStages;
+        if (i >= kStages) mbar_wait(empty_bar + 8 * stage, ((i / kStages) - 1) & 1);
+        const uint32_t bar = full_bar + 8 * stage, dst = base + kStage0 + stage * kStageBytes;
+        mbar_expect_tx(bar, kTxBytes);
+        for (int j = 0; j < kKeys / box_rows; ++j) {
+          const int row = box_row(p, pt, w.start + i * kKeys + j * box_rows, last_page);
 #pragma unroll
-  for (int h = 0; h < 2; ++h) l_run[h] = warp_sum4(l_run[h]);
-  if ((lane & 3) == 0) {
-    red_sum[wg * kRows + r_lo] = l_run[0];
-    red_sum[wg * kRows + r_hi] = l_run[1];
+          for (int c = 0; c < 4; ++c) tma_load_2d(dst + c * kBlockBytes + j * box_rows * 128, &lat_map, c * 128, row, bar);
+          tma_load_2d(dst + kLatBytes + j * box_rows * 128, &rope_map, 0, row, bar);
+          bulk_load(dst + kLatBytes + kRopeBytes + j * box_rows * 4, p.scale + row, box_rows * 4, bar);
+        }
+      }
+    }
+    return;
+  }
+
+  // ---- consumers ----
+  setmaxnreg_inc<kConsumerRegs>();
+  const Frag f = make_frag(w);
+  float* q_scale = reinterpret_cast<float*>(smem + kQScale);
+  if (w.n_tiles > 0) {
+    // Q's latent -> e4m3 with one scale a row (amax / 448): four threads a row, 128 columns each.
+    const int r = f.tid / 4, quarter = f.tid % 4, row = w.row0 + r;
+    const bool live = row < w.rows_total;
+    const __nv_bfloat16* qrow = static_cast<const __nv_bfloat16*>(p.q);
+    if (live) qrow += (w.q_start + row / w.H) * p.q_stride_t + static_cast<int64_t>(row % w.H) * p.q_stride_h;
+    float amax = 0.f;
+    if (live) {
+      for (int c = 0; c < 16; ++c) {
+        const uint4 v = *reinterpret_cast<const uint4*>(qrow + quarter * 128 + c * 8);
+        const __nv_bfloat162* h2 = reinterpret_cast<const __nv_bfloat162*>(&v);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float2 x = __bfloat1622float2(h2[e]);
+          amax = fmaxf(amax, fmaxf(fabsf(x.x), fabsf(x.y)));
+        }
+      }
+    }
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffff, amax, 1));
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffff, amax, 2));
+    const float inv = amax > 0.f ? 448.f / amax : 0.f;
+    if (quarter == 0) q_scale[r] = amax / 448.f;
+    for (int c = 0; c < 8; ++c) {  // 16 columns a store
+      uint32_t packed[4] = {0, 0, 0, 0};
+      if (live) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const uint4 v = *reinterpret_cast<const uint4*>(qrow + quarter * 128 + c * 16 + half * 8);
+          const __nv_bfloat162* h2 = reinterpret_cast<const __nv_bfloat162*>(&v);
+#pragma unroll
+          for (int e = 0; e < 4; e += 2) {
+            const float2 a = __bfloat1622float2(h2[e]), b = __bfloat1622float2(h2[e + 1]);
+            const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(a.x * inv, a.y * inv), __NV_SATFINITE, __NV_E4M3);
+            const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(b.x * inv, b.y * inv), __NV_SATFINITE, __NV_E4M3);
+            packed[half * 2 + e / 2] = lo | (hi << 16);
+          }
+        }
+      }
+      *reinterpret_cast<uint4*>(smem + kQ8 + swizzled_offset_8bit(r, quarter * 128 + c * 16)) =
+          make_uint4(packed[0], packed[1], packed[2], packed[3]);
+    }
+    for (int v = f.tid; v < kRows * 8; v += kConsumerThreads) {  // Q's rope stays bf16
+      const int rr = v / 8, c8 = v % 8, rrow = w.row0 + rr;
+      uint4 val = make_uint4(0, 0, 0, 0);
+      if (rrow < w.rows_total) {
+        const int64_t tok = w.q_start + rrow / w.H, head = rrow % w.H;
+        val = *reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(p.q) + tok * p.q_stride_t +
+                                              head * p.q_stride_h + 512 + c8 * 8);
+      }
+      *reinterpret_cast<uint4*>(smem + kQRope + swizzled_offset(rr, c8 * 8)) = val;
+    }
+    fence_proxy_async();
   }
   named_barrier_sync(1, kConsumerThreads);
-  float inv[2], lse2[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int r = h ? r_hi : r_lo;
-    const float l = red_sum[r] + red_sum[kRows + r];
-    inv[h] = l > 0.f ? 1.f / l : 0.f;
-    lse2[h] = l > 0.f ? m_run[h] + log2f(l) : -INFINITY;
-  }
+  const float qs[2] = {q_scale[f.r_lo], q_scale[f.r_hi]};
 
-  // Write: the output (one split) or this split's normalised partial and its log2-LSE.
+  float acc[128];
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int row = row0 + (h ? r_hi : r_lo);
-    if (row >= rows_total) continue;
-    const int64_t tok = q_start + row / H, head = row % H;
-    const int col0 = 256 * wg + 2 * (lane & 3);
-    if (p.num_splits == 1) {
-      __nv_bfloat16* o = static_cast<__nv_bfloat16*>(p.out) + tok * p.out_stride_t + head * p.out_stride_h;
+  for (int i = 0; i < 128; ++i) acc[i] = 0.f;
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+  for (int it = 0; it < w.n_tiles; ++it) {
+    const int stage = it % kStages;
+    const uint32_t st_base = base + kStage0 + stage * kStageBytes;
+    uint8_t* st = smem + kStage0 + stage * kStageBytes;
+    const int key0 = w.start + it * kKeys;
+    mbar_wait(full_bar + 8 * stage, (it / kStages) & 1);
+
+    // S_latent in two fp32 halves (Hopper's e4m3 MMAs accumulate with reduced precision), S_rope bf16.
+    float s_lat0[16], s_lat1[16], s_rope[16];
+    fence_regs(s_lat0);
+    fence_regs(s_lat1);
+    fence_regs(s_rope);
+    wgmma_fence();
 #pragma unroll
-      for (int j = 0; j < 32; ++j) {
-        const int i = 4 * j + 2 * h;
-        *reinterpret_cast<__nv_bfloat162*>(o + col0 + 8 * j) =
-            __floats2bfloat162_rn(acc[i] * inv[h], acc[i + 1] * inv[h]);
-      }
-      if (p.lse != nullptr && wg == 0 && (lane & 3) == 0) p.lse[tok * H + head] = lse2[h] * 0.6931471805599453f;
-    } else {
-      float* o = p.partial_out + tok * p.po_stride_t + head * p.po_stride_h + split * p.po_stride_s;
-#pragma unroll
-      for (int j = 0; j < 32; ++j) {
-        const int i = 4 * j + 2 * h;
-        *reinterpret_cast<float2*>(o + col0 + 8 * j) = make_float2(acc[i] * inv[h], acc[i + 1] * inv[h]);
-      }
-      if (wg == 0 && (lane & 3) == 0) p.partial_lse[(tok * H + head) * p.num_splits + split] = lse2[h];
+    for (int k = 0; k < 8; ++k) {
+      const uint32_t koff = (k >> 2) * kBlockBytes + (k & 3) * 32;
+      wgmma_m64n32k32_e4m3(s_lat0, smem_desc(base + kQ8 + koff, 16), smem_desc(st_base + f.wg * 32 * 128 + koff, 16), k > 0);
     }
+#pragma unroll
+    for (int k = 8; k < 16; ++k) {
+      const uint32_t koff = (k >> 2) * kBlockBytes + (k & 3) * 32;
+      wgmma_m64n32k32_e4m3(s_lat1, smem_desc(base + kQ8 + koff, 16), smem_desc(st_base + f.wg * 32 * 128 + koff, 16), k > 8);
+    }
+#pragma unroll
+    for (int k = 0; k < 4; ++k)
+      wgmma_m64n32_ss(s_rope, smem_desc(base + kQRope + k * 32, 16),
+                      smem_desc(st_base + kLatBytes + f.wg * 32 * 128 + k * 32, 16), k > 0);
+    wgmma_commit();
+
+    // While those run: widen this warpgroup's 256 V columns to bf16 (value * 2^-120) in the V tile.
+    for (int u = f.tid % 128; u < kKeys * 16; u += 128) {
+      const int key = u / 16, col = 256 * f.wg + (u % 16) * 16;
+      const uint4 x = *reinterpret_cast<const uint4*>(st + swizzled_offset_8bit(key, col));
+      const uint2 a = e4m3x4_to_bf16x4_scaled(x.x), b = e4m3x4_to_bf16x4_scaled(x.y);
+      const uint2 c = e4m3x4_to_bf16x4_scaled(x.z), d = e4m3x4_to_bf16x4_scaled(x.w);
+      *reinterpret_cast<uint4*>(smem + kV + swizzled_offset(key, col)) = make_uint4(a.x, a.y, b.x, b.y);
+      *reinterpret_cast<uint4*>(smem + kV + swizzled_offset(key, col + 8)) = make_uint4(c.x, c.y, d.x, d.y);
+    }
+    const float* k_scale = reinterpret_cast<const float*>(st + kLatBytes + kRopeBytes);
+    float s[16], p_mul[16];
+    wgmma_wait_all();
+    fence_regs(s_lat0);
+    fence_regs(s_lat1);
+    fence_regs(s_rope);
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      const int h = (i >> 1) & 1, key = frag_key(f, i);
+      const bool valid = key0 + key < f.limit[h];
+      const float ks = k_scale[key];  // garbage past the request: selected away, never multiplied in
+      s[i] = valid ? ((s_lat0[i] + s_lat1[i]) * (qs[h] * ks) + s_rope[i]) * p.scale_log2 : -INFINITY;
+      p_mul[i] = valid ? ks * kTwoPow120 : 0.f;
+    }
+    mbar_arrive(empty_bar + 8 * stage);  // K, rope, scales and this thread's V reads are done
+
+    float mx[2];
+    tile_row_max(s, reinterpret_cast<float*>(smem + kRedMax), f, mx);
+    tile_probs<true>(s, p_mul, mx, m_run, l_run, acc, smem + kP, f);
+    fence_proxy_async();  // P and the widened V, before wgmma reads them
+    named_barrier_sync(1, kConsumerThreads);
+    tile_pv(acc, base + kP, base + kV + 4 * f.wg * kBlockBytes);
   }
+  write_out(p, w, f, acc, m_run, l_run, reinterpret_cast<float*>(smem + kRedSum));
 #endif  // LIGHTSPEED_SM90A
 }
 
@@ -305,57 +534,88 @@ void set_err(char* err, int errlen, const char* msg, int code) {
   if (err != nullptr && errlen > 0) snprintf(err, errlen, "%s (%d)", msg, code);
 }
 
-}  // namespace
-
-int mla_sm90_smem_bytes() { return kSmemBytes; }
-
-int mla_sm90_decode_launch(const MlaSm90Args& a, cudaStream_t stream, char* err, int errlen) {
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder(char* err, int errlen) {
   // The cuTensorMapEncodeTiled driver entry point, looked up once through the runtime (no -lcuda).
   static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
   if (encode == nullptr) {
     cudaDriverEntryPointQueryResult found;
     void* fn = nullptr;
-    cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found);
+    const cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found);
     if (e != cudaSuccess || found != cudaDriverEntryPointSuccess || fn == nullptr) {
       set_err(err, errlen, "cuTensorMapEncodeTiled not found", static_cast<int>(e));
-      return e != cudaSuccess ? static_cast<int>(e) : -1;
+      return nullptr;
     }
     encode = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
   }
+  return encode;
+}
+
+// A [tokens, cols] cache tensor with a byte stride between tokens, read in 128B-swizzled boxes of
+// [box_rows tokens, box_cols elements] (box_cols * element size = 128 bytes).
+bool encode_map(PFN_cuTensorMapEncodeTiled_v12000 encode, CUtensorMap* map, CUtensorMapDataType dtype,
+                const void* ptr, int64_t cols, int64_t tokens, int64_t stride_bytes, int box_cols, int box_rows,
+                char* err, int errlen) {
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(tokens)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(stride_bytes)};
+  const cuuint32_t box[2] = {static_cast<cuuint32_t>(box_cols), static_cast<cuuint32_t>(box_rows)};
+  const cuuint32_t elem_strides[2] = {1, 1};
+  const CUresult r = encode(map, dtype, 2, const_cast<void*>(ptr), dims, strides, box, elem_strides,
+                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) set_err(err, errlen, "cuTensorMapEncodeTiled failed", static_cast<int>(r));
+  return r == CUDA_SUCCESS;
+}
+
+// The shared-memory opt-in is per device and kernel: remembered in a bit per device ordinal.
+template <typename Kernel>
+int opt_in_smem(Kernel kernel, int bytes, unsigned long long& done, char* err, int errlen) {
+  int device = 0;
+  cudaGetDevice(&device);
+  if (device < 64 && (done >> device & 1ull)) return 0;
+  const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  if (e != cudaSuccess) {
+    set_err(err, errlen, cudaGetErrorString(e), static_cast<int>(e));
+    return static_cast<int>(e);
+  }
+  if (device < 64) done |= 1ull << device;
+  return 0;
+}
+
+}  // namespace
+
+int mla_sm90_smem_bytes() { return bf16l::kSmemBytes; }
+int mla_sm90_fp8_smem_bytes() { return fp8l::kSmemBytes; }
+
+int mla_sm90_decode_launch(const MlaSm90Args& a, cudaStream_t stream, char* err, int errlen) {
+  PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder(err, errlen);
+  if (encode == nullptr) return -1;
   if (a.page_size < 8 || a.page_size > 256 || (a.page_size & (a.page_size - 1)) != 0) {
     set_err(err, errlen, "page_size must be a power of two in 8..256", a.page_size);
     return -1;
   }
-  // The cache as a 2D tensor [tokens, 576] with a 16-byte-multiple token stride; boxes of
-  // [min(page_size, 64) tokens, 64 columns], 128B-swizzled (one 128-byte row a token per box).
-  CUtensorMap map;
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(kDim), static_cast<cuuint64_t>(a.kv_num_tokens)};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(a.kv_stride_token) * 2};
-  const cuuint32_t box[2] = {64, static_cast<cuuint32_t>(a.page_size < kKeys ? a.page_size : kKeys)};
-  const cuuint32_t elem_strides[2] = {1, 1};
-  CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(a.kv), dims, strides, box,
-                      elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS) {
-    set_err(err, errlen, "cuTensorMapEncodeTiled failed", static_cast<int>(r));
-    return -1;
+  const int box_rows = a.page_size < kKeys ? a.page_size : kKeys;
+  const dim3 grid(a.num_splits, a.row_tiles, a.batch);
+  static unsigned long long bf16_opted = 0, fp8_opted = 0;
+  if (!a.fp8) {
+    CUtensorMap map;
+    if (!encode_map(encode, &map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, a.kv, kDim, a.kv_num_tokens,
+                    a.kv_stride_token * 2, 64, box_rows, err, errlen))
+      return -1;
+    if (const int rc = opt_in_smem(mla_decode_sm90_bf16_kernel, bf16l::kSmemBytes, bf16_opted, err, errlen)) return rc;
+    if (a.batch == 0 || a.row_tiles == 0) return 0;
+    mla_decode_sm90_bf16_kernel<<<grid, kThreads, bf16l::kSmemBytes, stream>>>(map, a);
+  } else {
+    CUtensorMap lat, rope;
+    if (!encode_map(encode, &lat, CU_TENSOR_MAP_DATA_TYPE_UINT8, a.kv, 512, a.kv_num_tokens, a.kv_stride_token,
+                    128, box_rows, err, errlen) ||
+        !encode_map(encode, &rope, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, a.rope, 64, a.kv_num_tokens,
+                    a.rope_stride_token * 2, 64, box_rows, err, errlen))
+      return -1;
+    if (const int rc = opt_in_smem(mla_decode_sm90_fp8_kernel, fp8l::kSmemBytes, fp8_opted, err, errlen)) return rc;
+    if (a.batch == 0 || a.row_tiles == 0) return 0;
+    mla_decode_sm90_fp8_kernel<<<grid, kThreads, fp8l::kSmemBytes, stream>>>(lat, rope, a);
   }
-  // The shared-memory opt-in is per device: remembered in a bit per device ordinal.
-  static unsigned long long attr_set = 0;
-  int device = 0;
-  cudaGetDevice(&device);
-  if (device >= 64 || !(attr_set >> device & 1ull)) {
-    cudaError_t e = cudaFuncSetAttribute(mla_decode_sm90_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
-    if (e != cudaSuccess) {
-      set_err(err, errlen, cudaGetErrorString(e), static_cast<int>(e));
-      return static_cast<int>(e);
-    }
-    if (device < 64) attr_set |= 1ull << device;
-  }
-  if (a.batch == 0 || a.row_tiles == 0) return 0;
-  dim3 grid(a.num_splits, a.row_tiles, a.batch);
-  mla_decode_sm90_kernel<<<grid, kThreads, kSmemBytes, stream>>>(map, a);
-  cudaError_t e = cudaGetLastError();
+  const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) {
     set_err(err, errlen, cudaGetErrorString(e), static_cast<int>(e));
     return static_cast<int>(e);

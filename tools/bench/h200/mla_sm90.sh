@@ -20,13 +20,13 @@ commit=$(git rev-parse HEAD 2>/dev/null || echo unknown)
 echo "mla_sm90: commit $commit, $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), nvcc $(nvcc --version 2>/dev/null | tail -1)"
 
 t0=$SECONDS
-timeout 150 python3 - > "$out/build.log" 2>&1 <<'EOF'
+timeout 120 python3 - > "$out/build.log" 2>&1 <<'EOF'
 import time
 t = time.time()
 from lightspeed_mla import sm90
 print("availability:", sm90.availability())
 ext = sm90.load_extension(verbose=True)
-print(f"built in {time.time() - t:.1f}s; dynamic shared memory per CTA: {ext.smem_bytes()} bytes")
+print(f"built in {time.time() - t:.1f}s; dynamic shared memory per CTA: bf16 {ext.smem_bytes()} B, fp8 {ext.fp8_smem_bytes()} B")
 EOF
 rc=$?
 echo "build rc=$rc in $((SECONDS - t0))s"
@@ -39,7 +39,7 @@ if [[ $rc != 0 ]]; then
 fi
 
 t0=$SECONDS
-timeout 110 python3 -m pytest -x -q -s -rfE mla/tests/test_sm90_gpu.py -p no:cacheprovider > "$out/tests.log" 2>&1
+timeout 150 python3 -m pytest -x -q -s -rfE mla/tests/test_sm90_gpu.py -p no:cacheprovider > "$out/tests.log" 2>&1
 trc=$?
 echo "gpu tests rc=$trc in $((SECONDS - t0))s: $(tail -1 "$out/tests.log")"
 grep -oE "sm90 .*" "$out/tests.log" | sed 's/^/  /' | head -80
