@@ -8,7 +8,8 @@ one-shot signatures of :func:`mla_decode` / :func:`mla_prefill` / :func:`pack_kv
 impl also carries ``plan`` / ``run`` (the CUDA-graph path) and ``workspace_bytes``. FlashInfer's
 MLA decode (``flashinfer_mla.py``) registers in the PORTABLE band, below Triton, when the package
 is installed; nothing registers and nothing fails without it. The sm_90a CUDA decode kernel
-(``sm90.py``, ``mla_decode_sm90``) registers in the PORTABLE band too, for compute capability 9.0
+(``sm90.py``, ``mla_decode_sm90`` and its e4m3-scores FP8 variant ``mla_decode_sm90_fp8qk``) registers in
+the PORTABLE band too, for compute capability 9.0
 only, when torch has CUDA and nvcc is found (it JIT-builds on first use).
 """
 

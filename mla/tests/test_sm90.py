@@ -72,8 +72,14 @@ def test_registers_for_sm90_only_below_triton_reachable_by_override(monkeypatch)
     with pytest.raises(lk.KernelSelectionError):  # a TMA box needs >= 8 rows
         reg.select("mla", "decode", torch.bfloat16, platform=HOPPER, override=sm90.KERNEL_NAME,
                    traits={"page_size": 4})
+    qk = reg.select("mla", "decode", torch.bfloat16, platform=HOPPER, override=sm90.KERNEL_NAME_FP8_SCORES,
+                    features=["fp8_kv"], traits={"kv_dtype": "fp8", "page_size": 64})
+    assert qk.impl.fp8_scores and not forced.impl.fp8_scores
+    with pytest.raises(lk.KernelSelectionError):  # the e4m3-scores variant is for FP8 caches only
+        reg.select("mla", "decode", torch.bfloat16, platform=HOPPER, override=sm90.KERNEL_NAME_FP8_SCORES, traits=traits)
     registration.register(reg)  # idempotent
     assert sum(s.name == sm90.KERNEL_NAME for s in reg.specs("mla")) == 1
+    assert sum(s.name == sm90.KERNEL_NAME_FP8_SCORES for s in reg.specs("mla")) == 1
 
 
 # --------------------------------------------------------------------------------------------------
@@ -197,5 +203,103 @@ def test_kernel_compiles_for_sm90a_without_spills(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     report = done.stderr
     assert "mla_decode_sm90_bf16_kernel" in report and "mla_decode_sm90_fp8_kernel" in report
-    assert len(re.findall(r"0 bytes spill stores, 0 bytes spill loads", report)) == 2, report
+    assert len(re.findall(r"0 bytes spill stores, 0 bytes spill loads", report)) == 3, report  # bf16, fp8 x 2
     assert "serialized" not in report, report  # ptxas' wgmma serialisation warning
+
+
+# --------------------------------------------------------------------------------------------------
+# run()'s plumbing on the CPU: a stand-in for the built module with the binding's signature, doing the
+# kernel's per-split math in torch; the real Triton combine (interpreter) merges its partials.
+
+
+def _binding_params() -> list[str]:
+    text = (sm90.CUDA_DIR / "binding.cpp").read_text()
+    args = text[text.index("void decode(") + len("void decode("):text.index(") {", text.index("void decode("))]
+    return [a.split()[-1].lstrip("&*") for a in args.split(",")]
+
+
+def _quantized_q(q):
+    """Q's latent in e4m3, one scale a row (amax / 448), as the fp8qk kernel rounds it: x * (448 / amax)."""
+    lat = q[..., :512].float()
+    amax = lat.abs().amax(-1, keepdim=True)
+    inv = torch.where(amax > 0, 448.0 / amax, torch.zeros_like(amax))
+    q8 = (lat * inv).clamp(-448, 448).to(torch.float8_e4m3fn).float() * (amax / 448.0)
+    return torch.cat([q8, q[..., 512:].float()], dim=-1)
+
+
+class _KernelStandIn:
+    """`decode` of cuda/binding.cpp in torch: each split's rows over keys [start, min(start + per_split,
+    row_end)) as the kernel cuts them, normalised partials and log2-LSE, or the output when unsplit."""
+
+    def __init__(self):
+        self.calls = []
+
+    def decode(self, q, kv, rope, scale, page_table, seq_lens, query_start, out, lse, partial_out, partial_lse,
+               batch, row_tiles, num_splits, scale_log2, fp8_scores):
+        self.calls.append({"fp8": rope is not None, "fp8_scores": fp8_scores, "splits": num_splits})
+        assert isinstance(fp8_scores, bool) and isinstance(num_splits, int) and (rope is None) == (scale is None)
+        H = q.shape[1]
+        if rope is None:
+            latent, rope_k = kv[..., :512].float(), kv[..., 512:].float()
+        else:
+            latent, rope_k = kv.float() * scale, rope.float()
+        latent, rope_k = latent.reshape(-1, 512), rope_k.reshape(-1, 64)
+        qf = _quantized_q(q) if fp8_scores else q.float()
+        ps = kv.shape[1]
+        for b in range(batch):
+            q0, q1, kv_len = int(query_start[b]), int(query_start[b + 1]), int(seq_lens[b])
+            pos = torch.arange(kv_len)
+            slots = page_table[b, pos // ps].long() * ps + pos % ps
+            k = torch.cat([latent[slots], rope_k[slots]], -1)  # [L, 576]
+            per_split = -(-(-(-kv_len // num_splits)) // 64) * 64
+            for t in range(q0, q1):
+                row_end = kv_len - (q1 - q0) + (t - q0) + 1
+                s2 = (qf[t] @ k.T) * scale_log2  # [H, L]
+                for split in range(num_splits):
+                    lo, hi = split * per_split, min(split * per_split + per_split, row_end)
+                    if hi > lo:
+                        m = s2[:, lo:hi].amax(-1, keepdim=True)
+                        p = torch.exp2(s2[:, lo:hi] - m)
+                        o, lse2 = (p @ latent[slots[lo:hi]]) / p.sum(-1, keepdim=True), m[:, 0] + torch.log2(p.sum(-1))
+                    else:
+                        o, lse2 = torch.zeros(H, 512), torch.full((H,), float("-inf"))
+                    if num_splits == 1:
+                        out[t] = o.to(out.dtype)
+                        if lse is not None:
+                            lse[t] = lse2 * 0.6931471805599453
+                    else:
+                        partial_out[t, :, split] = o
+                        partial_lse[t, :, split] = lse2
+
+
+def test_the_stand_in_has_the_bindings_signature():
+    import inspect
+
+    assert list(inspect.signature(_KernelStandIn.decode).parameters)[1:] == _binding_params()
+
+
+@pytest.mark.parametrize("kind,fp8_scores", [("bf16", False), ("fp8", False), ("fp8", True)])
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_run_plumbing_against_the_reference(monkeypatch, kind, fp8_scores, num_splits):
+    from lightspeed_mla import mla_decode_reference
+    from mla_helpers import make_paged_cache, query_start, rel_err
+
+    stand_in = _KernelStandIn()
+    monkeypatch.setattr(sm90, "load_extension", lambda *a, **k: stand_in)
+    g = torch.Generator().manual_seed(num_splits)
+    lens, q_len, H = [70, 200, 5], 2, 4
+    cache, table = make_paged_cache(kind, 16, lens, generator=g)
+    qsl = query_start([q_len] * len(lens))
+    q = torch.randn(int(qsl[-1]), H, 576, generator=g).to(torch.bfloat16)
+    out, lse = sm90.mla_decode_sm90(q, cache, table, torch.tensor(lens), qsl, SCALE, return_lse=True,
+                                    num_splits=num_splits, fp8_scores=fp8_scores)
+    assert stand_in.calls == [{"fp8": kind == "fp8", "fp8_scores": fp8_scores, "splits": num_splits}]
+    q_ref = q.float()
+    if fp8_scores:  # the reference with Q as the kernel quantises it, computed here on its own
+        lat = q_ref[..., :512]
+        amax = lat.abs().amax(-1, keepdim=True)
+        q8 = (lat * (448.0 / amax)).clamp(-448, 448).to(torch.float8_e4m3fn).float()
+        q_ref = torch.cat([q8 * (amax / 448.0), q_ref[..., 512:]], -1)
+    ref, ref_lse = mla_decode_reference(q_ref, cache, table, torch.tensor(lens), qsl, SCALE)
+    assert rel_err(out, ref) < 1e-2
+    torch.testing.assert_close(lse, ref_lse, atol=1e-3, rtol=1e-3)

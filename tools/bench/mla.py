@@ -294,11 +294,23 @@ def candidate_impls(names: str | None) -> dict:
     found = {}
     for name in (n.strip() for n in names.split(",") if n.strip()):
         try:
-            found[name] = lk.select_kernel("mla", "decode", torch.bfloat16, platform=platform, override=name,
-                                           traits={"page_size": 64}).impl
+            chosen = lk.select_kernel("mla", "decode", torch.bfloat16, platform=platform, override=name,
+                                      traits={"page_size": 64})
+            found[name] = chosen.impl
+            kinds = chosen.spec.traits.get("kv_dtype")
+            if kinds is not None:  # the cache kinds it is registered for: other points get a "not for" row
+                found[name] = _KindLimited(chosen.impl, tuple(kinds) if not isinstance(kinds, str) else (kinds,))
         except Exception as e:  # noqa: BLE001 - not registered here: say so in the table
             found[name] = f"{type(e).__name__}: {e}"[:200]
     return found
+
+
+class _KindLimited:
+    """A candidate registered for some cache kinds only (`kv_dtype` trait)."""
+
+    def __init__(self, impl, kinds: tuple):
+        self.impl, self.kinds = impl, kinds
+        self.plan, self.run = impl.plan, impl.run
 
 
 def run_candidates(bench, candidates: dict, tag, kind, b, h, ql, ctx, fold) -> list[dict]:
@@ -307,6 +319,8 @@ def run_candidates(bench, candidates: dict, tag, kind, b, h, ql, ctx, fold) -> l
     for name, impl in candidates.items():
         if isinstance(impl, str):
             r = {"kind": kind, "batch": b, "heads": h, "q_len": ql, "ctx": ctx, "error": impl}
+        elif isinstance(impl, _KindLimited) and kind not in impl.kinds:
+            continue  # registered for other caches (e.g. the FP8-only variant on a bf16 point)
         elif not hasattr(impl, "plan"):
             r = {"kind": kind, "batch": b, "heads": h, "q_len": ql, "ctx": ctx, "error": "no plan / run"}
         else:

@@ -40,13 +40,17 @@ class _Impl:
     def plan(self):
         pass
 
+    def run(self):
+        pass
+
 
 def test_candidates_share_a_seed_and_are_checked_against_the_first():
     base = torch.ones(4, 8)
     bench = _FakeBench({"a": base, "b": base * 1.01})
-    cands = {"a": _Impl("a"), "b": _Impl("b"), "refuses": _Impl("refuses"), "missing": "KernelSelectionError: x"}
+    cands = {"a": _Impl("a"), "b": _Impl("b"), "refuses": _Impl("refuses"), "missing": "KernelSelectionError: x",
+             "fp8_only": mla._KindLimited(_Impl("fp8_only"), ("fp8",))}
     rows = mla.run_candidates(bench, cands, "seeds", "bf16", 4, 16, 4, 81920, None)
-    assert [r["kernel"] for r in rows] == ["a", "b", "refuses", "missing"]
+    assert [r["kernel"] for r in rows] == ["a", "b", "refuses", "missing"]  # fp8_only: not on a bf16 point
     assert len({seed for _, seed in bench.calls}) == 1  # same pages and queries for every kernel
     assert rows[0]["err_vs_first"] == 0.0 and abs(rows[1]["err_vs_first"] - 0.01) < 1e-4
     assert rows[2]["error"].startswith("ValueError: bf16 caches only") and rows[3]["error"].startswith("Kernel")

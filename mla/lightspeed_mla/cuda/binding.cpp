@@ -21,7 +21,7 @@ void decode(const at::Tensor& q, const at::Tensor& kv, c10::optional<at::Tensor>
             const at::Tensor& page_table, const at::Tensor& seq_lens, const at::Tensor& query_start, at::Tensor out,
             c10::optional<at::Tensor> lse, c10::optional<at::Tensor> partial_out,
             c10::optional<at::Tensor> partial_lse, int64_t batch, int64_t row_tiles, int64_t num_splits,
-            double scale_log2) {
+            double scale_log2, bool fp8_scores) {
   check_cuda(q, "q", at::kBFloat16);
   const bool fp8 = rope.has_value();
   TORCH_CHECK(fp8 == scale.has_value(), "mla_decode_sm90: rope and scale come together (the FP8 cache)");
@@ -67,6 +67,7 @@ void decode(const at::Tensor& q, const at::Tensor& kv, c10::optional<at::Tensor>
     a.rope = rope->data_ptr();
     a.rope_stride_token = rope->stride(1);
     a.scale = scale->data_ptr<float>();
+    a.fp8_scores = fp8_scores;
   }
   a.page_table = page_table.data_ptr<int32_t>();
   a.page_table_stride = page_table.stride(0);
@@ -111,5 +112,6 @@ void decode(const at::Tensor& q, const at::Tensor& kv, c10::optional<at::Tensor>
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decode", &decode, "absorbed MLA decode, sm_90a (see lightspeed_mla/sm90.py)");
   m.def("smem_bytes", &lightspeed_mla::mla_sm90_smem_bytes, "dynamic shared memory per CTA, bf16 kernel");
-  m.def("fp8_smem_bytes", &lightspeed_mla::mla_sm90_fp8_smem_bytes, "dynamic shared memory per CTA, FP8 kernel");
+  m.def("fp8_smem_bytes", &lightspeed_mla::mla_sm90_fp8_smem_bytes, "dynamic shared memory per CTA, FP8 kernel",
+        pybind11::arg("fp8_scores"));
 }

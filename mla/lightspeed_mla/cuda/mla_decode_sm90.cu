@@ -64,23 +64,26 @@ constexpr int kSmemBytes = kBar + 2 * kStages * 8 + 1024;  // + slack to align t
 static_assert(kSmemBytes <= 227 * 1024, "over the sm_90 shared memory per block");
 }  // namespace bf16l
 
-// Shared memory of the FP8 kernel.
-namespace fp8l {
-constexpr int kQ8 = 0;                         // e4m3 [64, 512]: 4 blocks
-constexpr int kQRope = kQ8 + 4 * kBlockBytes;  // bf16 [64, 64]: 1 block
-constexpr int kStage0 = kQRope + kBlockBytes;
-constexpr int kLatBytes = 4 * kBlockBytes, kRopeBytes = kBlockBytes, kScaleBytes = kKeys * 4;
-constexpr int kStageBytes = kLatBytes + kRopeBytes + 1024;  // e4m3 latent, bf16 rope, fp32 scales; 1 KB aligned
-constexpr int kTxBytes = kLatBytes + kRopeBytes + kScaleBytes;
-constexpr int kV = kStage0 + kStages * kStageBytes;  // bf16 V [64 keys, 512]: 8 blocks
-constexpr int kP = kV + 8 * kBlockBytes;
-constexpr int kRedMax = kP + kRows * 128;
-constexpr int kRedSum = kRedMax + 2 * kRows * 4;
-constexpr int kQScale = kRedSum + 2 * kRows * 4;  // float [64]
-constexpr int kBar = kQScale + kRows * 4;
-constexpr int kSmemBytes = kBar + 2 * kStages * 8 + 1024;
-static_assert(kSmemBytes <= 227 * 1024, "over the sm_90 shared memory per block");
-}  // namespace fp8l
+// Shared memory of the FP8 kernel. kFp8Scores: Q's latent in e4m3 (S_latent on e4m3 MMAs), else Q in
+// bf16 as the bf16 kernel has it (S_latent in bf16 on the widened latent).
+template <bool kFp8Scores>
+struct Fp8Layout {
+  static constexpr int kQ = 0;                                      // e4m3 [64, 512] (4 blocks) | bf16 [64, 512]
+  static constexpr int kQRope = (kFp8Scores ? 4 : 8) * kBlockBytes;  // bf16 [64, 64]: 1 block
+  static constexpr int kStage0 = kQRope + kBlockBytes;
+  static constexpr int kLatBytes = 4 * kBlockBytes, kRopeBytes = kBlockBytes;  // a stage: e4m3 latent, bf16 rope
+  static constexpr int kStageBytes = kLatBytes + kRopeBytes;
+  static constexpr int kTxBytes = kLatBytes + kRopeBytes + kKeys * 4;  // + the tile's fp32 scales
+  static constexpr int kV = kStage0 + kStages * kStageBytes;  // bf16 widened latent [64 keys, 512]: 8 blocks
+  static constexpr int kP = kV + 8 * kBlockBytes;
+  static constexpr int kScales = kP + kRows * 128;  // float [2 stages][64]
+  static constexpr int kRedMax = kScales + kStages * kKeys * 4;
+  static constexpr int kRedSum = kRedMax + 2 * kRows * 4;
+  static constexpr int kQScale = kRedSum + 2 * kRows * 4;  // float [64]
+  static constexpr int kBar = kQScale + kRows * 4;
+  static constexpr int kSmemBytes = kBar + 2 * kStages * 8 + 1024;
+  static_assert(kSmemBytes <= 227 * 1024, "over the sm_90 shared memory per block");
+};
 
 constexpr float kTwoPow120 = 1.329227995784916e36f;  // undoes the widened V's 2^-120 (in P)
 
@@ -240,6 +243,15 @@ __device__ __forceinline__ void write_out(const MlaSm90Args& p, const Work& w, c
   }
 }
 
+// Widen 16 e4m3 latent values (key, col..col+15) of a stage to bf16 (value * 2^-120) in the V tile.
+__device__ __forceinline__ void widen_chunk(const uint8_t* stage, uint8_t* v_tile, int key, int col) {
+  const uint4 x = *reinterpret_cast<const uint4*>(stage + swizzled_offset_8bit(key, col));
+  const uint2 a = e4m3x4_to_bf16x4_scaled(x.x), b = e4m3x4_to_bf16x4_scaled(x.y);
+  const uint2 c = e4m3x4_to_bf16x4_scaled(x.z), d = e4m3x4_to_bf16x4_scaled(x.w);
+  *reinterpret_cast<uint4*>(v_tile + swizzled_offset(key, col)) = make_uint4(a.x, a.y, b.x, b.y);
+  *reinterpret_cast<uint4*>(v_tile + swizzled_offset(key, col + 8)) = make_uint4(c.x, c.y, d.x, d.y);
+}
+
 // Producer: for tile i, the (page id, token row) of each box of min(page_size, 64) tokens. Pieces past
 // the request's last page re-read its last page (finite data, masked in S).
 __device__ __forceinline__ int box_row(const MlaSm90Args& p, const int32_t* pt, int key, int last_page) {
@@ -364,11 +376,15 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif  // LIGHTSPEED_SM90A
 }
 
+template <bool kFp8Scores>
 __global__ void __launch_bounds__(kThreads, 1)
     mla_decode_sm90_fp8_kernel(const __grid_constant__ CUtensorMap lat_map, const __grid_constant__ CUtensorMap rope_map,
                                const MlaSm90Args p) {
 #ifdef LIGHTSPEED_SM90A
-  using namespace fp8l;
+  using L = Fp8Layout<kFp8Scores>;
+  constexpr int kQ = L::kQ, kQRope = L::kQRope, kStage0 = L::kStage0, kLatBytes = L::kLatBytes;
+  constexpr int kStageBytes = L::kStageBytes, kV = L::kV, kP = L::kP, kScales = L::kScales;
+  constexpr int kRedMax = L::kRedMax, kRedSum = L::kRedSum, kQScale = L::kQScale, kBar = L::kBar;
   Work w;
   if (!cta_work(p, w)) return;
   extern __shared__ uint8_t smem_raw[];
@@ -388,13 +404,13 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int stage = i % kStages;
         if (i >= kStages) mbar_wait(empty_bar + 8 * stage, ((i / kStages) - 1) & 1);
         const uint32_t bar = full_bar + 8 * stage, dst = base + kStage0 + stage * kStageBytes;
-        mbar_expect_tx(bar, kTxBytes);
+        mbar_expect_tx(bar, L::kTxBytes);
         for (int j = 0; j < kKeys / box_rows; ++j) {
           const int row = box_row(p, pt, w.start + i * kKeys + j * box_rows, last_page);
 #pragma unroll
           for (int c = 0; c < 4; ++c) tma_load_2d(dst + c * kBlockBytes + j * box_rows * 128, &lat_map, c * 128, row, bar);
           tma_load_2d(dst + kLatBytes + j * box_rows * 128, &rope_map, 0, row, bar);
-          bulk_load(dst + kLatBytes + kRopeBytes + j * box_rows * 4, p.scale + row, box_rows * 4, bar);
+          bulk_load(base + kScales + stage * kKeys * 4 + j * box_rows * 4, p.scale + row, box_rows * 4, bar);
         }
       }
     }
@@ -405,7 +421,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   setmaxnreg_inc<kConsumerRegs>();
   const Frag f = make_frag(w);
   float* q_scale = reinterpret_cast<float*>(smem + kQScale);
-  if (w.n_tiles > 0) {
+  if (w.n_tiles > 0 && kFp8Scores) {
     // Q's latent -> e4m3 with one scale a row (amax / 448): four threads a row, 128 columns each.
     const int r = f.tid / 4, quarter = f.tid % 4, row = w.row0 + r;
     const bool live = row < w.rows_total;
@@ -443,9 +459,23 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
         }
       }
-      *reinterpret_cast<uint4*>(smem + kQ8 + swizzled_offset_8bit(r, quarter * 128 + c * 16)) =
+      *reinterpret_cast<uint4*>(smem + kQ + swizzled_offset_8bit(r, quarter * 128 + c * 16)) =
           make_uint4(packed[0], packed[1], packed[2], packed[3]);
     }
+  }
+  if (w.n_tiles > 0 && !kFp8Scores) {  // Q's latent in bf16, as the bf16 kernel stores it
+    for (int v = f.tid; v < kRows * 64; v += kConsumerThreads) {
+      const int r = v / 64, c8 = v % 64, row = w.row0 + r;
+      uint4 val = make_uint4(0, 0, 0, 0);
+      if (row < w.rows_total) {
+        const int64_t tok = w.q_start + row / w.H, head = row % w.H;
+        val = *reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(p.q) + tok * p.q_stride_t +
+                                              head * p.q_stride_h + c8 * 8);
+      }
+      *reinterpret_cast<uint4*>(smem + kQ + swizzled_offset(r, c8 * 8)) = val;
+    }
+  }
+  if (w.n_tiles > 0) {
     for (int v = f.tid; v < kRows * 8; v += kConsumerThreads) {  // Q's rope stays bf16
       const int rr = v / 8, c8 = v % 8, rrow = w.row0 + rr;
       uint4 val = make_uint4(0, 0, 0, 0);
@@ -459,7 +489,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     fence_proxy_async();
   }
   named_barrier_sync(1, kConsumerThreads);
-  const float qs[2] = {q_scale[f.r_lo], q_scale[f.r_hi]};
 
   float acc[128];
 #pragma unroll
@@ -472,38 +501,64 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int key0 = w.start + it * kKeys;
     mbar_wait(full_bar + 8 * stage, (it / kStages) & 1);
 
-    // S_latent in two fp32 halves (Hopper's e4m3 MMAs accumulate with reduced precision), S_rope bf16.
     float s_lat0[16], s_lat1[16], s_rope[16];
     fence_regs(s_lat0);
     fence_regs(s_lat1);
     fence_regs(s_rope);
-    wgmma_fence();
+    if constexpr (kFp8Scores) {
+      // S_latent on e4m3 MMAs, in two fp32 halves of K (Hopper's e4m3 MMAs accumulate with reduced
+      // precision); S_rope in bf16.
+      wgmma_fence();
 #pragma unroll
-    for (int k = 0; k < 8; ++k) {
-      const uint32_t koff = (k >> 2) * kBlockBytes + (k & 3) * 32;
-      wgmma_m64n32k32_e4m3(s_lat0, smem_desc(base + kQ8 + koff, 16), smem_desc(st_base + f.wg * 32 * 128 + koff, 16), k > 0);
-    }
+      for (int k = 0; k < 8; ++k) {
+        const uint32_t koff = (k >> 2) * kBlockBytes + (k & 3) * 32;
+        wgmma_m64n32k32_e4m3(s_lat0, smem_desc(base + kQ + koff, 16), smem_desc(st_base + f.wg * 32 * 128 + koff, 16), k > 0);
+      }
 #pragma unroll
-    for (int k = 8; k < 16; ++k) {
-      const uint32_t koff = (k >> 2) * kBlockBytes + (k & 3) * 32;
-      wgmma_m64n32k32_e4m3(s_lat1, smem_desc(base + kQ8 + koff, 16), smem_desc(st_base + f.wg * 32 * 128 + koff, 16), k > 8);
-    }
+      for (int k = 8; k < 16; ++k) {
+        const uint32_t koff = (k >> 2) * kBlockBytes + (k & 3) * 32;
+        wgmma_m64n32k32_e4m3(s_lat1, smem_desc(base + kQ + koff, 16), smem_desc(st_base + f.wg * 32 * 128 + koff, 16), k > 8);
+      }
 #pragma unroll
-    for (int k = 0; k < 4; ++k)
-      wgmma_m64n32_ss(s_rope, smem_desc(base + kQRope + k * 32, 16),
-                      smem_desc(st_base + kLatBytes + f.wg * 32 * 128 + k * 32, 16), k > 0);
-    wgmma_commit();
-
-    // While those run: widen this warpgroup's 256 V columns to bf16 (value * 2^-120) in the V tile.
-    for (int u = f.tid % 128; u < kKeys * 16; u += 128) {
-      const int key = u / 16, col = 256 * f.wg + (u % 16) * 16;
-      const uint4 x = *reinterpret_cast<const uint4*>(st + swizzled_offset_8bit(key, col));
-      const uint2 a = e4m3x4_to_bf16x4_scaled(x.x), b = e4m3x4_to_bf16x4_scaled(x.y);
-      const uint2 c = e4m3x4_to_bf16x4_scaled(x.z), d = e4m3x4_to_bf16x4_scaled(x.w);
-      *reinterpret_cast<uint4*>(smem + kV + swizzled_offset(key, col)) = make_uint4(a.x, a.y, b.x, b.y);
-      *reinterpret_cast<uint4*>(smem + kV + swizzled_offset(key, col + 8)) = make_uint4(c.x, c.y, d.x, d.y);
+      for (int k = 0; k < 4; ++k)
+        wgmma_m64n32_ss(s_rope, smem_desc(base + kQRope + k * 32, 16),
+                        smem_desc(st_base + kLatBytes + f.wg * 32 * 128 + k * 32, 16), k > 0);
+      wgmma_commit();
+      // While those run: widen this warpgroup's 256 V columns (all 64 keys), read only by its own P V.
+      for (int u = f.tid % 128; u < kKeys * 16; u += 128) {
+        const int key = u / 16, col = 256 * f.wg + (u % 16) * 16;
+        widen_chunk(st, smem + kV, key, col);
+      }
+    } else {
+      // Widen this warpgroup's 32 keys (all 512 columns: its S reads them as K, both P Vs as V), once
+      // both warpgroups are past the previous tile's P V.
+      named_barrier_sync(1, kConsumerThreads);
+      for (int u = f.tid % 128; u < 32 * 32; u += 128) {
+        const int key = 32 * f.wg + u / 32, col = (u % 32) * 16;
+        widen_chunk(st, smem + kV, key, col);
+      }
+      fence_proxy_async();
+      named_barrier_sync(2 + f.wg, 128);  // this warpgroup's rows, for its S MMAs
+      wgmma_fence();
+#pragma unroll
+      for (int k = 0; k < 16; ++k) {
+        const uint32_t koff = (k >> 2) * kBlockBytes + (k & 3) * 32;
+        wgmma_m64n32_ss(s_lat0, smem_desc(base + kQ + koff, 16), smem_desc(base + kV + f.wg * 32 * 128 + koff, 16), k > 0);
+      }
+#pragma unroll
+      for (int k = 16; k < 32; ++k) {
+        const uint32_t koff = (k >> 2) * kBlockBytes + (k & 3) * 32;
+        wgmma_m64n32_ss(s_lat1, smem_desc(base + kQ + koff, 16), smem_desc(base + kV + f.wg * 32 * 128 + koff, 16), k > 16);
+      }
+#pragma unroll
+      for (int k = 0; k < 4; ++k)
+        wgmma_m64n32_ss(s_rope, smem_desc(base + kQRope + k * 32, 16),
+                        smem_desc(st_base + kLatBytes + f.wg * 32 * 128 + k * 32, 16), k > 0);
+      wgmma_commit();
     }
-    const float* k_scale = reinterpret_cast<const float*>(st + kLatBytes + kRopeBytes);
+    const float* k_scale = reinterpret_cast<const float*>(smem + kScales) + stage * kKeys;
+    // S_latent scale: q_scale * k_scale for e4m3 Q, 2^120 * k_scale for the widened latent.
+    const float q_mul[2] = {kFp8Scores ? q_scale[f.r_lo] : kTwoPow120, kFp8Scores ? q_scale[f.r_hi] : kTwoPow120};
     float s[16], p_mul[16];
     wgmma_wait_all();
     fence_regs(s_lat0);
@@ -514,10 +569,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int h = (i >> 1) & 1, key = frag_key(f, i);
       const bool valid = key0 + key < f.limit[h];
       const float ks = k_scale[key];  // garbage past the request: selected away, never multiplied in
-      s[i] = valid ? ((s_lat0[i] + s_lat1[i]) * (qs[h] * ks) + s_rope[i]) * p.scale_log2 : -INFINITY;
+      s[i] = valid ? ((s_lat0[i] + s_lat1[i]) * (q_mul[h] * ks) + s_rope[i]) * p.scale_log2 : -INFINITY;
       p_mul[i] = valid ? ks * kTwoPow120 : 0.f;
     }
-    mbar_arrive(empty_bar + 8 * stage);  // K, rope, scales and this thread's V reads are done
+    mbar_arrive(empty_bar + 8 * stage);  // K, rope, scales and this thread's widening reads are done
 
     float mx[2];
     tile_row_max(s, reinterpret_cast<float*>(smem + kRedMax), f, mx);
@@ -584,7 +639,9 @@ int opt_in_smem(Kernel kernel, int bytes, unsigned long long& done, char* err, i
 }  // namespace
 
 int mla_sm90_smem_bytes() { return bf16l::kSmemBytes; }
-int mla_sm90_fp8_smem_bytes() { return fp8l::kSmemBytes; }
+int mla_sm90_fp8_smem_bytes(bool fp8_scores) {
+  return fp8_scores ? Fp8Layout<true>::kSmemBytes : Fp8Layout<false>::kSmemBytes;
+}
 
 int mla_sm90_decode_launch(const MlaSm90Args& a, cudaStream_t stream, char* err, int errlen) {
   PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder(err, errlen);
@@ -595,7 +652,7 @@ int mla_sm90_decode_launch(const MlaSm90Args& a, cudaStream_t stream, char* err,
   }
   const int box_rows = a.page_size < kKeys ? a.page_size : kKeys;
   const dim3 grid(a.num_splits, a.row_tiles, a.batch);
-  static unsigned long long bf16_opted = 0, fp8_opted = 0;
+  static unsigned long long bf16_opted = 0, fp8_opted = 0, fp8s_opted = 0;
   if (!a.fp8) {
     CUtensorMap map;
     if (!encode_map(encode, &map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, a.kv, kDim, a.kv_num_tokens,
@@ -611,9 +668,17 @@ int mla_sm90_decode_launch(const MlaSm90Args& a, cudaStream_t stream, char* err,
         !encode_map(encode, &rope, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, a.rope, 64, a.kv_num_tokens,
                     a.rope_stride_token * 2, 64, box_rows, err, errlen))
       return -1;
-    if (const int rc = opt_in_smem(mla_decode_sm90_fp8_kernel, fp8l::kSmemBytes, fp8_opted, err, errlen)) return rc;
-    if (a.batch == 0 || a.row_tiles == 0) return 0;
-    mla_decode_sm90_fp8_kernel<<<grid, kThreads, fp8l::kSmemBytes, stream>>>(lat, rope, a);
+    if (a.fp8_scores) {
+      constexpr int bytes = Fp8Layout<true>::kSmemBytes;
+      if (const int rc = opt_in_smem(mla_decode_sm90_fp8_kernel<true>, bytes, fp8s_opted, err, errlen)) return rc;
+      if (a.batch == 0 || a.row_tiles == 0) return 0;
+      mla_decode_sm90_fp8_kernel<true><<<grid, kThreads, bytes, stream>>>(lat, rope, a);
+    } else {
+      constexpr int bytes = Fp8Layout<false>::kSmemBytes;
+      if (const int rc = opt_in_smem(mla_decode_sm90_fp8_kernel<false>, bytes, fp8_opted, err, errlen)) return rc;
+      if (a.batch == 0 || a.row_tiles == 0) return 0;
+      mla_decode_sm90_fp8_kernel<false><<<grid, kThreads, bytes, stream>>>(lat, rope, a);
+    }
   }
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) {
