@@ -159,7 +159,7 @@ def test_build_options_target_sm90a_only_and_name_follows_the_sources(tmp_path, 
     opts = sm90.build_options(str(tmp_path))
     flags = opts["extra_cuda_cflags"]
     assert sm90.ARCH_FLAG in flags and sum("arch" in f for f in flags) == 1  # torch adds none of its own
-    assert all(p.endswith(s) for p, s in zip(opts["sources"], sm90.SOURCES))
+    assert all(p.endswith(s) for p, s in zip(opts["sources"], sm90.SOURCES, strict=True))
     assert all((sm90.CUDA_DIR / s).is_file() for s in sm90.SOURCES + sm90.HEADERS)  # shipped beside the module
     assert opts["build_directory"] == str(tmp_path / opts["name"])
     assert "torch/extension.h" not in (sm90.CUDA_DIR / "mla_decode_sm90.cu").read_text()  # builds standalone
@@ -251,7 +251,8 @@ class _KernelStandIn:
             pos = torch.arange(kv_len)
             slots = page_table[b, pos // ps].long() * ps + pos % ps
             k = torch.cat([latent[slots], rope_k[slots]], -1)  # [L, 576]
-            per_split = -(-(-(-kv_len // num_splits)) // 64) * 64
+            per_split = (kv_len + num_splits - 1) // num_splits
+            per_split = (per_split + 63) // 64 * 64  # 64-aligned, as the kernel cuts them
             for t in range(q0, q1):
                 row_end = kv_len - (q1 - q0) + (t - q0) + 1
                 s2 = (qf[t] @ k.T) * scale_log2  # [H, L]

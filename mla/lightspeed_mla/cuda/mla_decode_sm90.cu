@@ -252,11 +252,41 @@ __device__ __forceinline__ void widen_chunk(const uint8_t* stage, uint8_t* v_til
   *reinterpret_cast<uint4*>(v_tile + swizzled_offset(key, col + 8)) = make_uint4(c.x, c.y, d.x, d.y);
 }
 
-// Producer: for tile i, the (page id, token row) of each box of min(page_size, 64) tokens. Pieces past
-// the request's last page re-read its last page (finite data, masked in S).
+// Producer: the token row of each box of min(page_size, 64) tokens of a tile (page id from the page
+// table). Pieces past the request's last page re-read its last page (finite data, masked in S).
 __device__ __forceinline__ int box_row(const MlaSm90Args& p, const int32_t* pt, int key, int last_page) {
   const int page = pt[min(key / p.page_size, last_page)];
   return page * p.page_size + (key & (p.page_size - 1));
+}
+
+// The producer lane's loop: for each tile, wait for its stage to be free, arm the full barrier with the
+// tile's bytes and issue(stage, box, box_rows, row, bar) per box. The page ids of tile i + 1 are read
+// right after tile i is issued, so their latency hides behind the wait for the stage, not in front of
+// the refill.
+template <typename Issue>
+__device__ __forceinline__ void produce(const MlaSm90Args& p, const Work& w, uint32_t full_bar, uint32_t empty_bar,
+                                        uint32_t tx_bytes, Issue issue) {
+  constexpr int kMaxBoxes = kKeys / 8;  // page_size >= 8
+  const int box_rows = min(p.page_size, kKeys), boxes = kKeys / box_rows, last_page = (w.kv_len - 1) / p.page_size;
+  const int32_t* pt = p.page_table + static_cast<int64_t>(w.b) * p.page_table_stride;
+  int rows[kMaxBoxes];
+#pragma unroll
+  for (int j = 0; j < kMaxBoxes; ++j)
+    if (j < boxes && w.n_tiles > 0) rows[j] = box_row(p, pt, w.start + j * box_rows, last_page);
+  for (int i = 0; i < w.n_tiles; ++i) {
+    const int stage = i % kStages;
+    if (i >= kStages) mbar_wait(empty_bar + 8 * stage, ((i / kStages) - 1) & 1);
+    const uint32_t bar = full_bar + 8 * stage;
+    mbar_expect_tx(bar, tx_bytes);
+#pragma unroll
+    for (int j = 0; j < kMaxBoxes; ++j)
+      if (j < boxes) issue(stage, j, box_rows, rows[j], bar);
+    if (i + 1 < w.n_tiles) {
+#pragma unroll
+      for (int j = 0; j < kMaxBoxes; ++j)
+        if (j < boxes) rows[j] = box_row(p, pt, w.start + (i + 1) * kKeys + j * box_rows, last_page);
+    }
+  }
 }
 
 __device__ __forceinline__ void init_barriers(uint32_t full_bar, uint32_t empty_bar) {
@@ -293,20 +323,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     setmaxnreg_dec<kProducerRegs>();
     if (threadIdx.x == kConsumerThreads) {
       asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&kv_map)) : "memory");
-      const int box_rows = min(p.page_size, kKeys), last_page = (w.kv_len - 1) / p.page_size;
-      const int32_t* pt = p.page_table + static_cast<int64_t>(w.b) * p.page_table_stride;
-      for (int i = 0; i < w.n_tiles; ++i) {
-        const int stage = i % kStages;
-        if (i >= kStages) mbar_wait(empty_bar + 8 * stage, ((i / kStages) - 1) & 1);
-        const uint32_t bar = full_bar + 8 * stage, dst = base + kKV + stage * kTileBytes;
-        mbar_expect_tx(bar, kTileBytes);
-        for (int j = 0; j < kKeys / box_rows; ++j) {
-          const int row = box_row(p, pt, w.start + i * kKeys + j * box_rows, last_page);
+      produce(p, w, full_bar, empty_bar, kTileBytes, [&](int stage, int j, int box_rows, int row, uint32_t bar) {
+        const uint32_t dst = base + kKV + stage * kTileBytes + j * box_rows * 128;
 #pragma unroll
-          for (int c = 0; c < kColBlocks; ++c)
-            tma_load_2d(dst + c * kBlockBytes + j * box_rows * 128, &kv_map, c * 64, row, bar);
-        }
-      }
+        for (int c = 0; c < kColBlocks; ++c) tma_load_2d(dst + c * kBlockBytes, &kv_map, c * 64, row, bar);
+      });
     }
     return;
   }
@@ -398,21 +419,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (threadIdx.x == kConsumerThreads) {
       asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&lat_map)) : "memory");
       asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&rope_map)) : "memory");
-      const int box_rows = min(p.page_size, kKeys), last_page = (w.kv_len - 1) / p.page_size;
-      const int32_t* pt = p.page_table + static_cast<int64_t>(w.b) * p.page_table_stride;
-      for (int i = 0; i < w.n_tiles; ++i) {
-        const int stage = i % kStages;
-        if (i >= kStages) mbar_wait(empty_bar + 8 * stage, ((i / kStages) - 1) & 1);
-        const uint32_t bar = full_bar + 8 * stage, dst = base + kStage0 + stage * kStageBytes;
-        mbar_expect_tx(bar, L::kTxBytes);
-        for (int j = 0; j < kKeys / box_rows; ++j) {
-          const int row = box_row(p, pt, w.start + i * kKeys + j * box_rows, last_page);
+      produce(p, w, full_bar, empty_bar, L::kTxBytes, [&](int stage, int j, int box_rows, int row, uint32_t bar) {
+        const uint32_t dst = base + kStage0 + stage * kStageBytes + j * box_rows * 128;
 #pragma unroll
-          for (int c = 0; c < 4; ++c) tma_load_2d(dst + c * kBlockBytes + j * box_rows * 128, &lat_map, c * 128, row, bar);
-          tma_load_2d(dst + kLatBytes + j * box_rows * 128, &rope_map, 0, row, bar);
-          bulk_load(base + kScales + stage * kKeys * 4 + j * box_rows * 4, p.scale + row, box_rows * 4, bar);
-        }
-      }
+        for (int c = 0; c < 4; ++c) tma_load_2d(dst + c * kBlockBytes, &lat_map, c * 128, row, bar);
+        tma_load_2d(dst + kLatBytes, &rope_map, 0, row, bar);
+        bulk_load(base + kScales + stage * kKeys * 4 + j * box_rows * 4, p.scale + row, box_rows * 4, bar);
+      });
     }
     return;
   }
