@@ -149,3 +149,66 @@ def test_engine_loop_with_graphs_fp8(tmp_path):
                SamplingSpec(max_tokens=16, temperature=0.0, ignore_eos=True))
     run = run_until_idle(engine)
     assert all(len(t) == 16 for t in run.tokens.values()) and engine.runner.graphs.num_replays > 0
+
+
+def _flashinfer_mla_selected() -> None:
+    """Skip without FlashInfer's MLA on sm_90; with them, bf16 caches must get it (PLUGIN + 1)."""
+    import lightspeed_kernel as lk
+
+    pytest.importorskip("flashinfer.mla")
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("mla_decode_flashinfer is registered for sm_90 only")
+    chosen = lk.select_kernel("mla", "decode", torch.bfloat16, platform=lk.current_platform(),
+                              traits={"page_size": 64, "kv_dtype": "bf16"})
+    assert chosen.name == "mla_decode_flashinfer", chosen.name
+
+
+def test_flashinfer_mla_decode_replanned_in_cuda_graphs_equals_eager(tmp_path):
+    """FlashInfer's MLA decode served inside the decode graphs: one host plan before each replay, the
+    replayed logits those of the eager step (which plans FlashInfer from the scheduler's host lengths)."""
+    _flashinfer_mla_selected()
+    runner, sched = _engine(tmp_path, fp8=False)
+    graphs = runner.graphs
+    assert graphs is not None, "CUDA graph capture failed (see the lightspeed.runner warning)"
+    assert sorted(graphs._host_plans) == [(s, 1) for s in graphs.batch_sizes]  # every graph is host-planned
+    planner = next(iter(graphs._host_plans.values())).plans[0].runner
+    rng = np.random.default_rng(4)
+    _submit(runner, sched, [rng.integers(0, 4096, n).tolist() for n in (100, 700, 1300, 64, 2000)], max_tokens=12)
+    compared = []
+
+    def both(plan, t):
+        eager = runner.forward_eager(plan, t).clone()
+        if not graphs.can_run(plan):
+            return eager
+        before = planner.plans
+        replayed = graphs.forward(plan, t).clone()
+        assert planner.plans == before + 1  # one host plan for every layer of the step
+        compared.append(_rel(replayed, eager))
+        return replayed
+
+    _steps(runner, sched, both)
+    assert len(compared) >= 8, compared
+    assert max(compared) < 1e-2, compared
+
+
+def test_engine_loop_with_flashinfer_mla_in_graphs(tmp_path):
+    """The overlapped engine loop (step N+1 planned on the host while step N runs) with FlashInfer's MLA
+    decode in the graphs: every request completes and decode steps replay, one host plan each."""
+    from engine_driver import make_engine, run_until_idle, submit
+    from lightspeed.core.messages import SamplingSpec
+
+    _flashinfer_mla_selected()
+    (tmp_path / "config.json").write_text(json.dumps(SMALL_V3))
+    engine = make_engine(str(tmp_path), device="cuda", dtype="bfloat16", kv_cache_memory="1GiB", host_cache_memory=0,
+                         max_num_seqs=8, max_model_len=2048, page_size=64, cuda_graph_max_batch_size=8, seed=5)
+    graphs = engine.runner.graphs
+    planner = next(iter(graphs._host_plans.values())).plans[0].runner
+    plans_before = planner.plans
+    rng = np.random.default_rng(6)
+    for i, n in enumerate((64, 500, 1200, 90, 1800, 33)):
+        submit(engine, f"r{i}", rng.integers(0, 4096, n).tolist(),
+               SamplingSpec(max_tokens=24, temperature=0.0, ignore_eos=True))
+    run = run_until_idle(engine)
+    assert sorted(run.tokens) == [f"r{i}" for i in range(6)] and all(len(t) == 24 for t in run.tokens.values())
+    assert run.overlapped_steps > 0 and graphs.num_replays > 0
+    assert planner.plans - plans_before >= graphs.num_replays  # replays plus the eager steps' plans

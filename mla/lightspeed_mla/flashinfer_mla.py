@@ -25,18 +25,18 @@ _planning.py `_validate_csr_metadata`, _backends/_fa_common.py `_validate_genera
   the device. FlashInfer's CUDA-graph mode replays a run only for the lengths of its last host plan.
 
 Our decode contract is planned once from shapes, the true lengths read on the device at run, so one
-captured graph serves every later step (the engine's path, `impl.plan` / `impl.run`). FlashInfer's plan
-cannot do that, so this kernel has no `plan` attribute: it is the one-shot op. It plans once per step
-(one device-to-host copy of the lengths when they live on the device) and every later layer with the
-same metadata tensors (address, shape, strides and torch's version counter; held, so their memory is
-not reused under a stale plan) runs with no plan and no sync. A call under CUDA-graph capture raises:
-serve with it only with graphs off. Calls FlashInfer cannot take (FP8 caches, other dtypes, head counts
-that do not tile FlashInfer's 64-row query tiles, misaligned strides) go to our Triton kernel on a GPU
-with Triton, else to the reference.
+captured graph serves every later step. FlashInfer's plan cannot do that; the registry impl
+(`flashinfer_graph.FlashInferDecodeOp`) gives its plans a host side instead, re-planned once a step
+(before each replay inside the engine's CUDA graphs) into buffers reserved in FlashInfer's CUDA-graph
+mode: see flashinfer_graph.py. Its one-shot call (`FlashInferMLA.decode`) plans once per step (one
+device-to-host copy of the lengths when they live on the device) and every later layer with the same
+metadata tensors (address, shape, strides and torch's version counter; held, so their memory is not
+reused under a stale plan) runs with no plan and no sync; a one-shot call under CUDA-graph capture
+raises. Calls FlashInfer cannot take (FP8 caches, other dtypes, head counts that do not tile FlashInfer's
+64-row query tiles, misaligned strides) go to our Triton kernel on a GPU with Triton, else to the reference.
 
-Unverified on hardware, so it registers in the PORTABLE band, BELOW our Triton kernel (PLUGIN band): it
-runs only when asked for (`LIGHTSPEED_KERNEL_OVERRIDE_MLA_DECODE=mla_decode_flashinfer`, `lk.override`).
-Raising its band: mla/NOTES.md, "FlashInfer's MLA".
+Registered at PLUGIN + 1 on sm_90 for bf16 caches, above our Triton kernel: faster there at every point
+the H200 measured (mla/NOTES.md, "FlashInfer's MLA"); not a candidate on other architectures.
 """
 
 from __future__ import annotations
@@ -182,6 +182,29 @@ def unsupported_reason(q, cache, page_table, out=None) -> str | None:
     return None
 
 
+def schedule_refusal(q_lens: np.ndarray, num_heads: int, device: torch.device) -> str | None:
+    """Why FlashInfer's planner (MLAPlan, scheduler.cuh) would refuse a batch of these query lengths: a
+    query tile (64 rows, 128 when requests average more than 64) that ends inside a token's heads, or more
+    work items than its fixed list holds. None when it takes it. Only the query lengths count, so a
+    batch layout it takes once it takes for any KV lengths."""
+    rows = np.asarray(q_lens, dtype=np.int64) * num_heads
+    if rows.size == 0:
+        return None
+    tile = 2 * QUERY_TILE if int(rows.sum()) // rows.size > QUERY_TILE else QUERY_TILE
+    if tile % num_heads:
+        return f"{num_heads} heads end inside FlashInfer's {tile}-row query tile"
+    tiles = int(((rows + tile - 1) // tile).sum())
+    num_sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 0
+    if tiles + num_sms > MAX_WORK_ITEMS:  # KV splits add at most one item a cluster (<= one an SM)
+        return f"{tiles} query tiles exceed FlashInfer's {MAX_WORK_ITEMS} work items"
+    return None
+
+
+def _pinned(t: torch.Tensor) -> torch.Tensor:
+    # Fresh from torch's caching host allocator: it holds the block until the copy reading it has run.
+    return t.pin_memory()
+
+
 class FlashInferUnsupported(ValueError):
     """FlashInfer's planner would refuse this batch (the caller hands it on)."""
 
@@ -210,6 +233,7 @@ class FlashInferMLA:
         self.lib, self.backend = lib, backend
         self.plans = 0  # host plans so far (one per step and configuration when caching works)
         self._workspaces: dict[torch.device, torch.Tensor] = {}
+        self._fences: dict[torch.device, torch.Tensor] = {}
         self._planned: dict[tuple, tuple] = {}
         self._lock = threading.Lock()
 
@@ -236,28 +260,50 @@ class FlashInferMLA:
         if tokens:
             self._check_schedule(csr, num_heads, device)
             wrapper = self.lib.BatchMLAPagedAttentionWrapper(self.workspace(device), backend=backend)
-            metadata = self.lib.MLAPlanMetadata.csr(csr.qo_indptr, csr.kv_indptr, csr.kv_indices, csr.kv_len)
-            wrapper.plan(metadata=metadata,
-                         num_heads=num_heads, head_dim_ckv=D_LATENT, head_dim_kpe=D_ROPE, page_size=page_size,
-                         causal=True, sm_scale=float(softmax_scale), q_data_type=q_dtype, kv_data_type=kv_dtype,
-                         query_layout="packed", kv_cache_layout="split", lse_mode="basee" if with_lse else "none")
-            self.plans += 1
+            self.plan_into(wrapper, csr, num_heads, page_size=page_size, softmax_scale=softmax_scale,
+                           q_dtype=q_dtype, kv_dtype=kv_dtype, with_lse=with_lse)
         return FlashInferMLAPlan(wrapper, backend, tokens, num_heads, page_size, kv_dtype, with_lse, csr)
+
+    def plan_into(self, wrapper, csr: MLACSR, num_heads: int, *, page_size: int, softmax_scale: float,
+                  q_dtype: torch.dtype = torch.bfloat16, kv_dtype: torch.dtype | None = None,
+                  with_lse: bool = False) -> None:
+        """One host plan of `wrapper` for a batch in CSR form (its lengths on the host, kv_indices on the
+        device). On a GPU the host vectors go through fresh pinned memory (a pageable copy would wait for
+        the work queued ahead), and FlashInfer's own pinned staging buffer is fenced (below)."""
+        device = csr.kv_indices.device
+        qo_indptr, kv_indptr, kv_len = (_pinned(t) if device.type == "cuda" else t
+                                        for t in (csr.qo_indptr, csr.kv_indptr, csr.kv_len))
+        metadata = self.lib.MLAPlanMetadata.csr(qo_indptr, kv_indptr, csr.kv_indices, kv_len)
+        wrapper.plan(metadata=metadata,
+                     num_heads=num_heads, head_dim_ckv=D_LATENT, head_dim_kpe=D_ROPE, page_size=page_size,
+                     causal=True, sm_scale=float(softmax_scale), q_data_type=q_dtype,
+                     kv_data_type=q_dtype if kv_dtype is None else kv_dtype,
+                     query_layout="packed", kv_cache_layout="split", lse_mode="basee" if with_lse else "none")
+        self._fence_staging(wrapper, device)
+        self.plans += 1
+
+    def _fence_staging(self, wrapper, device: torch.device) -> None:
+        """Keep FlashInfer's pinned schedule buffer from being recycled before the GPU has read it.
+
+        Each plan stages its schedule in a pinned buffer it takes from torch's caching host allocator and
+        copies it with a raw cudaMemcpyAsync, which torch does not see: when the plan is replaced, the buffer
+        goes back to the allocator as free at once, and a later plan of the same step (another wrapper, a
+        drafter's layers) may refill it before the copy of a step still queued on the GPU has run. A one-byte
+        torch copy from it, queued after FlashInfer's, makes the allocator hold the buffer until the stream
+        passes that point. The buffer is the wrapper's `_pin_memory_int_workspace_buffer` (0.7.2's mirror
+        of the backend's); without it nothing is fenced."""
+        staged = getattr(wrapper, "_pin_memory_int_workspace_buffer", None)
+        if device.type != "cuda" or not isinstance(staged, torch.Tensor) or not staged.is_pinned():
+            return
+        if device not in self._fences:
+            self._fences[device] = torch.empty(1, dtype=staged.dtype, device=device)
+        self._fences[device].copy_(staged[:1], non_blocking=True)
 
     @staticmethod
     def _check_schedule(csr: MLACSR, num_heads: int, device: torch.device) -> None:
-        """Raise FlashInferUnsupported for batches FlashInfer's planner refuses (MLAPlan, scheduler.cuh):
-        a query tile (64 rows, 128 when requests average more than 64) that ends inside a token's heads,
-        or more work items than its fixed list holds."""
-        q_lens = (csr.qo_indptr[1:] - csr.qo_indptr[:-1]).long()
-        rows = q_lens * num_heads
-        tile = 2 * QUERY_TILE if int(rows.sum()) // len(q_lens) > QUERY_TILE else QUERY_TILE
-        if tile % num_heads:
-            raise FlashInferUnsupported(f"{num_heads} heads end inside FlashInfer's {tile}-row query tile")
-        tiles = int(((rows + tile - 1) // tile).sum())
-        num_sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 0
-        if tiles + num_sms > MAX_WORK_ITEMS:  # KV splits add at most one item a cluster (<= one an SM)
-            raise FlashInferUnsupported(f"{tiles} query tiles exceed FlashInfer's {MAX_WORK_ITEMS} work items")
+        why = schedule_refusal((csr.qo_indptr[1:] - csr.qo_indptr[:-1]).numpy(), num_heads, device)
+        if why is not None:
+            raise FlashInferUnsupported(why)
 
     def run(self, plan: FlashInferMLAPlan, q: torch.Tensor, cache: MLACache | FlashInferFP8Cache,
             out: torch.Tensor, lse: torch.Tensor | None = None) -> torch.Tensor:
@@ -333,27 +379,27 @@ def _next_kernel(q, cache, page_table, seq_lens, query_start_loc, softmax_scale,
     return (o, lse) if return_lse else o
 
 
+# sm_90 only, above our Triton kernel (PLUGIN band) for bf16 caches: what the H200 measured (mla/NOTES.md,
+# "FlashInfer's MLA"). Other architectures are unmeasured, so it is not a candidate there (no override either).
+CAPABILITY = {"device_types": ("cuda",), "vendors": ("nvidia",), "min_compute_capability": (9, 0),
+              "max_compute_capability": (9, 0)}
+
+
 def register(registry=None, *, page_sizes, load: Callable[[], object] = load_library, **options):
-    """Register `mla_decode_flashinfer` (PORTABLE band, bf16 caches of `page_sizes`); `load()` returns
-    `flashinfer.mla` at the first call; `options` go to :class:`FlashInferMLA`. Returns the lazy holder."""
+    """Register `mla_decode_flashinfer` (PLUGIN + 1 on sm_90, bf16 caches of `page_sizes`; the impl is a
+    :class:`~lightspeed_mla.flashinfer_graph.FlashInferDecodeOp`: the one-shot call and plan / bind / run);
+    `load()` returns `flashinfer.mla` at the first call; `options` go to :class:`FlashInferMLA`. Returns
+    the lazy holder."""
     import lightspeed_kernel as lk
     from lightspeed_kernel.flashinfer import LazyLibrary
 
+    from .flashinfer_graph import FlashInferDecodeOp
+
     lazy = LazyLibrary(load, lambda lib: FlashInferMLA(lib, **options), KERNEL_NAME)
-
-    @lk.register_kernel("mla", "decode", name=KERNEL_NAME, solution="flashinfer", priority=lk.Priority.PORTABLE,
-                        capability={"vendors": ("nvidia",), "min_compute_capability": (8, 0)},
-                        dtypes=(torch.bfloat16,), features=FEATURES,
-                        traits={"page_size": tuple(page_sizes), "kv_dtype": ("bf16",)}, tags=("flashinfer",),
-                        registry=registry)
-    def mla_decode_flashinfer(q, cache, page_table, seq_lens, query_start_loc, softmax_scale, *, out=None,
-                              return_lse=False, **plan_overrides):
-        """Absorbed MLA decode through FlashInfer (FA3 on sm_90); unverified on hardware. The Triton plan
-        overrides (fold, tile, num_splits) apply only when the call goes on to the Triton kernel."""
-        args = (q, cache, page_table, seq_lens, query_start_loc, softmax_scale)
-        got = lazy.get().decode(*args, out=out, return_lse=return_lse)
-        return got if got is not None else _next_kernel(*args, out=out, return_lse=return_lse, **plan_overrides)
-
+    lk.register_kernel("mla", "decode", name=KERNEL_NAME, solution="flashinfer", priority=lk.Priority.of(lk.Priority.PLUGIN, 1),
+                       capability=CAPABILITY, dtypes=(torch.bfloat16,), features=FEATURES,
+                       traits={"page_size": tuple(page_sizes), "kv_dtype": ("bf16",)},
+                       tags=("flashinfer", "latency", "throughput"), registry=registry)(FlashInferDecodeOp(lazy))
     return lazy
 
 

@@ -5,15 +5,18 @@ Triton kernels go in the PLUGIN band (NVIDIA, compute capability >= 8.0: bf16 MM
 the torch references go in the REFERENCE band and run anywhere, in fp32 / fp16 / bf16, so the CPU
 still gets a kernel (and fp32 parity tests get fp32 math). The impls are callables with the
 one-shot signatures of :func:`mla_decode` / :func:`mla_prefill` / :func:`pack_kv`; the decode
-impl also carries ``plan`` / ``run`` (the CUDA-graph path) and ``workspace_bytes``. FlashInfer's
-MLA decode (``flashinfer_mla.py``) registers in the PORTABLE band, below Triton, when the package
-is installed; nothing registers and nothing fails without it. The sm_90a CUDA decode kernel
+impl also carries ``plan`` / ``bind`` / ``run`` (the CUDA-graph path) and ``workspace_bytes``.
+FlashInfer's MLA decode (``flashinfer_mla.py``, ``flashinfer_graph.py``) registers at PLUGIN + 1 on
+sm_90 for bf16 caches, above Triton, when the package is installed; nothing registers and nothing
+fails without it. The sm_90a CUDA decode kernel
 (``sm90.py``, ``mla_decode_sm90`` and its e4m3-scores FP8 variant ``mla_decode_sm90_fp8qk``) registers in
 the PORTABLE band too, for compute capability 9.0
 only, when torch has CUDA and nvcc is found (it JIT-builds on first use).
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 
@@ -36,11 +39,22 @@ REFERENCE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 class _DecodeOp:
-    """mla_decode as a registry impl, with the plan/run API attached."""
+    """mla_decode as a registry impl, with the plan / bind / run API attached (the engine's contract:
+    `plan(workspace, query_start_loc, seq_lens, num_heads, *, page_size, softmax_scale, cache_kind,
+    captured=False)` from bounding lengths, `bind(plan, query_start_loc, seq_lens, page_table)` onto a
+    step's device metadata, `run(plan, q, cache, page_table, out, lse=None)` per layer). Triton's plans
+    read the lengths on the device, so `captured` changes nothing and they have no `replan`."""
 
-    plan = staticmethod(plan_decode)
     run = staticmethod(run_decode)
     workspace_bytes = staticmethod(decode_workspace_bytes)
+
+    @staticmethod
+    def plan(workspace, query_start_loc, seq_lens, num_heads, *, captured: bool = False, **kwargs):
+        return plan_decode(workspace, query_start_loc, seq_lens, num_heads, **kwargs)
+
+    @staticmethod
+    def bind(plan, query_start_loc, seq_lens, page_table):
+        return dataclasses.replace(plan, query_start_loc=query_start_loc, seq_lens=seq_lens)
 
     def __call__(self, *args, **kwargs):
         return mla_decode(*args, **kwargs)

@@ -105,17 +105,22 @@ def test_absent_library_registers_nothing(monkeypatch):
     assert not available and "ValueError" in why and fim.KERNEL_NAME not in {s.name for s in reg.specs("mla")}
 
 
-def test_registers_below_triton_reachable_by_override(monkeypatch):
+def test_registers_above_triton_on_sm90_for_bf16_caches_only(monkeypatch):
     install(monkeypatch)
     reg = _registry()
-    assert lk.Priority.REFERENCE < _priority(reg, fim.KERNEL_NAME) < _priority(reg, "mla_decode_triton")
-    assert reg.select("mla", "decode", torch.bfloat16, platform=HOPPER).name == "mla_decode_triton"
-    forced = reg.select("mla", "decode", torch.bfloat16, platform=HOPPER, override=fim.KERNEL_NAME,
-                        traits={"page_size": 64, "kv_dtype": "bf16"})
-    assert forced.name == fim.KERNEL_NAME and not hasattr(forced.impl, "plan")  # no capture-once path
-    with pytest.raises(lk.KernelSelectionError):  # FP8 caches are not its format
-        reg.select("mla", "decode", torch.bfloat16, platform=HOPPER, override=fim.KERNEL_NAME,
-                   features=["fp8_kv"], traits={"kv_dtype": "fp8"})
+    assert _priority(reg, fim.KERNEL_NAME) == lk.Priority.of(lk.Priority.PLUGIN, 1) > _priority(reg, "mla_decode_triton")
+    bf16 = {"page_size": 64, "kv_dtype": "bf16"}
+    chosen = reg.select("mla", "decode", torch.bfloat16, platform=HOPPER, traits=bf16)
+    assert chosen.name == fim.KERNEL_NAME
+    assert all(callable(getattr(chosen.impl, n)) for n in ("plan", "bind", "run"))  # the engine's graph path
+    # FP8 caches (the engine asks with features paged + fp8_kv) stay on Triton, and cannot be forced onto it.
+    fp8 = dict(features=["paged", "fp8_kv"], traits={"page_size": 64, "kv_dtype": "fp8"})
+    assert reg.select("mla", "decode", torch.bfloat16, platform=HOPPER, **fp8).name == "mla_decode_triton"
+    with pytest.raises(lk.KernelSelectionError):
+        reg.select("mla", "decode", torch.bfloat16, platform=HOPPER, override=fim.KERNEL_NAME, **fp8)
+    for other in ("sm_80", "sm_100"):  # unmeasured there: not a candidate
+        assert reg.select("mla", "decode", torch.bfloat16, platform=lk.Platform.parse(other),
+                          traits=bf16).name != fim.KERNEL_NAME
     registration.register(reg)  # idempotent
     assert sum(s.name == fim.KERNEL_NAME for s in reg.specs("mla")) == 1
 

@@ -8,7 +8,8 @@ several batch sizes.
 Reports, in one run (< 10 minutes on the H200, including Triton compilation and graph capture):
   1. the kernels the registry picks (mla/decode, mla/store, mla/prefill, gemm/fp8_block,
      moe/fused_experts_fp8, ...), and whether decode steps replay from CUDA graphs (the MLA
-     plan/run decode captured inside them);
+     plan/run decode captured inside them; with FlashInfer's MLA decode, mla_decode_flashinfer on
+     sm_90 bf16 caches, the graphs it re-plans on the host before each replay: `host_planned`);
   2. greedy tokens with CUDA graphs == eager (same kernels; bf16 random weights have near ties, so
      a late divergence is reported, not failed);
   3. decode step time at batch 1, 16, 64 (steady state: every request past its prefill, the mean
@@ -46,7 +47,9 @@ KERNELS = [("mla", "decode", "bfloat16", {"page_size": 64, "kv_dtype": "bf16"}),
            ("gemm", "fp8_block", "float8_e4m3fn", {}), ("moe", "fused_experts_fp8", "bfloat16", {}),
            ("moe", "topk", "float32", {}), ("quantize", "fp8_per_block", "bfloat16", {}),
            ("norm", "fused_add_rms", "bfloat16", {}), ("rope", "rotary", "bfloat16", {})]
-PROFILE_GROUPS = {"mla_decode": ("_mla_attn_split_kernel", "_combine_kernel"),
+# MLA decode: ours (Triton split + combine) or FlashInfer's (FA3 BatchMLAPageAttentionHopperKernel, FA2
+# BatchMLAPagedAttentionKernel).
+PROFILE_GROUPS = {"mla_decode": ("_mla_attn_split_kernel", "_combine_kernel", "BatchMLAPage"),
                   "fp8_gemm": ("_fp8_block_gemm_kernel",),
                   "fp8_moe": ("_fp8_moe_gemm1_kernel", "_fp8_moe_gemm2_kernel"),
                   "fp8_quant": ("_quant_group_kernel",)}
@@ -179,7 +182,10 @@ def run(args) -> dict:
                         "quantization": str(mc.quantization), "kv_layout": str(runner.kv_cache.layout),
                         "weight_gb": sum(p.numel() * p.element_size() for p in runner.model.parameters()) / 1e9},
               "load_and_capture_s": load_s, "kernels": kernel_choices(device),
-              "cuda_graphs": {"enabled": graphs is not None, "batch_sizes": graphs.batch_sizes if graphs else []}}
+              "cuda_graphs": {"enabled": graphs is not None, "batch_sizes": graphs.batch_sizes if graphs else [],
+                              # graphs whose kernels plan on the host, re-planned before each replay
+                              # (mla_decode_flashinfer); 0 with the Triton MLA decode
+                              "host_planned": len(getattr(graphs, "_host_plans", {})) if graphs else 0}}
     print(json.dumps(report, indent=1), flush=True)
     vocab = mc.vocab_size
     for batch in args.batches:  # warm-up: Triton compiles prefill and every decode shape measured below

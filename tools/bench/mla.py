@@ -199,21 +199,30 @@ class DecodeBench:
         qsl = torch.arange(batch + 1, dtype=torch.int32) * q_len
         lens = torch.full((batch,), ctx, dtype=torch.int32)
         plan_fn, run_fn = (plan_decode, run_decode) if impl is None else (impl.plan, impl.run)
+        # An impl with `bind` gets the engine's graph path: planned as captured, bound to the point's
+        # device metadata, and (a host-planned one, e.g. mla_decode_flashinfer) re-planned on the host once.
+        graph_path = {"captured": True} if hasattr(impl, "bind") else {}
         plan = plan_fn(self.ws, qsl, lens, heads, page_size=self.page_size, softmax_scale=SCALE,
-                       cache_kind=kind, fold=fold, tile=tile)
+                       cache_kind=kind, fold=fold, tile=tile, **graph_path)
+        if graph_path:
+            plan = impl.bind(plan, qsl.cuda(), lens.cuda(), page_table)
+            if hasattr(plan, "replan"):
+                from lightspeed_kernel.ops import HostLengths
+
+                plan.replan(HostLengths(qsl.numpy(), lens.numpy()))
         q = torch.randn(T, heads, 576, device="cuda").to(torch.bfloat16)
         out = torch.empty(T, heads, 512, device="cuda", dtype=torch.bfloat16)
         us = self.time_fn(lambda: run_fn(plan, q, cache, page_table, out))
         self.last_out = out
         cost = decode_cost(kind, batch, heads, q_len, ctx, cache.bytes_per_token)
-        t = plan.tile
+        t = getattr(plan, "tile", None)  # a FlashInfer plan has no tile, fold or split count of ours
         row = {
             "kind": kind, "batch": batch, "heads": heads, "q_len": q_len, "ctx": ctx, "us": round(us, 2),
             "hbm_frac": round(cost["bytes"] / (us * 1e-6) / HBM_BPS, 3),
             "tflops": round(cost["flops"] / (us * 1e-6) / 1e12, 1),
             "roofline_us": round(cost["roofline_us"], 2), "of_roofline": round(cost["roofline_us"] / us, 3),
-            "bound": cost["bound"], "fold": plan.fold, "splits": plan.num_splits,
-            "tile": f"{t.block_m}x{t.block_n} w{t.num_warps} s{t.num_stages}{' swap' if t.swap_ab else ''}",
+            "bound": cost["bound"], "fold": getattr(plan, "fold", None), "splits": getattr(plan, "num_splits", None),
+            "tile": f"{t.block_m}x{t.block_n} w{t.num_warps} s{t.num_stages}{' swap' if t.swap_ab else ''}" if t else "-",
         }
         if flashinfer is not None:
             row.update(flashinfer.measure(kind, cache, page_table, qsl, lens, q, out, us, cost["roofline_us"],
@@ -311,6 +320,8 @@ class _KindLimited:
     def __init__(self, impl, kinds: tuple):
         self.impl, self.kinds = impl, kinds
         self.plan, self.run = impl.plan, impl.run
+        if hasattr(impl, "bind"):
+            self.bind = impl.bind
 
 
 def run_candidates(bench, candidates: dict, tag, kind, b, h, ql, ctx, fold) -> list[dict]:

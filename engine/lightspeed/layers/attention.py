@@ -32,6 +32,36 @@ def decode_query_bound(plan) -> int:
     return int(np.diff(qsl).max())
 
 
+class HostPlans:
+    """The host-planned kernel plans of one captured CUDA graph (`AttentionMetadata.host_plans`).
+
+    A graph replays a plan's device work; a plan with `replan(lengths)` (FlashInfer's MLA decode) also
+    has a host side, the schedule of the step's lengths, which the graph cannot replay. The runner calls
+    `replan` with each step's padded host lengths before the replay, once for all layers. `lengths` is
+    what the runner's static buffers hold while it warms up and captures: a plan joining outside the
+    capture is planned for them at once (the warm-up runs for real), one joining inside it is not (its
+    host-to-device copies would be recorded into the graph and replayed over later plans).
+    """
+
+    def __init__(self, lengths: ops.HostLengths):
+        self.lengths = lengths
+        self.capturing = False  # set by the runner around the captured forward
+        self.plans: list[Any] = []
+
+    def add(self, plan) -> None:
+        if not any(p is plan for p in self.plans):
+            self.plans.append(plan)
+        if not self.capturing:
+            plan.replan(self.lengths)
+
+    def replan(self, lengths: ops.HostLengths) -> None:
+        for plan in self.plans:
+            plan.replan(lengths)
+
+    def __bool__(self) -> bool:
+        return bool(self.plans)
+
+
 @dataclass
 class AttentionMetadata:
     """What the runner hands every attention layer for one forward step.
@@ -59,6 +89,9 @@ class AttentionMetadata:
     # that waits for the step still running ahead of this one. None: not known (CUDA-graph capture).
     host_query_start_loc: np.ndarray | None = None
     host_seq_lens: np.ndarray | None = None
+    # Set by a CUDA-graph runner while it captures a graph: plans that schedule on the host go there
+    # (`plan_on_host`), and the runner re-plans them before every replay. None: planned in the step.
+    host_plans: HostPlans | None = None
     # Prefill rows' query_start_loc rebased to 0, computed once per step (not per layer).
     _prefill_query_start_loc: torch.Tensor | None = field(default=None, repr=False)
     # What attention layers derive once per step and share (e.g. MLA's decode plan, gather indices).
@@ -90,6 +123,19 @@ class AttentionMetadata:
             else:
                 self.scratch[key] = ops.HostLengths(qsl[nd:] - self.num_decode_tokens, lens[nd:])
         return self.scratch[key]
+
+    def plan_on_host(self, plan, rows: int) -> None:
+        """Have a host-planned kernel plan (one with `replan(lengths)`, e.g. FlashInfer's MLA decode) cover
+        this step's first `rows` rows: planned now from the host lengths, or, for a caller that has none,
+        from the device tensors read back (a sync); under a CUDA-graph capture, kept for the runner."""
+        if self.host_plans is not None:
+            self.host_plans.add(plan)
+            return
+        if self.host_query_start_loc is not None and self.host_seq_lens is not None:
+            qsl, lens = self.host_query_start_loc[: rows + 1], self.host_seq_lens[:rows]
+        else:
+            qsl, lens = self.query_start_loc[: rows + 1].cpu().numpy(), self.seq_lens[:rows].cpu().numpy()
+        plan.replan(ops.HostLengths(qsl, lens))
 
     def prefill_query_start_loc(self) -> torch.Tensor:
         if self._prefill_query_start_loc is None:

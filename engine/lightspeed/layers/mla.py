@@ -14,7 +14,10 @@ join the decode rows in one `mla/decode` call with ragged query lengths.
 Everything the layers share within a step (the form, the gather indices, the decode plan) is
 computed once, by the first layer, into `AttentionMetadata.scratch`. The decode plan depends on
 shapes only (rows, tokens, the page table's width), so the Triton plan/run path is cached per shape
-and its lengths are the step's device tensors: nothing syncs, and CUDA graphs capture it.
+and its lengths are the step's device tensors: nothing syncs, and CUDA graphs capture it. A kernel
+whose plan also schedules on the host (FlashInfer's MLA decode: the plan has `replan(lengths)`) is
+re-planned once a step from the scheduler's host lengths, shared by every layer; inside a CUDA graph
+the runner does that before each replay (`AttentionMetadata.plan_on_host`, `HostPlans`).
 """
 
 from __future__ import annotations
@@ -72,10 +75,13 @@ class MLABackend:
 
     def decode_plan(self, impl, meta: AttentionMetadata, rows: int, tokens: int, max_q: int, cache) -> object:
         """A plan for the first `rows` rows (`tokens` query tokens, <= max_q each) from shapes alone,
-        pointing at the step's device lengths."""
+        bound to the step's device metadata (`impl.bind`). Plans made while a CUDA-graph runner captures
+        (`meta.host_plans` set) are asked for as `captured`: a kernel that plans on the host reserves
+        fixed buffers for them (FlashInfer), and they are never shared with eager steps."""
         page_size = cache.page_size
         max_pages = 1 << max(0, meta.page_table.shape[1] - 1).bit_length()  # bucketed: a bound is enough
-        key = (rows, tokens, max_q, max_pages, cache.kind, page_size, meta.page_table.device)
+        captured = meta.host_plans is not None
+        key = (rows, tokens, max_q, max_pages, cache.kind, page_size, meta.page_table.device, captured)
         plan = self._plans.get(key)
         if plan is None:
             device = meta.page_table.device
@@ -92,12 +98,15 @@ class MLABackend:
             qsl = np.concatenate([[0], np.cumsum(q_lens)])
             lens = np.full(rows, max(max_pages * page_size, int(q_lens.max(initial=1))))
             plan = impl.plan(self._workspace[device], qsl, lens, self.num_heads, page_size=page_size,
-                             softmax_scale=self.softmax_scale, cache_kind=cache.kind)
+                             softmax_scale=self.softmax_scale, cache_kind=cache.kind, captured=captured)
             self._plans[key] = plan
             if len(self._plans) > _PLAN_CACHE:
                 self._plans.popitem(last=False)
-        return dataclasses.replace(plan, query_start_loc=meta.query_start_loc[: rows + 1],
-                                   seq_lens=meta.seq_lens[:rows])
+        qsl, seq_lens, table = meta.query_start_loc[: rows + 1], meta.seq_lens[:rows], meta.page_table[:rows]
+        if hasattr(impl, "bind"):
+            return impl.bind(plan, qsl, seq_lens, table)
+        # An impl without `bind` (the original contract): its plan reads the lengths it points at.
+        return dataclasses.replace(plan, query_start_loc=qsl, seq_lens=seq_lens)
 
 
 class _PrefillStep:
@@ -219,6 +228,8 @@ class MLAAttention(nn.Module):
             plan = meta.scratch.get(key)
             if plan is None:
                 plan = meta.scratch[key] = self.backend.decode_plan(impl, meta, rows, tokens, max_q, cache)
+                if hasattr(plan, "replan"):  # schedules on the host: once a step, shared by every layer
+                    meta.plan_on_host(plan, rows)
             impl.run(plan, q_abs, cache, table, latent_out)
         else:
             impl(q_abs, cache, table, meta.seq_lens[:rows], meta.query_start_loc[: rows + 1],

@@ -6,11 +6,17 @@ logits of single-token decode batches once per padded batch size (1, 2, 4, 8, 16
 at startup, reading static input buffers sized for the largest batch, and replay them:
 - Replay copies the step's tensors into the static buffers (device to device), pads the unused rows
   so they are harmless, replays the graph of the smallest captured size >= B, and slices the logits.
-- Padding rows write nothing (slot -1) and attend to one key of page 0 (seq_len 1, page-table rows
+- Padding rows write nothing (slot -1) and attend to the first keys of their page-table row (seq_len
+  = the graph's tokens per row, 1 without speculative decoding: no query without a key; page-table rows
   hold valid page ids: zeros or a previous step's), so every row stays finite and independent.
 - Attention's split-KV plan depends on shapes only: the static page table is [B, max_pages], so each
   graph's split count is fixed by its batch size and max_model_len, and the kernel masks each split
   by the seq_lens it reads from device memory, correct for any seq_len <= max_model_len.
+- Kernels that plan on the host (FlashInfer's MLA decode: a plan with `replan(lengths)`) cannot have
+  their schedule replayed: their plans join the graph's `HostPlans` during capture (reserved for the
+  graph's batch layout, layers/attention.py), and before every replay the runner re-plans them once,
+  for all layers, with the padded batch's host lengths (the plan's, then the padding rows'), exactly
+  what it writes into the static seq_lens. Graphs without such kernels do no host work for it.
 - Allocations inside the captured forward come from one graph memory pool shared by all sizes
   (captured largest first; graphs never run concurrently). Logits of all sizes land in one static
   fp32 buffer [max_batch, V] allocated outside the pool.
@@ -74,6 +80,7 @@ class CudaGraphRunner:
         self.aux = torch.zeros(max_tokens, aux_width, dtype=dtype, device=device) if aux_width else None
         self.last_hidden: torch.Tensor | None = None  # hidden states of the last replay, in plan order
         self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph | None] = {}  # (rows, tokens per row) -> graph
+        self._host_plans: dict[tuple[int, int], object] = {}  # graph key -> its HostPlans (only when non-empty)
         self.num_replays = 0  # steps served by a graph (tests and benchmarks read it)
 
     # -- capture -------------------------------------------------------------------------------
@@ -92,7 +99,7 @@ class CudaGraphRunner:
                  f" and {self.spec_row_tokens} tokens per row at {self.spec_batch_sizes}" if self.spec_batch_sizes
                  else "", time.perf_counter() - start)
 
-    def _forward(self, size: int, q: int = 1) -> None:
+    def _forward(self, size: int, q: int = 1, host_plans=None) -> None:
         from ..layers.attention import AttentionMetadata  # as in ModelRunner: kernels load on first use
 
         pool = self.kv_cache.device_pool
@@ -101,7 +108,7 @@ class CudaGraphRunner:
             query_start_loc=self._query_start_loc[q][: size + 1], seq_lens=self.seq_lens[:size],
             page_table=self.page_table[:size], slot_mapping=self.slot_mapping[:n], num_decodes=size,
             num_decode_tokens=n, max_query_len=q, kv_caches=pool.kv_caches, k_scale=pool.k_scale,
-            v_scale=pool.v_scale)
+            v_scale=pool.v_scale, host_plans=host_plans)
         hidden = self.model(self.input_ids[:n], self.positions[:n], meta)
         self.logits[:n].copy_(self.model.compute_logits(hidden))
         if self.hidden is not None:
@@ -112,16 +119,45 @@ class CudaGraphRunner:
     def _capture_one(self, key: tuple[int, int], pool) -> torch.cuda.CUDAGraph:
         # Warm up on a side stream first: Triton compiles, cuBLAS picks its kernels and workspaces.
         # The static inputs hold padding (slot -1), so the warm-up writes nothing into the KV cache.
+        host_plans = self._start_capture(key)
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
             for _ in range(2):
-                self._forward(*key)
+                self._forward(*key, host_plans)
         torch.cuda.current_stream(self.device).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
+        host_plans.capturing = True
         with torch.cuda.graph(graph, pool=pool):
-            self._forward(*key)
+            self._forward(*key, host_plans)
+        self._finish_capture(key, host_plans)
         return graph
+
+    def _start_capture(self, key: tuple[int, int]):
+        """Static seq_lens as padding holds them, and the graph's (empty) HostPlans for those lengths."""
+        from ..layers.attention import HostPlans
+
+        size, q = key
+        self.seq_lens[:size].fill_(q)
+        return HostPlans(self._padded_lengths(key))
+
+    def _finish_capture(self, key: tuple[int, int], host_plans) -> None:
+        host_plans.capturing = False
+        if host_plans:
+            self._host_plans[key] = host_plans
+
+    def _padded_lengths(self, key: tuple[int, int], plan=None, num_rows: int = 0):
+        """Host lengths of a padded graph batch: the plan's first `num_rows` rows (their seq_lens, plus the
+        padding tokens of rows with fewer than q), then padding rows of q tokens over q keys."""
+        from lightspeed_kernel.ops import HostLengths
+
+        size, q = key
+        lens = np.full(size, q, dtype=np.int32)
+        if num_rows:
+            lens[:num_rows] = plan.seq_lens[:num_rows]
+            if q > 1:
+                lens[:num_rows] += (q - np.diff(plan.query_start_loc[: num_rows + 1])).astype(np.int32)
+        return HostLengths(np.arange(size + 1, dtype=np.int32) * q, lens)
 
     # -- replay --------------------------------------------------------------------------------
     def _replay(self, key: tuple[int, int]) -> None:
@@ -188,7 +224,10 @@ class CudaGraphRunner:
         if size > n:
             # Rows a larger step filled before: they must not write its tokens' K/V again.
             self.slot_mapping[n * q: size * q].fill_(-1)
-            self.seq_lens[n:size].fill_(1)
+            self.seq_lens[n:size].fill_(q)
+        host_plans = self._host_plans.get((size, q))
+        if host_plans is not None:  # kernels that schedule on the host: once for every layer
+            host_plans.replan(self._padded_lengths((size, q), plan, n))
         self._replay((size, q))
         self.num_replays += 1
         if order is not None:
