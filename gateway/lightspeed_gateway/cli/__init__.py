@@ -1,7 +1,9 @@
 """The `lightspeed` command: serve, env, chat, bench.
 
-Subcommand modules load inside `main`, so a Ctrl-C while they load (torch, the engine) is caught
-there and exits quietly with status 130 instead of printing an import traceback.
+Subcommand modules load inside `main`, so a Ctrl-C while they load (torch, the engine) exits
+quietly with status 130 instead of printing an import traceback; for `serve`, a signal before the
+engine core starts exits at once (see signals.py: an interrupt inside an extension's import can
+abort the process).
 """
 
 from __future__ import annotations
@@ -42,6 +44,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["serve"]:
+        from lightspeed_gateway.cli.signals import exit_at_once
+
+        with exit_at_once():
+            return _run(argv)
+    return _run(argv)
+
+
+def _run(argv: list[str]) -> int:
     try:
         if argv[:1] == ["bench"]:
             from lightspeed_gateway.cli import bench

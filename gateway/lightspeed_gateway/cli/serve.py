@@ -17,13 +17,13 @@ import argparse
 import asyncio
 import contextlib
 import logging
-import signal
 import socket
 import sys
 import time
 
 from lightspeed_gateway.cli import compat
 from lightspeed_gateway.cli.args import add_config_flags, config_from_args, engine_config_from_args
+from lightspeed_gateway.cli.signals import interrupt_on_signal
 from lightspeed_gateway.config import ServerConfig
 from lightspeed_gateway.envs import load_envs
 
@@ -98,8 +98,11 @@ def serve(server_config: ServerConfig, engine_config, make_engine=None) -> int:
 
     Returns 0 after a clean stop, 2 when the engine cannot start (the reason printed as one line),
     1 when the HTTP server cannot start (e.g. the port is taken)."""
+    # Every import before the handover below, while a signal still exits at once (signals.py).
     import uvicorn
     from lightspeed import AsyncLLM
+
+    import lightspeed_gateway.server.app  # noqa: F401  (used by _load_and_serve)
 
     if make_engine is None:
         if engine_config.data_parallel_size > 1:  # several engine cores behind the cache-aware router
@@ -108,13 +111,13 @@ def serve(server_config: ServerConfig, engine_config, make_engine=None) -> int:
             make_engine = lambda path: DataParallelEngine.start(engine_config.replace(model=path))  # noqa: E731
         else:
             make_engine = lambda path: AsyncLLM(config=engine_config.replace(model=path))  # noqa: E731
-    # uvicorn handles SIGINT/SIGTERM (graceful stop, then the lifespan stops the engine core) and
-    # re-raises the signal afterwards; by then shutdown is complete, so exit 0 instead of dying by it.
-    signal.signal(signal.SIGTERM, lambda signum, frame: None)
     outcome = {"code": 1}
-    try:
-        # uvloop: uvicorn only installs it in Server.run(), which we do not use (we announce readiness).
-        factory = _loop_factory()
+    # From here a signal raises KeyboardInterrupt: while loading, the `finally` in _load_and_serve
+    # stops the engine core; once serving, uvicorn owns the signals (graceful stop, then the
+    # lifespan stops the core) and re-raises them afterwards, which lands here with the outcome set.
+    # uvloop: uvicorn only installs it in Server.run(), which we do not use (we announce readiness).
+    factory = _loop_factory()
+    with interrupt_on_signal(), contextlib.suppress(KeyboardInterrupt):
         main = _load_and_serve(server_config, engine_config, make_engine, uvicorn, outcome)
         if hasattr(asyncio, "Runner"):  # Python >= 3.11
             with asyncio.Runner(loop_factory=factory) as runner:
@@ -123,8 +126,6 @@ def serve(server_config: ServerConfig, engine_config, make_engine=None) -> int:
             if factory is not None:
                 asyncio.set_event_loop_policy(__import__("uvloop").EventLoopPolicy())
             asyncio.run(main)
-    except KeyboardInterrupt:
-        pass
     return outcome["code"]
 
 
@@ -145,8 +146,7 @@ async def _load_and_serve(server_config: ServerConfig, engine_config, make_engin
         model_path = engine_config.model or default_model()
         print(f"Lightspeed: loading {model_path} ...", flush=True)
         # In the event loop, so the engine's output listener starts on it; nothing else runs yet.
-        with _signals_stop_loading():
-            llm = make_engine(model_path)
+        llm = make_engine(model_path)
     except (ValueError, RuntimeError, EngineDeadError) as e:
         print(f"lightspeed serve: error: {e}", file=sys.stderr, flush=True)
         outcome["code"] = 2
@@ -183,21 +183,6 @@ def bind_socket(host: str, port: int) -> socket.socket:
         raise
     sock.set_inheritable(True)
     return sock
-
-
-@contextlib.contextmanager
-def _signals_stop_loading():
-    """The model loads in blocking code, before uvicorn owns the signals: meanwhile SIGINT and SIGTERM
-    raise KeyboardInterrupt there (the engine then stops its core) instead of waiting for the load."""
-    def stop(signum, frame):
-        raise KeyboardInterrupt
-
-    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
 
 
 def _loop_factory():
