@@ -75,13 +75,16 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
 
-def test_registry_picks_the_triton_mla_and_fp8_kernels():
+def test_registry_picks_the_fast_mla_and_fp8_kernels():
     import lightspeed_kernel as lk
+    from lightspeed_mla import sm90
 
     platform = lk.current_platform()
+    # FP8 caches: the sm_90a CUDA kernel on an H100 / H200 where nvcc is found, else Triton.
+    on_sm90 = torch.cuda.get_device_capability() == (9, 0) and sm90.availability()[0]
     assert lk.select_kernel("mla", "decode", torch.bfloat16, platform=platform,
                             traits={"page_size": 64, "kv_dtype": "fp8"}, features=("paged", "fp8_kv")).name == \
-        "mla_decode_triton"
+        (sm90.KERNEL_NAME if on_sm90 else "mla_decode_triton")
     assert lk.select_kernel("mla", "store", torch.bfloat16, platform=platform).name == "mla_store_triton"
     assert lk.select_kernel("mla", "prefill", torch.bfloat16, platform=platform,
                             traits={"head_dim_qk": 192, "head_dim_v": 128}).name == "mla_prefill_triton"
@@ -152,7 +155,7 @@ def test_engine_loop_with_graphs_fp8(tmp_path):
 
 
 def _flashinfer_mla_selected() -> None:
-    """Skip without FlashInfer's MLA on sm_90; with them, bf16 caches must get it (PLUGIN + 1)."""
+    """Skip without FlashInfer's MLA on sm_90; with them, bf16 caches must get it (PLUGIN + 2)."""
     import lightspeed_kernel as lk
 
     pytest.importorskip("flashinfer.mla")

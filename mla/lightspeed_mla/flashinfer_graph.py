@@ -162,6 +162,10 @@ class FlashInferDecodeOp:
     def __init__(self, lazy):
         self._lazy = lazy
 
+    def prepare(self) -> None:
+        """Import FlashInfer now (ImportError when it is installed but does not load)."""
+        self._lazy.get()
+
     def __call__(self, q, cache, page_table, seq_lens, query_start_loc, softmax_scale, *, out=None,
                  return_lse=False, **plan_overrides):
         """Absorbed MLA decode through FlashInfer (FA3 on sm_90), one host plan per step. The Triton plan

@@ -386,7 +386,7 @@ CAPABILITY = {"device_types": ("cuda",), "vendors": ("nvidia",), "min_compute_ca
 
 
 def register(registry=None, *, page_sizes, load: Callable[[], object] = load_library, **options):
-    """Register `mla_decode_flashinfer` (PLUGIN + 1 on sm_90, bf16 caches of `page_sizes`; the impl is a
+    """Register `mla_decode_flashinfer` (PLUGIN + 2 on sm_90, above mla_decode_sm90, bf16 caches of `page_sizes`; the impl is a
     :class:`~lightspeed_mla.flashinfer_graph.FlashInferDecodeOp`: the one-shot call and plan / bind / run);
     `load()` returns `flashinfer.mla` at the first call; `options` go to :class:`FlashInferMLA`. Returns
     the lazy holder."""
@@ -396,7 +396,7 @@ def register(registry=None, *, page_sizes, load: Callable[[], object] = load_lib
     from .flashinfer_graph import FlashInferDecodeOp
 
     lazy = LazyLibrary(load, lambda lib: FlashInferMLA(lib, **options), KERNEL_NAME)
-    lk.register_kernel("mla", "decode", name=KERNEL_NAME, solution="flashinfer", priority=lk.Priority.of(lk.Priority.PLUGIN, 1),
+    lk.register_kernel("mla", "decode", name=KERNEL_NAME, solution="flashinfer", priority=lk.Priority.of(lk.Priority.PLUGIN, 2),
                        capability=CAPABILITY, dtypes=(torch.bfloat16,), features=FEATURES,
                        traits={"page_size": tuple(page_sizes), "kv_dtype": ("bf16",)},
                        tags=("flashinfer", "latency", "throughput"), registry=registry)(FlashInferDecodeOp(lazy))

@@ -6,12 +6,12 @@ the torch references go in the REFERENCE band and run anywhere, in fp32 / fp16 /
 still gets a kernel (and fp32 parity tests get fp32 math). The impls are callables with the
 one-shot signatures of :func:`mla_decode` / :func:`mla_prefill` / :func:`pack_kv`; the decode
 impl also carries ``plan`` / ``bind`` / ``run`` (the CUDA-graph path) and ``workspace_bytes``.
-FlashInfer's MLA decode (``flashinfer_mla.py``, ``flashinfer_graph.py``) registers at PLUGIN + 1 on
-sm_90 for bf16 caches, above Triton, when the package is installed; nothing registers and nothing
-fails without it. The sm_90a CUDA decode kernel
-(``sm90.py``, ``mla_decode_sm90`` and its e4m3-scores FP8 variant ``mla_decode_sm90_fp8qk``) registers in
-the PORTABLE band too, for compute capability 9.0
-only, when torch has CUDA and nvcc is found (it JIT-builds on first use).
+On sm_90 two more decode kernels rank above Triton: FlashInfer's MLA decode (``flashinfer_mla.py``,
+``flashinfer_graph.py``) at PLUGIN + 2 for bf16 caches when the package is installed (nothing
+registers and nothing fails without it), and the sm_90a CUDA kernel ``mla_decode_sm90`` (``sm90.py``)
+at PLUGIN + 1 for bf16 and FP8 caches when torch has CUDA and nvcc is found (it JIT-builds before the
+engine's first step; a failed build falls back to the next kernel). Its e4m3-scores FP8 variant
+``mla_decode_sm90_fp8qk`` is in the PORTABLE band: opt-in.
 """
 
 from __future__ import annotations

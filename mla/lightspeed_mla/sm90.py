@@ -18,10 +18,13 @@ Build: `torch.utils.cpp_extension.load` on first use, for sm_90a only, into
 ``lightspeed_kernel.kernel_env().native_cache_dir``/mla_sm90 (LIGHTSPEED_KERNEL_CACHE_DIR); the
 module name carries a hash of the sources, so an edited kernel never loads a stale build.
 
-Registered (when torch has CUDA and nvcc is found) for compute capability exactly 9.0 in the PORTABLE
-band, below `mla_decode_triton`: it runs only when asked for
-(`LIGHTSPEED_KERNEL_OVERRIDE_MLA_DECODE=mla_decode_sm90`, or `=mla_decode_sm90_fp8qk` for FP8 caches)
-until the H200 numbers say otherwise.
+Registered (when torch has CUDA and nvcc is found) for compute capability exactly 9.0 at PLUGIN + 1,
+above `mla_decode_triton` for both caches: on the H200 it was faster than the Triton kernel at every
+measured point (mla/NOTES.md, "mla_decode_sm90 on the H200"); FlashInfer's MLA (PLUGIN + 2, bf16 caches
+only) stays above it where installed. The engine builds it before its first step (`prepare`), and a
+failed build falls back to the next kernel with a warning. `mla_decode_sm90_fp8qk` (e4m3 scores) stays
+in the PORTABLE band, opt-in (`LIGHTSPEED_KERNEL_OVERRIDE_MLA_DECODE=mla_decode_sm90_fp8qk`): faster
+than `mla_decode_sm90` on FP8 caches but ~2-4% from the reference.
 """
 
 from __future__ import annotations
@@ -256,6 +259,12 @@ class Sm90DecodeOp:
     def run(self, plan, q, cache, page_table, out, lse=None):
         return run(plan, q, cache, page_table, out, lse, fp8_scores=self.fp8_scores)
 
+    @staticmethod
+    def prepare() -> None:
+        """Build (or load the cached build of) the kernel now; BuildError when nvcc fails, so a caller
+        can pick the next kernel before serving instead of failing at the first decode."""
+        load_extension()
+
     def __call__(self, *args, **kwargs):
         return mla_decode_sm90(*args, fp8_scores=self.fp8_scores, **kwargs)
 
@@ -265,12 +274,12 @@ CAPABILITY = {"device_types": ("cuda",), "vendors": ("nvidia",), "min_compute_ca
 
 
 def register(registry=None) -> None:
-    """Register `mla_decode_sm90` (both caches) and `mla_decode_sm90_fp8qk` (FP8 caches, e4m3 scores), in
-    the PORTABLE band (+1, +0: below Triton until measured); sm_90 only."""
+    """Register `mla_decode_sm90` (both caches, PLUGIN + 1: above Triton, below FlashInfer's bf16 MLA) and
+    `mla_decode_sm90_fp8qk` (FP8 caches, e4m3 scores, PORTABLE: opt-in for its accuracy); sm_90 only."""
     import lightspeed_kernel as lk
 
     for name, priority, kinds, fp8_scores in (
-            (KERNEL_NAME, lk.Priority.of(lk.Priority.PORTABLE, 1), CACHE_KINDS, False),
+            (KERNEL_NAME, lk.Priority.of(lk.Priority.PLUGIN, 1), CACHE_KINDS, False),
             (KERNEL_NAME_FP8_SCORES, lk.Priority.PORTABLE, ("fp8",), True)):
         features = tuple(f for f in FEATURES if f != "bf16_kv" or "bf16" in kinds)
         lk.register_kernel("mla", "decode", name=name, solution="cuda", priority=priority, capability=CAPABILITY,

@@ -52,12 +52,19 @@ def test_unavailable_registers_nothing(monkeypatch):
         assert sm90.KERNEL_NAME not in {s.name for s in lk.list_kernels("mla")}
 
 
-def test_registers_for_sm90_only_below_triton_reachable_by_override(monkeypatch):
+def test_registers_for_sm90_only_above_triton_fp8qk_by_override(monkeypatch):
     reg = _registry(monkeypatch, available=True)
     specs = {s.name: s for s in reg.specs("mla", "decode")}
-    assert lk.Priority.PORTABLE <= specs[sm90.KERNEL_NAME].priority < specs["mla_decode_triton"].priority
+    assert specs[sm90.KERNEL_NAME].priority == lk.Priority.of(lk.Priority.PLUGIN, 1)
+    assert specs[sm90.KERNEL_NAME].priority > specs["mla_decode_triton"].priority
+    assert specs[sm90.KERNEL_NAME_FP8_SCORES].priority < specs["mla_decode_triton"].priority  # opt-in
     traits = {"page_size": 64, "kv_dtype": "bf16"}
-    assert reg.select("mla", "decode", torch.bfloat16, platform=HOPPER, traits=traits).name == "mla_decode_triton"
+    assert reg.select("mla", "decode", torch.bfloat16, platform=HOPPER, traits=traits).name == sm90.KERNEL_NAME
+    fp8_traits = {"page_size": 64, "kv_dtype": "fp8"}
+    assert reg.select("mla", "decode", torch.bfloat16, platform=HOPPER, features=["paged", "fp8_kv"],
+                      traits=fp8_traits).name == sm90.KERNEL_NAME
+    for platform in (AMPERE, BLACKWELL):  # elsewhere Triton, as before
+        assert reg.select("mla", "decode", torch.bfloat16, platform=platform, traits=traits).name == "mla_decode_triton"
     forced = reg.select("mla", "decode", torch.bfloat16, platform=HOPPER, traits=traits, override=sm90.KERNEL_NAME)
     assert forced.name == sm90.KERNEL_NAME
     assert callable(forced.impl.plan) and callable(forced.impl.run) and callable(forced.impl.workspace_bytes)

@@ -23,11 +23,12 @@ the runner does that before each replay (`AttentionMetadata.plan_on_host`, `Host
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections import OrderedDict
 
 import numpy as np
 import torch
-from lightspeed_kernel import ops, platform_of, select_kernel
+from lightspeed_kernel import explain, ops, platform_of, select_kernel
 from torch import nn
 
 from .attention import AttentionMetadata
@@ -36,6 +37,7 @@ from .norm import RMSNorm
 from .parallel import ParallelContext
 from .rotary import RotaryEmbedding
 
+log = logging.getLogger("lightspeed.mla")
 LATENT, ROPE = 512, 64
 _WORKSPACE_BYTES = 64 << 20  # split-KV partials of the Triton decode; the planner fits splits to it
 _PLAN_CACHE = 256  # decode plans kept per backend (one per batch shape)
@@ -47,6 +49,35 @@ def mla_softmax_scale(qk_head_dim: int, rope_scaling: dict | None) -> float:
     if rope_scaling and rope_scaling.get("rope_type") not in (None, "default") and rope_scaling.get("mscale_all_dim"):
         scale *= ops.yarn_get_mscale(rope_scaling["factor"], rope_scaling["mscale_all_dim"]) ** 2
     return scale
+
+
+def _ready_kernel(family: str, mode: str, dtype, **query):
+    """The best kernel whose `prepare()` (a JIT build, a library import: what can fail at first use)
+    succeeds. A kernel that cannot be prepared is skipped with a warning for the next one in rank,
+    unless an override asked for it by name: then its error is the answer."""
+    selected = select_kernel(family, mode, dtype, **query)
+    prepare = getattr(selected.impl, "prepare", None)
+    if prepare is None:
+        return selected.impl
+    try:
+        prepare()
+        return selected.impl
+    except Exception as e:  # noqa: BLE001 - a build or import failure of one candidate
+        why = e
+    ranking = explain(family, mode, dtype, **query)
+    if ranking.override is not None:
+        raise why
+    ranked = sorted((c for c in ranking.candidates if c.rank is not None), key=lambda c: c.rank)
+    names = [c.name for c in ranked]
+    for name in names[names.index(selected.name) + 1:]:
+        log.warning("%s/%s: %s cannot run here (%s); using %s", family, mode, selected.name, why, name)
+        selected = select_kernel(family, mode, dtype, override=name, **query)
+        try:
+            getattr(selected.impl, "prepare", lambda: None)()
+            return selected.impl
+        except Exception as e:  # noqa: BLE001
+            why = e
+    raise why
 
 
 class MLABackend:
@@ -69,8 +100,8 @@ class MLABackend:
             if head_dims is not None:
                 features, traits = ("ragged", "causal", "prefix"), {"head_dim_qk": head_dims[0],
                                                                     "head_dim_v": head_dims[1]}
-            self._kernels[key] = select_kernel("mla", mode, dtype, features=features, traits=traits,
-                                               platform=platform_of(device)).impl
+            self._kernels[key] = _ready_kernel("mla", mode, dtype, features=features, traits=traits,
+                                               platform=platform_of(device))
         return self._kernels[key]
 
     def decode_plan(self, impl, meta: AttentionMetadata, rows: int, tokens: int, max_q: int, cache) -> object:

@@ -3,12 +3,13 @@
 # (the latter puts ninja on PATH, which torch's JIT build needs):
 #   bash tools/bench/h200/mla_sm90.sh OUTDIR
 # The sm_90a CUDA MLA decode kernel (mla/lightspeed_mla/sm90.py, issue 15), each part time-boxed (worst case
-# ~385 s, typically ~200 s):
+# ~445 s, typically ~250 s):
 #   1. JIT build (nvcc, sm_90a) -> OUTDIR/build.log with ptxas' registers / spills / shared memory; a failed
 #      build prints nvcc's errors and stops here (exit 0);
-#   2. its GPU tests against mla_decode_reference (-x; every case prints max abs / rel error) -> OUTDIR/tests.log;
-#   3. tools/bench/mla.py with mla_decode_triton, mla_decode_sm90 and (FP8 points) mla_decode_sm90_fp8qk side by
-#      side on the seeds' case and a 16-point grid (--points small) -> OUTDIR/mla_bench_*.{md,json}, bench.log.
+#   2. its GPU tests against mla_decode_reference (every case prints max abs / rel error) -> OUTDIR/tests.log;
+#   3. tools/bench/mla.py with mla_decode_triton, mla_decode_sm90, (FP8 points) mla_decode_sm90_fp8qk and, when
+#      flashinfer imports, (bf16 points) mla_decode_flashinfer side by side on the seeds' case and a 16-point
+#      grid (--points small) -> OUTDIR/mla_bench_*.{md,json}, bench.log. MLA_CANDIDATES overrides the list.
 # Skips the bench when the tests timed out before any kernel call returned (a hung kernel would hang it too).
 set -uo pipefail
 out=$(realpath -m "${1:?usage: mla_sm90.sh OUTDIR}")
@@ -40,7 +41,7 @@ if [[ $rc != 0 ]]; then
 fi
 
 t0=$SECONDS
-timeout 170 python3 -m pytest -x -q -s -rfE mla/tests/test_sm90_gpu.py -p no:cacheprovider > "$out/tests.log" 2>&1
+timeout 170 python3 -m pytest -q -s -rfE mla/tests/test_sm90_gpu.py -p no:cacheprovider > "$out/tests.log" 2>&1
 trc=$?
 echo "gpu tests rc=$trc in $((SECONDS - t0))s: $(tail -1 "$out/tests.log")"
 grep -oE "sm90 .*" "$out/tests.log" | sed 's/^/  /' | head -80
@@ -51,8 +52,10 @@ if [[ $trc == 124 ]] && ! grep -q "sm90 " "$out/tests.log"; then
 fi
 
 t0=$SECONDS
-(cd tools/bench && timeout 90 python3 mla.py --out "$out" --candidates mla_decode_triton,mla_decode_sm90,mla_decode_sm90_fp8qk \
-  --points small --skip-prefill --budget-s 55 --commit "$commit") > "$out/bench.log" 2>&1
+candidates=mla_decode_triton,mla_decode_sm90,mla_decode_sm90_fp8qk
+python3 -c "import flashinfer" 2>/dev/null && candidates=$candidates,mla_decode_flashinfer
+(cd tools/bench && timeout 150 python3 mla.py --out "$out" --candidates "${MLA_CANDIDATES:-$candidates}" \
+  --points small --skip-prefill --budget-s 100 --commit "$commit") > "$out/bench.log" 2>&1
 echo "bench rc=$? in $((SECONDS - t0))s"
 md=$(ls -t "$out"/mla_bench_*.md 2>/dev/null | head -1)
 if [[ -n $md ]]; then
