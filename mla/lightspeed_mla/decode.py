@@ -9,6 +9,7 @@ and the same ``num_splits`` (pass it explicitly) rewrites only the lengths: the 
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -212,13 +213,37 @@ def run_decode(
         num_warps=tile.num_warps, num_stages=tile.num_stages,
     )
     if S > 1:
-        _k._combine_kernel[(T, H)](
-            plan.partial_out, plan.partial_lse, out, lse_arg,
-            *po_strides, out.stride(0), out.stride(1), H, S,
-            SPLITS_POW2=triton_next_pow2(S), WRITE_LSE=lse is not None,
-            num_warps=4,
-        )
+        combine_splits(plan, out, lse)
     return out
+
+
+# Which combine merges split partials: "serial" (one program per (token, head), one split a load) or
+# "blocked" (BLOCK_S splits a load, 512 / BLOCK_D programs per row). LIGHTSPEED_MLA_COMBINE, read once;
+# tools/bench/mla_splits.py sets this attribute to time both.
+COMBINE_VARIANT = os.environ.get("LIGHTSPEED_MLA_COMBINE", "serial")
+COMBINE_VARIANTS = ("serial", "blocked")
+
+
+def combine_splits(plan: MLADecodePlan, out: torch.Tensor, lse: torch.Tensor | None) -> None:
+    """Merge the plan's split partials (plan.partial_out / partial_lse) into out (and lse): the step after
+    a split decode kernel, Triton's or sm90's."""
+    T, H, S = plan.num_tokens, plan.num_heads, plan.num_splits
+    lse_arg = lse if lse is not None else out
+    strides = (*plan.partial_out.stride()[:3], out.stride(0), out.stride(1))
+    if COMBINE_VARIANT == "blocked":
+        block_d = 512 if interpreting() else 128
+        _k._combine_blocked_kernel[(T, H, D_LATENT // block_d)](
+            plan.partial_out, plan.partial_lse, out, lse_arg, *strides, H, S,
+            SPLITS_POW2=triton_next_pow2(S), BLOCK_S=min(16, triton_next_pow2(S)), BLOCK_D=block_d,
+            WRITE_LSE=lse is not None, num_warps=4,
+        )
+    elif COMBINE_VARIANT == "serial":
+        _k._combine_kernel[(T, H)](
+            plan.partial_out, plan.partial_lse, out, lse_arg, *strides, H, S,
+            SPLITS_POW2=triton_next_pow2(S), WRITE_LSE=lse is not None, num_warps=4,
+        )
+    else:
+        raise ValueError(f"LIGHTSPEED_MLA_COMBINE must be one of {COMBINE_VARIANTS}, got {COMBINE_VARIANT!r}")
 
 
 def triton_next_pow2(n: int) -> int:

@@ -44,9 +44,9 @@ from .decode import (
     MLADecodePlan,
     _host_i32,
     _layout,
+    combine_splits,
     decode_workspace_bytes,
     plan_decode,
-    triton_next_pow2,
 )
 from .device import device_info
 from .tuning import DecodeTile
@@ -206,7 +206,7 @@ def run(plan: MLADecodePlan, q: torch.Tensor, cache: MLACache, page_table: torch
     allocation, no host sync (CUDA-graph capturable). Same tensors as `run_decode`. fp8_scores (FP8
     caches): S_latent on e4m3 MMAs with Q quantised per row, else bf16 MMAs on the widened latent."""
     check_run_inputs(plan, q, cache, page_table, out, lse)
-    T, H, S = plan.num_tokens, plan.num_heads, plan.num_splits
+    T, S = plan.num_tokens, plan.num_splits
     if T == 0:
         return out
     ext = load_extension()
@@ -216,14 +216,7 @@ def run(plan: MLADecodePlan, q: torch.Tensor, cache: MLACache, page_table: torch
                lse if S == 1 else None, plan.partial_out if S > 1 else None, plan.partial_lse if S > 1 else None,
                plan.batch_size, plan.row_tiles, S, plan.softmax_scale * LOG2E, bool(fp8_scores and fp8))
     if S > 1:
-        from .kernels import decode_triton as _k
-
-        lse_arg = lse if lse is not None else out
-        _k._combine_kernel[(T, H)](
-            plan.partial_out, plan.partial_lse, out, lse_arg,
-            *plan.partial_out.stride()[:3], out.stride(0), out.stride(1), H, S,
-            SPLITS_POW2=triton_next_pow2(S), WRITE_LSE=lse is not None, num_warps=4,
-        )
+        combine_splits(plan, out, lse)
     return out
 
 

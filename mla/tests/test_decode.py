@@ -50,6 +50,25 @@ def test_decode_split_kv_combine(num_splits, kind):
     _check(kind, 16, [90, 7], [2, 2], 16, num_splits=num_splits)
 
 
+@pytest.mark.parametrize("variant", ["serial", "blocked"])
+@pytest.mark.parametrize("num_splits", [3, 21])
+def test_combine_variants(monkeypatch, variant, num_splits):
+    # 21 splits: more than one BLOCK_S block of the blocked combine, the last block partial; splits left
+    # empty by the short request (its lse -inf) must weigh nothing.
+    from lightspeed_mla import decode
+
+    monkeypatch.setattr(decode, "COMBINE_VARIANT", variant)
+    _check("bf16", 16, [700, 7], [1, 1], 8, num_splits=num_splits)
+
+
+def test_unknown_combine_variant_is_a_clear_error(monkeypatch):
+    from lightspeed_mla import decode
+
+    monkeypatch.setattr(decode, "COMBINE_VARIANT", "fast")
+    with pytest.raises(ValueError, match="LIGHTSPEED_MLA_COMBINE"):
+        _check("bf16", 16, [90], [1], 8, num_splits=2)
+
+
 def test_decode_ragged_queries_absorbed_prefill():
     # Different query counts per request, one request with none: absorbed prefill of short extends.
     _check("bf16", 16, [40, 5, 33, 20], [7, 0, 1, 20], 8, num_splits=3)

@@ -181,3 +181,41 @@ if HAS_TRITON:
         if WRITE_LSE:
             lse_nat = tl.where(denom == 0.0, float("-inf"), (m_use + tl.log2(denom)) * 0.6931471805599453)
             tl.store(LseOut + row, lse_nat)
+
+    @triton.jit
+    def _combine_blocked_kernel(
+        PartO, PartLse, Out, LseOut,
+        stride_pot, stride_poh, stride_pos,
+        stride_ot, stride_oh,
+        num_heads, num_splits,
+        SPLITS_POW2: tl.constexpr,
+        BLOCK_S: tl.constexpr,
+        BLOCK_D: tl.constexpr,
+        WRITE_LSE: tl.constexpr,
+    ):
+        # One program per (token, head, BLOCK_D output columns); BLOCK_S splits' partials per load, so the
+        # loads of many splits are in flight at once (the serial loop above waits on one 2 KB load a split:
+        # at 128 splits, the common batch-1 plan, that latency chain is the combine's whole time).
+        t = tl.program_id(0).to(tl.int64)
+        h = tl.program_id(1)
+        d = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)
+        row = t * num_heads + h
+        s_all = tl.arange(0, SPLITS_POW2)
+        lse_all = tl.load(PartLse + row * num_splits + s_all, mask=s_all < num_splits, other=float("-inf"))
+        m = tl.max(lse_all, axis=0)
+        m_use = tl.where(m == float("-inf"), 0.0, m)
+        denom = tl.sum(tl.exp2(lse_all - m_use), axis=0)
+        acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+        base = PartO + t * stride_pot + h * stride_poh
+        for s0 in range(0, num_splits, BLOCK_S):
+            s = s0 + tl.arange(0, BLOCK_S)
+            ok = s < num_splits
+            w = tl.exp2(tl.load(PartLse + row * num_splits + s, mask=ok, other=float("-inf")) - m_use)
+            part = tl.load(base + s[:, None] * stride_pos + d[None, :], mask=ok[:, None], other=0.0)
+            acc += tl.sum(w[:, None] * part, axis=0)
+        o = acc / tl.where(denom == 0.0, 1.0, denom)
+        tl.store(Out + t * stride_ot + h * stride_oh + d, o.to(Out.dtype.element_ty))
+        if WRITE_LSE:
+            if tl.program_id(2) == 0:
+                lse_nat = tl.where(denom == 0.0, float("-inf"), (m_use + tl.log2(denom)) * 0.6931471805599453)
+                tl.store(LseOut + row, lse_nat)
