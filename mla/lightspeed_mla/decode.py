@@ -217,11 +217,15 @@ def run_decode(
     return out
 
 
-# Which combine merges split partials: "serial" (one program per (token, head), one split a load) or
-# "blocked" (BLOCK_S splits a load, 512 / BLOCK_D programs per row). LIGHTSPEED_MLA_COMBINE, read once;
-# tools/bench/mla_splits.py sets this attribute to time both.
-COMBINE_VARIANT = os.environ.get("LIGHTSPEED_MLA_COMBINE", "serial")
+# Which combine merges split partials: "serial" (one program per (token, head), one split a load),
+# "blocked" (BLOCK_S splits a load, 512 / BLOCK_D programs per row) or "auto": blocked from
+# BLOCKED_COMBINE_MIN_SPLITS splits. On the H200 (bench/results/mla_splits_2026-12-04_1818_h200/) blocked was
+# 4-10% faster a decode at 96-128 splits (batch 1, where the serial loop's chain of one load a split is
+# the combine's whole time) and 1-4% slower at 8-33 splits (many rows, few splits: the serial grid is
+# wide enough already). LIGHTSPEED_MLA_COMBINE, read once; tools/bench/mla_splits.py sets the attribute.
+COMBINE_VARIANT = os.environ.get("LIGHTSPEED_MLA_COMBINE", "auto")
 COMBINE_VARIANTS = ("serial", "blocked")
+BLOCKED_COMBINE_MIN_SPLITS = 64
 
 
 def combine_splits(plan: MLADecodePlan, out: torch.Tensor, lse: torch.Tensor | None) -> None:
@@ -230,20 +234,23 @@ def combine_splits(plan: MLADecodePlan, out: torch.Tensor, lse: torch.Tensor | N
     T, H, S = plan.num_tokens, plan.num_heads, plan.num_splits
     lse_arg = lse if lse is not None else out
     strides = (*plan.partial_out.stride()[:3], out.stride(0), out.stride(1))
-    if COMBINE_VARIANT == "blocked":
+    variant = COMBINE_VARIANT
+    if variant == "auto":
+        variant = "blocked" if S >= BLOCKED_COMBINE_MIN_SPLITS else "serial"
+    if variant == "blocked":
         block_d = 512 if interpreting() else 128
         _k._combine_blocked_kernel[(T, H, D_LATENT // block_d)](
             plan.partial_out, plan.partial_lse, out, lse_arg, *strides, H, S,
             SPLITS_POW2=triton_next_pow2(S), BLOCK_S=min(16, triton_next_pow2(S)), BLOCK_D=block_d,
             WRITE_LSE=lse is not None, num_warps=4,
         )
-    elif COMBINE_VARIANT == "serial":
+    elif variant == "serial":
         _k._combine_kernel[(T, H)](
             plan.partial_out, plan.partial_lse, out, lse_arg, *strides, H, S,
             SPLITS_POW2=triton_next_pow2(S), WRITE_LSE=lse is not None, num_warps=4,
         )
     else:
-        raise ValueError(f"LIGHTSPEED_MLA_COMBINE must be one of {COMBINE_VARIANTS}, got {COMBINE_VARIANT!r}")
+        raise ValueError(f"LIGHTSPEED_MLA_COMBINE must be auto or one of {COMBINE_VARIANTS}, got {variant!r}")
 
 
 def triton_next_pow2(n: int) -> int:

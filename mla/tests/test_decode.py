@@ -50,7 +50,7 @@ def test_decode_split_kv_combine(num_splits, kind):
     _check(kind, 16, [90, 7], [2, 2], 16, num_splits=num_splits)
 
 
-@pytest.mark.parametrize("variant", ["serial", "blocked"])
+@pytest.mark.parametrize("variant", ["serial", "blocked", "auto"])
 @pytest.mark.parametrize("num_splits", [3, 21])
 def test_combine_variants(monkeypatch, variant, num_splits):
     # 21 splits: more than one BLOCK_S block of the blocked combine, the last block partial; splits left
@@ -59,6 +59,22 @@ def test_combine_variants(monkeypatch, variant, num_splits):
 
     monkeypatch.setattr(decode, "COMBINE_VARIANT", variant)
     _check("bf16", 16, [700, 7], [1, 1], 8, num_splits=num_splits)
+
+
+def test_auto_combine_is_blocked_from_64_splits(monkeypatch):
+    from lightspeed_mla import decode
+    from lightspeed_mla.kernels import decode_triton
+
+    launched = []
+    for name in ("_combine_kernel", "_combine_blocked_kernel"):
+        monkeypatch.setattr(decode_triton, name, type("K", (), {"__getitem__": lambda self, grid, n=name: (
+            lambda *a, **k: launched.append(n))})())
+    monkeypatch.setattr(decode, "COMBINE_VARIANT", "auto")
+    for splits in (63, 64):
+        plan = type("P", (), {"num_tokens": 1, "num_heads": 8, "num_splits": splits,
+                              "partial_out": torch.zeros(1, 8, splits, 512), "partial_lse": torch.zeros(1, 8, splits)})
+        decode.combine_splits(plan, torch.zeros(1, 8, 512), None)
+    assert launched == ["_combine_kernel", "_combine_blocked_kernel"]
 
 
 def test_unknown_combine_variant_is_a_clear_error(monkeypatch):
