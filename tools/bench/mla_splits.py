@@ -32,7 +32,10 @@ from mla import SCALE, DecodeBench, _git_commit, _time_us, decode_cost  # noqa: 
 # (name, batch, heads, q_len, ctx): the seeds' case (16 heads, q_len 4, 80K) at the batches the issue
 # names, and batch 1 (its own target: split-KV alone must fill the GPU).
 POINTS = {"b1": (1, 16, 4, 81920), "b4": (4, 16, 4, 81920), "b8": (8, 16, 4, 81920), "b16": (16, 16, 4, 81920),
-          "b1q1": (1, 16, 1, 81920), "b16q1_16k": (16, 16, 1, 16384)}
+          "b1q1": (1, 16, 1, 81920), "b16q1_16k": (16, 16, 1, 16384),
+          # One CTA per SM with 1 and with 10 key tiles each, one split: the difference is 9 tiles, the
+          # rest of the 1-tile time is what a CTA costs besides its tiles (query load, ring fill, epilogue).
+          "cta_1tile": (132, 16, 4, 64), "cta_10tiles": (132, 16, 4, 640)}
 
 
 def candidate_splits(default: int, max_kv: int) -> list[int]:

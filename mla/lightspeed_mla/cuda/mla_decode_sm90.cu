@@ -135,6 +135,33 @@ __device__ __forceinline__ Frag make_frag(const Work& w) {
   return f;
 }
 
+// Columns [col0, col0 + 8 * kChunks) of the CTA's 64 query rows -> a bf16 tile in shared memory at dst,
+// 128B-swizzled (rows past the request's are zeros). Every load is issued before the first store: in a
+// load-then-store loop each load waits for the one before (the compiler cannot tell the global and
+// shared pointers apart), and at 18 chunks a thread that chain was a large share of a short split's
+// time; batched, the tile costs about one memory latency.
+template <int kChunks>  // 16-byte chunks a row
+__device__ __forceinline__ void load_q_tile(const MlaSm90Args& p, const Work& w, const Frag& f, uint8_t* dst, int col0) {
+  static_assert(kRows * kChunks % kConsumerThreads == 0, "every consumer thread loads the same count");
+  constexpr int kPer = kRows * kChunks / kConsumerThreads;
+  uint4 val[kPer];
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int v = f.tid + i * kConsumerThreads, r = v / kChunks, c8 = v % kChunks, row = w.row0 + r;
+    val[i] = make_uint4(0, 0, 0, 0);
+    if (row < w.rows_total) {
+      const int64_t tok = w.q_start + row / w.H, head = row % w.H;
+      val[i] = __ldg(reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(p.q) + tok * p.q_stride_t +
+                                                    head * p.q_stride_h + col0 + c8 * 8));
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int v = f.tid + i * kConsumerThreads;
+    *reinterpret_cast<uint4*>(dst + swizzled_offset(v / kChunks, (v % kChunks) * 8)) = val[i];
+  }
+}
+
 // Key of S fragment element i (0..15) within the 64-key tile.
 __device__ __forceinline__ int frag_key(const Frag& f, int i) {
   return 32 * f.wg + 8 * (i >> 2) + 2 * (f.lane & 3) + (i & 1);
@@ -336,16 +363,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   setmaxnreg_inc<kConsumerRegs>();
   const Frag f = make_frag(w);
   if (w.n_tiles > 0) {  // Q -> shared memory, swizzled; rows past the request's are zeros
-    for (int v = f.tid; v < kRows * (kDim / 8); v += kConsumerThreads) {
-      const int r = v / (kDim / 8), c8 = v % (kDim / 8), row = w.row0 + r;
-      uint4 val = make_uint4(0, 0, 0, 0);
-      if (row < w.rows_total) {
-        const int64_t tok = w.q_start + row / w.H, head = row % w.H;
-        val = *reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(p.q) + tok * p.q_stride_t +
-                                              head * p.q_stride_h + c8 * 8);
-      }
-      *reinterpret_cast<uint4*>(smem + kQ + swizzled_offset(r, c8 * 8)) = val;
-    }
+    load_q_tile<kDim / 8>(p, w, f, smem + kQ, 0);
     fence_proxy_async();
   }
   named_barrier_sync(1, kConsumerThreads);
@@ -476,29 +494,9 @@ __global__ void __launch_bounds__(kThreads, 1)
           make_uint4(packed[0], packed[1], packed[2], packed[3]);
     }
   }
-  if (w.n_tiles > 0 && !kFp8Scores) {  // Q's latent in bf16, as the bf16 kernel stores it
-    for (int v = f.tid; v < kRows * 64; v += kConsumerThreads) {
-      const int r = v / 64, c8 = v % 64, row = w.row0 + r;
-      uint4 val = make_uint4(0, 0, 0, 0);
-      if (row < w.rows_total) {
-        const int64_t tok = w.q_start + row / w.H, head = row % w.H;
-        val = *reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(p.q) + tok * p.q_stride_t +
-                                              head * p.q_stride_h + c8 * 8);
-      }
-      *reinterpret_cast<uint4*>(smem + kQ + swizzled_offset(r, c8 * 8)) = val;
-    }
-  }
+  if (w.n_tiles > 0 && !kFp8Scores) load_q_tile<64>(p, w, f, smem + kQ, 0);  // Q's latent in bf16, as bf16's
   if (w.n_tiles > 0) {
-    for (int v = f.tid; v < kRows * 8; v += kConsumerThreads) {  // Q's rope stays bf16
-      const int rr = v / 8, c8 = v % 8, rrow = w.row0 + rr;
-      uint4 val = make_uint4(0, 0, 0, 0);
-      if (rrow < w.rows_total) {
-        const int64_t tok = w.q_start + rrow / w.H, head = rrow % w.H;
-        val = *reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(p.q) + tok * p.q_stride_t +
-                                              head * p.q_stride_h + 512 + c8 * 8);
-      }
-      *reinterpret_cast<uint4*>(smem + kQRope + swizzled_offset(rr, c8 * 8)) = val;
-    }
+    load_q_tile<8>(p, w, f, smem + kQRope, 512);  // Q's rope stays bf16
     fence_proxy_async();
   }
   named_barrier_sync(1, kConsumerThreads);
