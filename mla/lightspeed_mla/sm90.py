@@ -30,9 +30,11 @@ than `mla_decode_sm90` on FP8 caches but ~2-4% from the reference.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import shutil
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -51,6 +53,7 @@ from .decode import (
 from .device import device_info
 from .tuning import DecodeTile
 
+log = logging.getLogger("lightspeed.mla")
 KERNEL_NAME = "mla_decode_sm90"
 # The FP8 cache with S_latent on e4m3 MMAs (Q quantised per row): the fast variant the FP8 target
 # needs, ~2-4% from the reference on random data (Q's 3 mantissa bits), so a name of its own.
@@ -141,10 +144,17 @@ def load_extension(build_root: str | None = None, verbose: bool = False):
                 cpp_extension.CUDA_HOME = str(Path(os.path.realpath(nvcc)).parent.parent)
             opts = build_options(build_root, verbose)
             os.makedirs(opts["build_directory"], exist_ok=True)
+            fresh = not os.path.exists(os.path.join(opts["build_directory"], f"{opts['name']}.so"))
+            if fresh:  # a server's first start would otherwise sit silent for half a minute
+                log.info("%s: building for sm_90a with nvcc (about 30 s, once; cached in %s)", KERNEL_NAME,
+                         opts["build_directory"])
+            started = time.monotonic()
             try:
                 _extension = cpp_extension.load(**opts)
             except Exception as e:  # noqa: BLE001 - ninja / nvcc failures come as RuntimeError or OSError
                 raise BuildError(f"{KERNEL_NAME}: JIT build failed in {opts['build_directory']}: {e}") from e
+            if fresh:
+                log.info("%s: built in %.1f s", KERNEL_NAME, time.monotonic() - started)
     return _extension
 
 

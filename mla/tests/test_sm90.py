@@ -2,6 +2,7 @@
 the JIT build command, and (where nvcc is installed) an sm_90a compile of the kernel with ptxas'
 resource report. The kernel's numbers are tested on the GPU (test_sm90_gpu.py)."""
 
+import os
 import re
 import shutil
 import subprocess
@@ -187,6 +188,25 @@ def test_default_build_root_is_the_kernel_cache_dir(monkeypatch, tmp_path):
     finally:
         monkeypatch.undo()
         lk.refresh()
+
+
+def test_a_first_build_says_so_and_a_cached_one_is_quiet(monkeypatch, tmp_path, caplog):
+    import logging
+
+    from torch.utils import cpp_extension
+
+    def build(**kw):  # what torch leaves behind: <build_directory>/<name>.so
+        open(os.path.join(kw["build_directory"], f"{kw['name']}.so"), "w").close()
+        return "module"
+
+    monkeypatch.setattr(cpp_extension, "load", build)
+    for expected in ("building for sm_90a", None):
+        monkeypatch.setattr(sm90, "_extension", None)
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="lightspeed.mla"):
+            assert sm90.load_extension(str(tmp_path)) == "module"
+        assert (expected in caplog.text and "built in" in caplog.text) if expected else caplog.text == ""
+    monkeypatch.setattr(sm90, "_extension", None)
 
 
 def test_a_failed_build_raises_build_error(monkeypatch, tmp_path):
