@@ -17,6 +17,10 @@ read on the device, so one captured CUDA graph serves every step.
 Build: `torch.utils.cpp_extension.load` on first use, for sm_90a only, into
 ``lightspeed_kernel.kernel_env().native_cache_dir``/mla_sm90 (LIGHTSPEED_KERNEL_CACHE_DIR); the
 module name carries a hash of the sources, so an edited kernel never loads a stale build.
+`load_extension(phase_timers=True)` builds a second module (name suffix `_timers`) with
+-DLIGHTSPEED_MLA_PHASE_TIMERS: each CTA stamps %globaltimer at the phases of `PHASES` into a buffer
+(`phase_timer_buffer`, passed as `run(..., phase_ns=)`); tools/bench/mla_phases.py reads them. The
+production module is compiled without it and refuses the buffer.
 
 Registered (when torch has CUDA and nvcc is found) for compute capability exactly 9.0 at PLUGIN + 1,
 above `mla_decode_triton` for both caches: on the H200 it was faster than the Triton kernel at every
@@ -65,6 +69,10 @@ CACHE_KINDS = ("bf16", "fp8")
 ARCH_FLAG = "-gencode=arch=compute_90a,code=sm_90a"  # wgmma / setmaxnreg need the "a" target
 PAGE_SIZES = (8, 16, 32, 64, 128, 256)  # a TMA box holds min(page_size, 64) tokens, >= 8 swizzle rows
 FEATURES = ("paged", "bf16_kv", "fp8_kv", "lse", "spec_decode", "causal", "fold_sq", "split_kv", "ragged")
+# The phase stamps of the timer build, in the order of cuda/mla_decode_sm90.h's MlaPhase (which says who
+# stamps each and when; a CPU test keeps the two in step).
+PHASES = ("entry", "work", "first_tma", "last_tma", "q_loaded", "first_tile", "last_pv", "epilogue")
+TIMERS_DEFINE = "-DLIGHTSPEED_MLA_PHASE_TIMERS"
 # 64 rows x 64 keys; 12 warps (2 consumer warpgroups + the producer warpgroup), 2 stages, 1 CTA / SM.
 TILE = DecodeTile(block_m=64, block_n=64, num_warps=12, num_stages=2, swap_ab=False, ctas_per_sm=1)
 
@@ -109,40 +117,42 @@ def default_build_root() -> str:
     return os.path.join(lk.kernel_env().native_cache_dir, "mla_sm90")
 
 
-def build_options(build_root: str | None = None, verbose: bool = False) -> dict:
+def build_options(build_root: str | None = None, verbose: bool = False, phase_timers: bool = False) -> dict:
     """Keyword arguments of `torch.utils.cpp_extension.load` for this kernel. The explicit -gencode
     keeps torch from adding its own arch flags (it would add sm_90 without the "a", where wgmma
-    does not assemble)."""
-    name = f"lightspeed_mla_sm90_{source_digest()}"
+    does not assemble). phase_timers: the instrumented module, its own name; the define goes to the
+    C++ side too, which must see MlaSm90Args as the kernel does."""
+    name = f"lightspeed_mla_sm90_{source_digest()}" + ("_timers" if phase_timers else "")
     root = build_root or default_build_root()
+    define = [TIMERS_DEFINE] if phase_timers else []
     return {
         "name": name,
         "sources": [str(CUDA_DIR / s) for s in SOURCES],
         "extra_include_paths": [str(CUDA_DIR)],
-        "extra_cflags": ["-O3"],
-        "extra_cuda_cflags": ["-O3", ARCH_FLAG, "-lineinfo", "-Xptxas=-v"],
+        "extra_cflags": ["-O3", *define],
+        "extra_cuda_cflags": ["-O3", ARCH_FLAG, "-lineinfo", "-Xptxas=-v", *define],
         "build_directory": os.path.join(root, name),
         "verbose": verbose,
     }
 
 
 _lock = threading.Lock()
-_extension = None
+_extensions: dict[bool, object] = {}  # phase_timers -> the loaded module: one of each per process
 
 
-def load_extension(build_root: str | None = None, verbose: bool = False):
-    """The built module (builds on first call; a failed build raises BuildError with nvcc's output)."""
-    global _extension  # noqa: PLW0603 - the one loaded module of this process
-    if _extension is not None:
-        return _extension
+def load_extension(build_root: str | None = None, verbose: bool = False, phase_timers: bool = False):
+    """The built module (builds on first call; a failed build raises BuildError with nvcc's output).
+    phase_timers: the instrumented build (module docstring), for measurement only."""
+    if phase_timers in _extensions:
+        return _extensions[phase_timers]
     with _lock:
-        if _extension is None:
+        if phase_timers not in _extensions:
             from torch.utils import cpp_extension
 
             nvcc = nvcc_path()
             if cpp_extension.CUDA_HOME is None and nvcc is not None:  # torch found none: use ours
                 cpp_extension.CUDA_HOME = str(Path(os.path.realpath(nvcc)).parent.parent)
-            opts = build_options(build_root, verbose)
+            opts = build_options(build_root, verbose, phase_timers)
             os.makedirs(opts["build_directory"], exist_ok=True)
             fresh = not os.path.exists(os.path.join(opts["build_directory"], f"{opts['name']}.so"))
             if fresh:  # a server's first start would otherwise sit silent for half a minute
@@ -150,12 +160,12 @@ def load_extension(build_root: str | None = None, verbose: bool = False):
                          opts["build_directory"])
             started = time.monotonic()
             try:
-                _extension = cpp_extension.load(**opts)
+                _extensions[phase_timers] = cpp_extension.load(**opts)
             except Exception as e:  # noqa: BLE001 - ninja / nvcc failures come as RuntimeError or OSError
                 raise BuildError(f"{KERNEL_NAME}: JIT build failed in {opts['build_directory']}: {e}") from e
             if fresh:
                 log.info("%s: built in %.1f s", KERNEL_NAME, time.monotonic() - started)
-    return _extension
+    return _extensions[phase_timers]
 
 
 def check_plan_inputs(cache_kind: str, page_size: int) -> None:
@@ -210,22 +220,40 @@ def check_run_inputs(plan: MLADecodePlan, q: torch.Tensor, cache: MLACache, page
         raise ValueError(f"{KERNEL_NAME}: page_table must be int32 [B, max_pages] with unit last stride")
 
 
-def run(plan: MLADecodePlan, q: torch.Tensor, cache: MLACache, page_table: torch.Tensor, out: torch.Tensor,
-        lse: torch.Tensor | None = None, *, fp8_scores: bool = False) -> torch.Tensor:
-    """One layer of a planned batch: the CUDA kernel, then the Triton combine when split. No
-    allocation, no host sync (CUDA-graph capturable). Same tensors as `run_decode`. fp8_scores (FP8
-    caches): S_latent on e4m3 MMAs with Q quantised per row, else bf16 MMAs on the widened latent."""
-    check_run_inputs(plan, q, cache, page_table, out, lse)
-    T, S = plan.num_tokens, plan.num_splits
-    if T == 0:
-        return out
-    ext = load_extension()
-    fp8 = cache.kind == "fp8"
+def phase_timer_buffer(plan: MLADecodePlan) -> torch.Tensor:
+    """Zeros for the timer build's stamps, on the plan's device: int64 [batch * row_tiles * num_splits
+    CTAs, len(PHASES)] ns, CTA = (request * row_tiles + row tile) * num_splits + split. A stamp left 0
+    was not reached."""
+    ctas = plan.batch_size * plan.row_tiles * plan.num_splits
+    return torch.zeros(ctas, len(PHASES), dtype=torch.int64, device=plan.seq_lens.device)
+
+
+def launch(plan: MLADecodePlan, q: torch.Tensor, cache: MLACache, page_table: torch.Tensor, out: torch.Tensor,
+           lse: torch.Tensor | None = None, *, fp8_scores: bool = False,
+           phase_ns: torch.Tensor | None = None) -> None:
+    """The CUDA kernel alone: out (and lse) when unsplit, else the plan's split partials, which
+    `combine_splits` merges. Inputs as `run`, checked there. phase_ns (`phase_timer_buffer`): run the
+    timer build and stamp into it."""
+    ext = load_extension(phase_timers=phase_ns is not None)
+    S, fp8 = plan.num_splits, cache.kind == "fp8"
     ext.decode(q, cache.latent if fp8 else cache.packed, cache.rope if fp8 else None, cache.scale if fp8 else None,
                page_table, plan.seq_lens, plan.query_start_loc, out,
                lse if S == 1 else None, plan.partial_out if S > 1 else None, plan.partial_lse if S > 1 else None,
-               plan.batch_size, plan.row_tiles, S, plan.softmax_scale * LOG2E, bool(fp8_scores and fp8))
-    if S > 1:
+               plan.batch_size, plan.row_tiles, S, plan.softmax_scale * LOG2E, bool(fp8_scores and fp8), phase_ns)
+
+
+def run(plan: MLADecodePlan, q: torch.Tensor, cache: MLACache, page_table: torch.Tensor, out: torch.Tensor,
+        lse: torch.Tensor | None = None, *, fp8_scores: bool = False,
+        phase_ns: torch.Tensor | None = None) -> torch.Tensor:
+    """One layer of a planned batch: the CUDA kernel, then the Triton combine when split. No
+    allocation, no host sync (CUDA-graph capturable). Same tensors as `run_decode`. fp8_scores (FP8
+    caches): S_latent on e4m3 MMAs with Q quantised per row, else bf16 MMAs on the widened latent.
+    phase_ns: measurement only (`launch`)."""
+    check_run_inputs(plan, q, cache, page_table, out, lse)
+    if plan.num_tokens == 0:
+        return out
+    launch(plan, q, cache, page_table, out, lse, fp8_scores=fp8_scores, phase_ns=phase_ns)
+    if plan.num_splits > 1:
         combine_splits(plan, out, lse)
     return out
 

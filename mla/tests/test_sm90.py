@@ -201,12 +201,12 @@ def test_a_first_build_says_so_and_a_cached_one_is_quiet(monkeypatch, tmp_path, 
 
     monkeypatch.setattr(cpp_extension, "load", build)
     for expected in ("building for sm_90a", None):
-        monkeypatch.setattr(sm90, "_extension", None)
+        monkeypatch.setattr(sm90, "_extensions", {})
         caplog.clear()
         with caplog.at_level(logging.INFO, logger="lightspeed.mla"):
             assert sm90.load_extension(str(tmp_path)) == "module"
         assert (expected in caplog.text and "built in" in caplog.text) if expected else caplog.text == ""
-    monkeypatch.setattr(sm90, "_extension", None)
+    monkeypatch.setattr(sm90, "_extensions", {})
 
 
 def test_a_failed_build_raises_build_error(monkeypatch, tmp_path):
@@ -216,22 +216,59 @@ def test_a_failed_build_raises_build_error(monkeypatch, tmp_path):
         raise RuntimeError("Error building extension: mla_decode_sm90.cu(1): error: nope")
 
     monkeypatch.setattr(cpp_extension, "load", broken)
-    monkeypatch.setattr(sm90, "_extension", None)
+    monkeypatch.setattr(sm90, "_extensions", {})
     with pytest.raises(sm90.BuildError, match="error: nope"):
         sm90.load_extension(str(tmp_path))
 
 
-@pytest.mark.skipif(sm90.nvcc_path() is None, reason="needs nvcc")
-def test_kernel_compiles_for_sm90a_without_spills(tmp_path):
+def test_the_phase_timer_build_is_a_module_of_its_own(monkeypatch, tmp_path):
+    plain, timed = sm90.build_options(str(tmp_path)), sm90.build_options(str(tmp_path), phase_timers=True)
+    assert timed["name"] == plain["name"] + "_timers" and timed["build_directory"] != plain["build_directory"]
+    for key in ("extra_cflags", "extra_cuda_cflags"):  # both sides must see MlaSm90Args alike
+        assert sm90.TIMERS_DEFINE in timed[key] and sm90.TIMERS_DEFINE not in plain[key]
+    from torch.utils import cpp_extension
+
+    built = []
+    monkeypatch.setattr(cpp_extension, "load", lambda **kw: built.append(kw["name"]) or kw["name"])
+    monkeypatch.setattr(sm90, "_extensions", {})
+    assert sm90.load_extension(str(tmp_path), phase_timers=True) == timed["name"]
+    assert sm90.load_extension(str(tmp_path)) == plain["name"]
+    assert sm90.load_extension(str(tmp_path), phase_timers=True) == timed["name"] and len(built) == 2  # cached
+    monkeypatch.setattr(sm90, "_extensions", {})
+
+
+def test_phase_names_follow_the_kernels_enum():
+    header = (sm90.CUDA_DIR / "mla_decode_sm90.h").read_text()
+    start = header.index("enum MlaPhase")
+    enum = header[start:header.index("kNumPhases", start)]
+    names = re.findall(r"kPhase(\w+),", enum)
+    assert [re.sub(r"(?<!^)(?=[A-Z])", "_", n).lower() for n in names] == list(sm90.PHASES)
+
+
+def _ptxas_report(tmp_path, *defines: str) -> str:
     # The kernel file alone (no torch headers); ptxas reports registers, spills and barriers.
-    cmd = [sm90.nvcc_path(), sm90.ARCH_FLAG, "-std=c++17", "-O3", "-Xptxas", "-v", "-c",
+    cmd = [sm90.nvcc_path(), sm90.ARCH_FLAG, "-std=c++17", "-O3", *defines, "-Xptxas", "-v", "-c",
            str(sm90.CUDA_DIR / "mla_decode_sm90.cu"), "-o", str(tmp_path / "k.o")]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     report = done.stderr
     assert "mla_decode_sm90_bf16_kernel" in report and "mla_decode_sm90_fp8_kernel" in report
-    assert len(re.findall(r"0 bytes spill stores, 0 bytes spill loads", report)) == 3, report  # bf16, fp8 x 2
     assert "serialized" not in report, report  # ptxas' wgmma serialisation warning
+    return report
+
+
+@pytest.mark.skipif(sm90.nvcc_path() is None, reason="needs nvcc")
+def test_kernel_compiles_for_sm90a_without_spills(tmp_path):
+    report = _ptxas_report(tmp_path)
+    assert len(re.findall(r"0 bytes spill stores, 0 bytes spill loads", report)) == 3, report  # bf16, fp8 x 2
+    assert re.findall(r"Used (\d+) registers", report) == ["168"] * 3, report  # the 384-thread launch share
+
+
+@pytest.mark.skipif(sm90.nvcc_path() is None, reason="needs nvcc")
+def test_the_phase_timer_build_compiles_without_spills(tmp_path):
+    report = _ptxas_report(tmp_path, sm90.TIMERS_DEFINE)
+    assert "globaltimer_mark_kernel" in report
+    assert len(re.findall(r"0 bytes spill stores, 0 bytes spill loads", report)) == 4, report  # + the mark kernel
 
 
 # --------------------------------------------------------------------------------------------------
@@ -262,8 +299,9 @@ class _KernelStandIn:
         self.calls = []
 
     def decode(self, q, kv, rope, scale, page_table, seq_lens, query_start, out, lse, partial_out, partial_lse,
-               batch, row_tiles, num_splits, scale_log2, fp8_scores):
+               batch, row_tiles, num_splits, scale_log2, fp8_scores, phase_ns):
         self.calls.append({"fp8": rope is not None, "fp8_scores": fp8_scores, "splits": num_splits})
+        self.phase_ns = phase_ns
         assert isinstance(fp8_scores, bool) and isinstance(num_splits, int) and (rope is None) == (scale is None)
         H = q.shape[1]
         if rope is None:
@@ -322,6 +360,7 @@ def test_run_plumbing_against_the_reference(monkeypatch, kind, fp8_scores, num_s
     out, lse = sm90.mla_decode_sm90(q, cache, table, torch.tensor(lens), qsl, SCALE, return_lse=True,
                                     num_splits=num_splits, fp8_scores=fp8_scores)
     assert stand_in.calls == [{"fp8": kind == "fp8", "fp8_scores": fp8_scores, "splits": num_splits}]
+    assert stand_in.phase_ns is None  # the production build
     q_ref = q.float()
     if fp8_scores:  # the reference with Q as the kernel quantises it, computed here on its own
         lat = q_ref[..., :512]
@@ -331,3 +370,22 @@ def test_run_plumbing_against_the_reference(monkeypatch, kind, fp8_scores, num_s
     ref, ref_lse = mla_decode_reference(q_ref, cache, table, torch.tensor(lens), qsl, SCALE)
     assert rel_err(out, ref) < 1e-2
     torch.testing.assert_close(lse, ref_lse, atol=1e-3, rtol=1e-3)
+
+
+def test_run_with_a_phase_buffer_uses_the_timer_build(monkeypatch):
+    from mla_helpers import make_paged_cache, query_start
+
+    stand_in, asked = _KernelStandIn(), []
+    monkeypatch.setattr(sm90, "load_extension", lambda *a, phase_timers=False, **k: asked.append(phase_timers) or stand_in)
+    lens, H = [70, 200], 4
+    cache, table = make_paged_cache("bf16", 16, lens, generator=torch.Generator().manual_seed(0))
+    qsl = query_start([2, 2])
+    ws = torch.empty(decode_workspace_bytes(2, 4, H, 3), dtype=torch.uint8)
+    p = sm90.plan(ws, qsl, lens, H, page_size=16, softmax_scale=SCALE, num_splits=3)
+    buf = sm90.phase_timer_buffer(p)
+    assert buf.shape == (2 * p.row_tiles * 3, len(sm90.PHASES)) and buf.dtype == torch.int64 and not buf.any()
+    q, out = torch.randn(4, H, 576).to(torch.bfloat16), torch.empty(4, H, 512, dtype=torch.bfloat16)
+    sm90.run(p, q, cache, table, out, phase_ns=buf)
+    assert asked == [True] and stand_in.phase_ns is buf
+    sm90.run(p, q, cache, table, out)
+    assert asked == [True, False] and stand_in.phase_ns is None

@@ -17,11 +17,14 @@ void check_cuda(const at::Tensor& t, const char* name, at::ScalarType dtype) {
 
 // kv: the bf16 packed cache [pages, page_size, 576], or (with rope and scale given) the FP8 cache's
 // e4m3 latent [pages, page_size, 512]; rope: bf16 [pages, page_size, 64]; scale: fp32 [pages, page_size, 1].
+// phase_ns: int64 [batch * row_tiles * num_splits, kNumPhases] for the phase stamps, zero-filled by the
+// caller; accepted by the build with LIGHTSPEED_MLA_PHASE_TIMERS only (the production one refuses it), so
+// both builds keep one signature.
 void decode(const at::Tensor& q, const at::Tensor& kv, c10::optional<at::Tensor> rope, c10::optional<at::Tensor> scale,
             const at::Tensor& page_table, const at::Tensor& seq_lens, const at::Tensor& query_start, at::Tensor out,
             c10::optional<at::Tensor> lse, c10::optional<at::Tensor> partial_out,
             c10::optional<at::Tensor> partial_lse, int64_t batch, int64_t row_tiles, int64_t num_splits,
-            double scale_log2, bool fp8_scores) {
+            double scale_log2, bool fp8_scores, c10::optional<at::Tensor> phase_ns) {
   check_cuda(q, "q", at::kBFloat16);
   const bool fp8 = rope.has_value();
   TORCH_CHECK(fp8 == scale.has_value(), "mla_decode_sm90: rope and scale come together (the FP8 cache)");
@@ -102,10 +105,33 @@ void decode(const at::Tensor& q, const at::Tensor& kv, c10::optional<at::Tensor>
     a.po_stride_s = partial_out->stride(2);
     a.partial_lse = partial_lse->data_ptr<float>();
   }
+  if (phase_ns.has_value()) {
+#ifdef LIGHTSPEED_MLA_PHASE_TIMERS
+    check_cuda(*phase_ns, "phase_ns", at::kLong);
+    TORCH_CHECK(phase_ns->is_contiguous() && phase_ns->numel() == batch * row_tiles * num_splits * lightspeed_mla::kNumPhases,
+                "mla_decode_sm90: phase_ns must be contiguous int64 [batch * row_tiles * num_splits, ",
+                lightspeed_mla::kNumPhases, "]");
+    a.phase_ns = reinterpret_cast<uint64_t*>(phase_ns->data_ptr<int64_t>());
+#else
+    TORCH_CHECK(false, "mla_decode_sm90: phase_ns needs the build with phase timers (sm90.load_extension(phase_timers=True))");
+#endif
+  }
   char err[256] = {0};
   const int rc = lightspeed_mla::mla_sm90_decode_launch(a, c10::cuda::getCurrentCUDAStream().stream(), err, sizeof(err));
   TORCH_CHECK(rc == 0, "mla_decode_sm90: launch failed: ", err);
 }
+
+#ifdef LIGHTSPEED_MLA_PHASE_TIMERS
+// out_ns: one int64 element (CUDA) that gets %globaltimer when the stream reaches this point.
+void globaltimer_mark(at::Tensor out_ns) {
+  check_cuda(out_ns, "out_ns", at::kLong);
+  TORCH_CHECK(out_ns.numel() >= 1, "globaltimer_mark: out_ns needs one element");
+  const c10::cuda::CUDAGuard guard(out_ns.device());
+  const int rc = lightspeed_mla::mla_sm90_globaltimer_mark(reinterpret_cast<uint64_t*>(out_ns.data_ptr<int64_t>()),
+                                                           c10::cuda::getCurrentCUDAStream().stream());
+  TORCH_CHECK(rc == 0, "globaltimer_mark: launch failed (", rc, ")");
+}
+#endif
 
 }  // namespace
 
@@ -114,4 +140,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("smem_bytes", &lightspeed_mla::mla_sm90_smem_bytes, "dynamic shared memory per CTA, bf16 kernel");
   m.def("fp8_smem_bytes", &lightspeed_mla::mla_sm90_fp8_smem_bytes, "dynamic shared memory per CTA, FP8 kernel",
         pybind11::arg("fp8_scores"));
+  m.attr("num_phases") = static_cast<int>(lightspeed_mla::kNumPhases);
+#ifdef LIGHTSPEED_MLA_PHASE_TIMERS
+  m.def("globaltimer_mark", &globaltimer_mark, "write %globaltimer (ns) to out_ns[0] in stream order");
+#endif
 }

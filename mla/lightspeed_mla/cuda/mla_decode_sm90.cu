@@ -22,6 +22,9 @@
 //   with the per-token scale (and the 2^120) folded into P. The stage is released as soon as S and the
 //   widening are done. Q 40 KB + 2 x 41 KB stages + bf16 V 64 KB + P 8 KB = 194 KB.
 // Page sizes 8..256 (powers of two): a tile is one page piece of min(page_size, 64) tokens or several.
+// Phase timers: built with -DLIGHTSPEED_MLA_PHASE_TIMERS, each CTA stamps %globaltimer at the boundaries
+// of mla_decode_sm90.h's MlaPhase into MlaSm90Args::phase_ns (tools/bench/mla_phases.py reads them);
+// without the define stamp() is empty and the kernels compile to the production code exactly.
 
 #include "mla_decode_sm90.h"
 
@@ -95,6 +98,23 @@ constexpr float kTwoPow120 = 1.329227995784916e36f;  // undoes the widened V's 2
 struct Work {
   int split, b, H, q_start, q_len, kv_len, row0, rows_total, start, end, n_tiles;
 };
+
+#ifdef LIGHTSPEED_MLA_PHASE_TIMERS
+__device__ __forceinline__ uint64_t globaltimer_ns() {
+  uint64_t ns;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns)::"memory");  // "memory": stays where it is written
+  return ns;
+}
+#endif
+
+// The calling thread stamps `phase` for its CTA when `who` holds (one thread a role, see MlaPhase).
+__device__ __forceinline__ void stamp(const MlaSm90Args& p, MlaPhase phase, bool who) {
+#ifdef LIGHTSPEED_MLA_PHASE_TIMERS
+  if (!who || p.phase_ns == nullptr) return;
+  const int64_t cta = (static_cast<int64_t>(blockIdx.z) * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
+  p.phase_ns[cta * kNumPhases + phase] = globaltimer_ns();
+#endif
+}
 
 __device__ __forceinline__ bool cta_work(const MlaSm90Args& p, Work& w) {
   w.split = blockIdx.x;
@@ -308,6 +328,8 @@ __device__ __forceinline__ void produce(const MlaSm90Args& p, const Work& w, uin
 #pragma unroll
     for (int j = 0; j < kMaxBoxes; ++j)
       if (j < boxes) issue(stage, j, box_rows, rows[j], bar);
+    stamp(p, kPhaseFirstTma, i == 0);
+    stamp(p, kPhaseLastTma, i == w.n_tiles - 1);
     if (i + 1 < w.n_tiles) {
 #pragma unroll
       for (int j = 0; j < kMaxBoxes; ++j)
@@ -338,8 +360,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     mla_decode_sm90_bf16_kernel(const __grid_constant__ CUtensorMap kv_map, const MlaSm90Args p) {
 #ifdef LIGHTSPEED_SM90A
   using namespace bf16l;
+  stamp(p, kPhaseEntry, threadIdx.x == 0);
   Work w;
   if (!cta_work(p, w)) return;  // the whole CTA, before any barrier
+  stamp(p, kPhaseWork, threadIdx.x == 0);
   extern __shared__ uint8_t smem_raw[];
   uint32_t base;
   uint8_t* smem = aligned_smem(smem_raw, base);
@@ -367,6 +391,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     fence_proxy_async();
   }
   named_barrier_sync(1, kConsumerThreads);
+  stamp(p, kPhaseQLoaded, f.tid == 0);
 
   float acc[128];
 #pragma unroll
@@ -378,6 +403,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const uint32_t kv_base = base + kKV + stage * kTileBytes;
     const int key0 = w.start + it * kKeys;
     mbar_wait(full_bar + 8 * stage, (it / kStages) & 1);
+    stamp(p, kPhaseFirstTile, f.tid == 0 && it == 0);
 
     // S[64 rows, this warpgroup's 32 keys] = Q K^T over the 576 columns: 36 k-steps of 16.
     float s[16];
@@ -409,9 +435,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     fence_proxy_async();
     named_barrier_sync(1, kConsumerThreads);
     tile_pv(acc, base + kP, kv_base + 4 * f.wg * kBlockBytes);
+    stamp(p, kPhaseLastPv, f.tid == 0 && it == w.n_tiles - 1);
     mbar_arrive(empty_bar + 8 * stage);
   }
   write_out(p, w, f, acc, m_run, l_run, reinterpret_cast<float*>(smem + kRedSum));
+  stamp(p, kPhaseEpilogue, f.tid == 0);
 #endif  // LIGHTSPEED_SM90A
 }
 
@@ -424,8 +452,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr int kQ = L::kQ, kQRope = L::kQRope, kStage0 = L::kStage0, kLatBytes = L::kLatBytes;
   constexpr int kStageBytes = L::kStageBytes, kV = L::kV, kP = L::kP, kScales = L::kScales;
   constexpr int kRedMax = L::kRedMax, kRedSum = L::kRedSum, kQScale = L::kQScale, kBar = L::kBar;
+  stamp(p, kPhaseEntry, threadIdx.x == 0);
   Work w;
   if (!cta_work(p, w)) return;
+  stamp(p, kPhaseWork, threadIdx.x == 0);
   extern __shared__ uint8_t smem_raw[];
   uint32_t base;
   uint8_t* smem = aligned_smem(smem_raw, base);
@@ -500,6 +530,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     fence_proxy_async();
   }
   named_barrier_sync(1, kConsumerThreads);
+  stamp(p, kPhaseQLoaded, f.tid == 0);
 
   float acc[128];
 #pragma unroll
@@ -511,6 +542,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     uint8_t* st = smem + kStage0 + stage * kStageBytes;
     const int key0 = w.start + it * kKeys;
     mbar_wait(full_bar + 8 * stage, (it / kStages) & 1);
+    stamp(p, kPhaseFirstTile, f.tid == 0 && it == 0);
 
     float s_lat0[16], s_lat1[16], s_rope[16];
     fence_regs(s_lat0);
@@ -591,10 +623,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     fence_proxy_async();  // P and the widened V, before wgmma reads them
     named_barrier_sync(1, kConsumerThreads);
     tile_pv(acc, base + kP, base + kV + 4 * f.wg * kBlockBytes);
+    stamp(p, kPhaseLastPv, f.tid == 0 && it == w.n_tiles - 1);
   }
   write_out(p, w, f, acc, m_run, l_run, reinterpret_cast<float*>(smem + kRedSum));
+  stamp(p, kPhaseEpilogue, f.tid == 0);
 #endif  // LIGHTSPEED_SM90A
 }
+
+#ifdef LIGHTSPEED_MLA_PHASE_TIMERS
+__global__ void globaltimer_mark_kernel(uint64_t* out_ns) { *out_ns = globaltimer_ns(); }
+#endif
 
 void set_err(char* err, int errlen, const char* msg, int code) {
   if (err != nullptr && errlen > 0) snprintf(err, errlen, "%s (%d)", msg, code);
@@ -698,5 +736,12 @@ int mla_sm90_decode_launch(const MlaSm90Args& a, cudaStream_t stream, char* err,
   }
   return 0;
 }
+
+#ifdef LIGHTSPEED_MLA_PHASE_TIMERS
+int mla_sm90_globaltimer_mark(uint64_t* out_ns, cudaStream_t stream) {
+  globaltimer_mark_kernel<<<1, 1, 0, stream>>>(out_ns);
+  return static_cast<int>(cudaGetLastError());
+}
+#endif
 
 }  // namespace lightspeed_mla

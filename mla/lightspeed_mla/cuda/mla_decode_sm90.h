@@ -37,6 +37,28 @@ struct MlaSm90Args {
   float* partial_lse;        // [T, H, S] fp32 contiguous, log2 domain
   int batch, num_heads, row_tiles, num_splits, page_size;
   float scale_log2;          // softmax_scale * log2(e)
+#ifdef LIGHTSPEED_MLA_PHASE_TIMERS
+  // [CTAs, kNumPhases] %globaltimer ns, or nullptr; CTA = (blockIdx.z * row_tiles + blockIdx.y) * num_splits
+  // + blockIdx.x. Only in the instrumented build, so the production kernel's parameters stay as they were
+  // (binding.cpp is compiled with the same define: both sides see one layout).
+  uint64_t* phase_ns;
+#endif
+};
+
+// Phase timers (a build with -DLIGHTSPEED_MLA_PHASE_TIMERS): the boundaries each CTA stamps, in about
+// the order they happen. sm90.PHASES names them in this order (a CPU test keeps the two in step).
+// A stamp is the %globaltimer (ns) when the named thread got there; CTAs with no rows stamp only
+// kEntry, CTAs with no keys stamp no tile phases (those stay 0).
+enum MlaPhase : int {
+  kPhaseEntry,       // thread 0, the kernel's first instruction
+  kPhaseWork,        // thread 0, after cta_work's reads of query_start / seq_lens
+  kPhaseFirstTma,    // producer lane: tile 0's boxes issued (so its page ids have been read)
+  kPhaseLastTma,     // producer lane: the last tile's boxes issued
+  kPhaseQLoaded,     // consumer thread 0: the query tile in shared memory (past the consumers' barrier)
+  kPhaseFirstTile,   // consumer thread 0: tile 0 landed (its full barrier's wait returned)
+  kPhaseLastPv,      // consumer thread 0: the last tile's P V done (warpgroup 0's wgmma wait)
+  kPhaseEpilogue,    // consumer thread 0: write_out's stores issued
+  kNumPhases
 };
 
 // Shared memory the bf16 / FP8 kernels ask for (bytes), for the record.
@@ -45,5 +67,11 @@ int mla_sm90_fp8_smem_bytes(bool fp8_scores);
 
 // Launch on `stream`. Returns 0, or a CUDA error code with a message in err (errlen bytes).
 int mla_sm90_decode_launch(const MlaSm90Args& args, cudaStream_t stream, char* err, int errlen);
+
+#ifdef LIGHTSPEED_MLA_PHASE_TIMERS
+// One thread writes %globaltimer to *out_ns: launched before and after a decode on the same stream, it
+// brackets the kernel's launch and teardown, which no stamp inside the kernel can see.
+int mla_sm90_globaltimer_mark(uint64_t* out_ns, cudaStream_t stream);
+#endif
 
 }  // namespace lightspeed_mla
