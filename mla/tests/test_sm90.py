@@ -271,6 +271,35 @@ def test_the_phase_timer_build_compiles_without_spills(tmp_path):
     assert len(re.findall(r"0 bytes spill stores, 0 bytes spill loads", report)) == 4, report  # + the mark kernel
 
 
+def _torch_and_cuda_includes(tmp_path) -> list[str] | None:
+    """-I flags for compiling binding.cpp on this machine: torch's headers, Python's, CUDA's (None without
+    CUDA headers). A CPU build of torch lacks c10/cuda/impl/cuda_cmake_macros.h (CMake writes it for CUDA
+    builds), so an empty one stands in: the binding only needs its declarations, not a CUDA torch."""
+    import sysconfig
+
+    cuda = next((d for d in ("/usr/local/cuda/include",) if os.path.isfile(os.path.join(d, "cuda.h"))), None)
+    if cuda is None or shutil.which("g++") is None:
+        return None
+    stub = tmp_path / "stub" / "c10" / "cuda" / "impl"
+    stub.mkdir(parents=True)
+    (stub / "cuda_cmake_macros.h").write_text("#pragma once\n")
+    torch_inc = os.path.join(os.path.dirname(torch.__file__), "include")
+    return [f"-I{tmp_path / 'stub'}", f"-I{torch_inc}", f"-I{torch_inc}/torch/csrc/api/include",
+            f"-I{sysconfig.get_paths()['include']}", f"-I{cuda}", f"-I{sm90.CUDA_DIR}"]
+
+
+@pytest.mark.parametrize("timers", [False, True], ids=["production", "phase_timers"])
+def test_binding_compiles_against_torch_headers(tmp_path, timers):
+    # The JIT build compiles binding.cpp only on the GPU machine; this catches a C++ error here first.
+    includes = _torch_and_cuda_includes(tmp_path)
+    if includes is None:
+        pytest.skip("needs g++ and CUDA headers")
+    cmd = ["g++", "-fsyntax-only", "-std=c++20", "-DTORCH_EXTENSION_NAME=lightspeed_mla_sm90", *includes,
+           *([sm90.TIMERS_DEFINE] if timers else []), str(sm90.CUDA_DIR / "binding.cpp")]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
 # --------------------------------------------------------------------------------------------------
 # run()'s plumbing on the CPU: a stand-in for the built module with the binding's signature, doing the
 # kernel's per-split math in torch; the real Triton combine (interpreter) merges its partials.
