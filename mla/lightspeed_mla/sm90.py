@@ -138,6 +138,7 @@ def build_options(build_root: str | None = None, verbose: bool = False, phase_ti
 
 _lock = threading.Lock()
 _extensions: dict[bool, object] = {}  # phase_timers -> the loaded module: one of each per process
+_failures: dict[bool, BuildError] = {}  # a build that failed is not retried in this process (it takes ~30 s)
 
 
 def load_extension(build_root: str | None = None, verbose: bool = False, phase_timers: bool = False):
@@ -146,6 +147,8 @@ def load_extension(build_root: str | None = None, verbose: bool = False, phase_t
     if phase_timers in _extensions:
         return _extensions[phase_timers]
     with _lock:
+        if phase_timers in _failures:
+            raise _failures[phase_timers]
         if phase_timers not in _extensions:
             from torch.utils import cpp_extension
 
@@ -162,7 +165,9 @@ def load_extension(build_root: str | None = None, verbose: bool = False, phase_t
             try:
                 _extensions[phase_timers] = cpp_extension.load(**opts)
             except Exception as e:  # noqa: BLE001 - ninja / nvcc failures come as RuntimeError or OSError
-                raise BuildError(f"{KERNEL_NAME}: JIT build failed in {opts['build_directory']}: {e}") from e
+                failure = _failures[phase_timers] = BuildError(
+                    f"{KERNEL_NAME}: JIT build failed in {opts['build_directory']}: {e}")
+                raise failure from e
             if fresh:
                 log.info("%s: built in %.1f s", KERNEL_NAME, time.monotonic() - started)
     return _extensions[phase_timers]
