@@ -31,6 +31,7 @@ _EXPORTS = {
     "RequestFailedError": "lightspeed.core.errors",
     "default_model": "lightspeed.model_files",
     "load_tokenizer": "lightspeed.frontend.tokenizer",
+    "import_tokenizer_libraries": "lightspeed.frontend.tokenizer",
     "apply_chat_template": "lightspeed.frontend.tokenizer",
     "data_parallel_configs": "lightspeed.distributed.topology",
     "run_node": "lightspeed.distributed.node",
@@ -39,7 +40,8 @@ _EXPORTS = {
 __all__ = [
     "LLM", "AsyncLLM", "SamplingParams", "StructuredOutputParams", "RequestOutputKind", "RequestOutput",
     "CompletionOutput", "Logprob", "EngineConfig", "engine_arg_specs", "EngineDeadError", "RequestFailedError",
-    "default_model", "load_tokenizer", "apply_chat_template", "data_parallel_configs", "run_node", "__version__",
+    "default_model", "load_tokenizer", "import_tokenizer_libraries", "apply_chat_template", "data_parallel_configs",
+    "run_node", "__version__",
 ]
 assert set(__all__) == {*_EXPORTS, "__version__"}
 
@@ -52,7 +54,7 @@ if TYPE_CHECKING:
     from .core.errors import EngineDeadError, RequestFailedError
     from .distributed.node import run_node
     from .distributed.topology import data_parallel_configs
-    from .frontend.tokenizer import apply_chat_template, load_tokenizer
+    from .frontend.tokenizer import apply_chat_template, import_tokenizer_libraries, load_tokenizer
     from .model_files import default_model
 
 

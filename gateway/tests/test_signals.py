@@ -5,7 +5,6 @@ import subprocess
 import sys
 
 import pytest
-
 from lightspeed_gateway.cli.signals import INTERRUPTED, exit_at_once, interrupt_on_signal
 
 
@@ -30,3 +29,34 @@ def test_interrupt_phase_raises_and_restores_the_handlers():
         with pytest.raises(KeyboardInterrupt):
             signal.raise_signal(signal.SIGTERM)
     assert {sig: signal.getsignal(sig) for sig in before} == before
+
+
+def test_a_worker_node_is_interrupted_not_killed(monkeypatch):
+    # On a node other than 0, run_node starts and watches the ranks; Ctrl-C must reach its `finally`
+    # (which stops them gracefully) as a KeyboardInterrupt, not end the process on the spot.
+    import lightspeed
+    from lightspeed_gateway.cli import serve
+    from lightspeed_gateway.cli import signals as sig
+
+    seen = []
+
+    def run_node(config):
+        seen.append(signal.getsignal(signal.SIGINT))
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(lightspeed, "run_node", run_node)
+    from lightspeed_gateway.cli import build_parser
+
+    parsed, _ = build_parser().parse_known_args(["serve", "--load-format", "dummy"])
+    with exit_at_once():
+        assert serve.run(parsed) == 130
+    assert seen == [sig._raise_interrupt]
+
+
+def test_the_tokenizer_libraries_import_before_the_handover():
+    # serve() imports them while a signal still exits at once; loading would otherwise import torch
+    # under the KeyboardInterrupt handler.
+    code = ("import sys; from lightspeed import import_tokenizer_libraries; import_tokenizer_libraries(); "
+            "print('transformers' in sys.modules and 'torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "True", done.stderr

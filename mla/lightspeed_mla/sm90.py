@@ -33,6 +33,8 @@ than `mla_decode_sm90` on FP8 caches but ~2-4% from the reference.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import logging
 import os
@@ -138,7 +140,22 @@ def build_options(build_root: str | None = None, verbose: bool = False, phase_ti
 
 _lock = threading.Lock()
 _extensions: dict[bool, object] = {}  # phase_timers -> the loaded module: one of each per process
-_failures: dict[bool, BuildError] = {}  # a build that failed is not retried in this process (it takes ~30 s)
+_failures: dict[str, BuildError] = {}  # build directory -> its failure: not retried in this process (~30 s)
+
+
+@contextlib.contextmanager
+def _exclusive_build(build_dir: str):
+    """torch's JIT build guards a build directory with a `lock` file that it deletes when done; a process
+    killed mid-build (Ctrl-C during a server's first start terminates the engine core) leaves the file,
+    and every later build would wait on it forever. A flock dies with its holder, so while we hold one
+    no other build of ours is running here and a `lock` file can only be stale: remove it, then build."""
+    with open(os.path.join(build_dir, ".lightspeed-build.flock"), "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # a concurrent start (another engine core) waits for our build
+        stale = os.path.join(build_dir, "lock")
+        if os.path.exists(stale):
+            log.warning("%s: removing the build lock an interrupted build left (%s)", KERNEL_NAME, stale)
+            os.remove(stale)
+        yield
 
 
 def load_extension(build_root: str | None = None, verbose: bool = False, phase_timers: bool = False):
@@ -147,26 +164,26 @@ def load_extension(build_root: str | None = None, verbose: bool = False, phase_t
     if phase_timers in _extensions:
         return _extensions[phase_timers]
     with _lock:
-        if phase_timers in _failures:
-            raise _failures[phase_timers]
+        opts = build_options(build_root, verbose, phase_timers)
+        build_dir = opts["build_directory"]
+        if build_dir in _failures:
+            raise _failures[build_dir]
         if phase_timers not in _extensions:
             from torch.utils import cpp_extension
 
             nvcc = nvcc_path()
             if cpp_extension.CUDA_HOME is None and nvcc is not None:  # torch found none: use ours
                 cpp_extension.CUDA_HOME = str(Path(os.path.realpath(nvcc)).parent.parent)
-            opts = build_options(build_root, verbose, phase_timers)
-            os.makedirs(opts["build_directory"], exist_ok=True)
-            fresh = not os.path.exists(os.path.join(opts["build_directory"], f"{opts['name']}.so"))
+            os.makedirs(build_dir, exist_ok=True)
+            fresh = not os.path.exists(os.path.join(build_dir, f"{opts['name']}.so"))
             if fresh:  # a server's first start would otherwise sit silent for half a minute
-                log.info("%s: building for sm_90a with nvcc (about 30 s, once; cached in %s)", KERNEL_NAME,
-                         opts["build_directory"])
+                log.info("%s: building for sm_90a with nvcc (about 30 s, once; cached in %s)", KERNEL_NAME, build_dir)
             started = time.monotonic()
             try:
-                _extensions[phase_timers] = cpp_extension.load(**opts)
+                with _exclusive_build(build_dir):
+                    _extensions[phase_timers] = cpp_extension.load(**opts)
             except Exception as e:  # noqa: BLE001 - ninja / nvcc failures come as RuntimeError or OSError
-                failure = _failures[phase_timers] = BuildError(
-                    f"{KERNEL_NAME}: JIT build failed in {opts['build_directory']}: {e}")
+                failure = _failures[build_dir] = BuildError(f"{KERNEL_NAME}: JIT build failed in {build_dir}: {e}")
                 raise failure from e
             if fresh:
                 log.info("%s: built in %.1f s", KERNEL_NAME, time.monotonic() - started)

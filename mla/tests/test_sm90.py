@@ -209,6 +209,23 @@ def test_a_first_build_says_so_and_a_cached_one_is_quiet(monkeypatch, tmp_path, 
     monkeypatch.setattr(sm90, "_extensions", {})
 
 
+def test_a_build_lock_left_by_a_killed_build_is_removed(monkeypatch, tmp_path, caplog):
+    # torch waits forever on <build_dir>/lock; one left by a process killed mid-build must not hang us.
+    import logging
+
+    from torch.utils import cpp_extension
+
+    build_dir = sm90.build_options(str(tmp_path))["build_directory"]
+    os.makedirs(build_dir)
+    open(os.path.join(build_dir, "lock"), "w").close()
+    monkeypatch.setattr(cpp_extension, "load", lambda **kw: "module" if not os.path.exists(
+        os.path.join(kw["build_directory"], "lock")) else pytest.fail("built with the stale lock in place"))
+    monkeypatch.setattr(sm90, "_extensions", {})
+    with caplog.at_level(logging.WARNING, logger="lightspeed.mla"):
+        assert sm90.load_extension(str(tmp_path)) == "module"
+    assert "interrupted build" in caplog.text
+
+
 def test_a_failed_build_raises_build_error(monkeypatch, tmp_path):
     from torch.utils import cpp_extension
 

@@ -96,6 +96,14 @@ def has_tokenizer(path: str | os.PathLike) -> bool:
     return p.is_dir() and (any((p / name).is_file() for name in _TOKENIZER_FILES) or any(p.glob("*.gguf")))
 
 
+def import_tokenizer_libraries() -> None:
+    """Import what `load_tokenizer` uses (transformers, which imports torch, and tokenizers) now. For a
+    caller that must not be interrupted while those extensions initialise: `lightspeed serve` imports them
+    while a signal still exits at once, before it loads the model under a KeyboardInterrupt handler."""
+    import tokenizers  # noqa: F401
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast  # noqa: F401
+
+
 def load_tokenizer(path: str | os.PathLike) -> Any:
     """A transformers tokenizer from a Hugging Face folder or a .gguf file (ValueError if neither).
 

@@ -83,8 +83,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"lightspeed serve: warning: {warning}", file=sys.stderr, flush=True)
     from lightspeed import default_model, run_node
 
-    try:  # a node other than 0 of a multi-node engine runs its ranks only, no server
-        code = run_node(engine_config.replace(model=engine_config.model or default_model()))
+    # A node other than 0 of a multi-node engine runs its ranks only, no server. Its ranks start inside
+    # run_node, so a signal must raise there (its `finally` stops them), not exit at once.
+    try:
+        with interrupt_on_signal():
+            code = run_node(engine_config.replace(model=engine_config.model or default_model()))
+    except KeyboardInterrupt:
+        return 130
     except ValueError as e:
         print(f"lightspeed serve: error: {e}", file=sys.stderr)
         return 2
@@ -98,11 +103,14 @@ def serve(server_config: ServerConfig, engine_config, make_engine=None) -> int:
 
     Returns 0 after a clean stop, 2 when the engine cannot start (the reason printed as one line),
     1 when the HTTP server cannot start (e.g. the port is taken)."""
-    # Every import before the handover below, while a signal still exits at once (signals.py).
+    # Every import before the handover below, while a signal still exits at once (signals.py): the
+    # tokenizer's libraries too (transformers brings torch), which the engine would import while loading.
     import uvicorn
-    from lightspeed import AsyncLLM
+    from lightspeed import AsyncLLM, import_tokenizer_libraries
 
     import lightspeed_gateway.server.app  # noqa: F401  (used by _load_and_serve)
+
+    import_tokenizer_libraries()
 
     if make_engine is None:
         if engine_config.data_parallel_size > 1:  # several engine cores behind the cache-aware router
