@@ -1,3 +1,5 @@
+from types import SimpleNamespace
+
 import pytest
 import torch
 from lightspeed_mla import (
@@ -66,13 +68,20 @@ def test_auto_combine_is_blocked_from_64_splits(monkeypatch):
     from lightspeed_mla.kernels import decode_triton
 
     launched = []
+
+    class Recorder:  # stands in for a Triton kernel: `kernel[grid](...)` records the kernel's name
+        def __init__(self, name):
+            self.name = name
+
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: launched.append(self.name)
+
     for name in ("_combine_kernel", "_combine_blocked_kernel"):
-        monkeypatch.setattr(decode_triton, name, type("K", (), {"__getitem__": lambda self, grid, n=name: (
-            lambda *a, **k: launched.append(n))})())
+        monkeypatch.setattr(decode_triton, name, Recorder(name))
     monkeypatch.setattr(decode, "COMBINE_VARIANT", "auto")
-    for splits in (63, 64):
-        plan = type("P", (), {"num_tokens": 1, "num_heads": 8, "num_splits": splits,
-                              "partial_out": torch.zeros(1, 8, splits, 512), "partial_lse": torch.zeros(1, 8, splits)})
+    for splits in (decode.BLOCKED_COMBINE_MIN_SPLITS - 1, decode.BLOCKED_COMBINE_MIN_SPLITS):
+        plan = SimpleNamespace(num_tokens=1, num_heads=8, num_splits=splits,
+                               partial_out=torch.zeros(1, 8, splits, 512), partial_lse=torch.zeros(1, 8, splits))
         decode.combine_splits(plan, torch.zeros(1, 8, 512), None)
     assert launched == ["_combine_kernel", "_combine_blocked_kernel"]
 

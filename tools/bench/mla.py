@@ -28,6 +28,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from result_files import result_stem
@@ -161,6 +162,15 @@ class FlashInferColumn:
                 "fi_graph": capturing[-1]}  # timed from a CUDA graph (the last call was its capture), else eager
 
 
+class DecodePoint(NamedTuple):
+    cache: object
+    page_table: torch.Tensor
+    qsl: torch.Tensor
+    lens: torch.Tensor
+    q: torch.Tensor
+    out: torch.Tensor
+
+
 class DecodeBench:
     """One big cache per kind; each point takes random pages of it. `time_fn(fn) -> µs`."""
 
@@ -183,21 +193,28 @@ class DecodeBench:
             self.caches[kind] = c
         self.ws = torch.empty(1 << 31, dtype=torch.uint8, device="cuda")
 
+    def point(self, kind, batch, heads, q_len, ctx, seed: int | None = None) -> DecodePoint:
+        """One point's inputs: random pages of the kind's cache, `ctx` keys and `q_len` query tokens for each
+        of `batch` requests (seed fixes them, so kernels timed on one point see the same inputs)."""
+        if seed is not None:
+            torch.manual_seed(seed)
+        pages_per = -(-ctx // self.page_size)
+        perm = torch.randperm(self.num_pages, device="cuda")[: batch * pages_per]
+        T = batch * q_len
+        return DecodePoint(
+            cache=self.caches[kind], page_table=perm.view(batch, pages_per).to(torch.int32),
+            qsl=torch.arange(batch + 1, dtype=torch.int32) * q_len, lens=torch.full((batch,), ctx, dtype=torch.int32),
+            q=torch.randn(T, heads, 576, device="cuda").to(torch.bfloat16),
+            out=torch.empty(T, heads, 512, device="cuda", dtype=torch.bfloat16))
+
     def run(self, kind, batch, heads, q_len, ctx, fold=None, tile=None, flashinfer: FlashInferColumn | None = None,
             impl=None, seed: int | None = None):
         """impl: a registry `mla/decode` impl with plan / run (None: plan_decode / run_decode). seed fixes
         the pages and queries, so candidates timed on one point see the same inputs."""
         from lightspeed_mla import plan_decode, run_decode
 
-        if seed is not None:
-            torch.manual_seed(seed)
-        cache = self.caches[kind]
-        pages_per = -(-ctx // self.page_size)
-        perm = torch.randperm(self.num_pages, device="cuda")[: batch * pages_per]
-        page_table = perm.view(batch, pages_per).to(torch.int32)
-        T = batch * q_len
-        qsl = torch.arange(batch + 1, dtype=torch.int32) * q_len
-        lens = torch.full((batch,), ctx, dtype=torch.int32)
+        pt = self.point(kind, batch, heads, q_len, ctx, seed)
+        cache, page_table, qsl, lens, q, out = pt.cache, pt.page_table, pt.qsl, pt.lens, pt.q, pt.out
         plan_fn, run_fn = (plan_decode, run_decode) if impl is None else (impl.plan, impl.run)
         # An impl with `bind` gets the engine's graph path: planned as captured, bound to the point's
         # device metadata, and (a host-planned one, e.g. mla_decode_flashinfer) re-planned on the host once.
@@ -210,8 +227,6 @@ class DecodeBench:
                 from lightspeed_kernel.ops import HostLengths
 
                 plan.replan(HostLengths(qsl.numpy(), lens.numpy()))
-        q = torch.randn(T, heads, 576, device="cuda").to(torch.bfloat16)
-        out = torch.empty(T, heads, 512, device="cuda", dtype=torch.bfloat16)
         us = self.time_fn(lambda: run_fn(plan, q, cache, page_table, out))
         self.last_out = out
         cost = decode_cost(kind, batch, heads, q_len, ctx, cache.bytes_per_token)

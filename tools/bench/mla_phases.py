@@ -86,14 +86,7 @@ def median_summary(summaries: list[dict]) -> dict:
 def measure_point(bench: DecodeBench, ext, flush: torch.Tensor, kind: str, batch: int, heads: int, q_len: int,
                   ctx: int, reps: int) -> dict:
     """The timer build on one point (mla_splits.sweep_point's inputs, the planner's split count)."""
-    cache = bench.caches[kind]
-    torch.manual_seed(7)
-    pages_per = -(-ctx // bench.page_size)
-    page_table = torch.randperm(bench.num_pages, device="cuda")[: batch * pages_per].view(batch, pages_per).int()
-    qsl = torch.arange(batch + 1, dtype=torch.int32) * q_len
-    lens = torch.full((batch,), ctx, dtype=torch.int32)
-    q = torch.randn(batch * q_len, heads, 576, device="cuda").to(torch.bfloat16)
-    out = torch.empty(batch * q_len, heads, 512, device="cuda", dtype=torch.bfloat16)
+    cache, page_table, qsl, lens, q, out = bench.point(kind, batch, heads, q_len, ctx, seed=7)
     plan = sm90.plan(bench.ws, qsl, lens, heads, page_size=bench.page_size, softmax_scale=SCALE, cache_kind=kind)
     sm90.check_run_inputs(plan, q, cache, page_table, out, None)
     stamps, marks = sm90.phase_timer_buffer(plan), torch.zeros(2, dtype=torch.int64, device="cuda")

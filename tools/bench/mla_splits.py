@@ -75,14 +75,7 @@ def sweep_point(bench: DecodeBench, impl, kind: str, batch: int, heads: int, q_l
     from lightspeed_mla import decode
 
     chosen_variant = decode.COMBINE_VARIANT
-    cache = bench.caches[kind]
-    torch.manual_seed(7)
-    pages_per = -(-ctx // bench.page_size)
-    page_table = torch.randperm(bench.num_pages, device="cuda")[: batch * pages_per].view(batch, pages_per).int()
-    qsl = torch.arange(batch + 1, dtype=torch.int32) * q_len
-    lens = torch.full((batch,), ctx, dtype=torch.int32)
-    q = torch.randn(batch * q_len, heads, 576, device="cuda").to(torch.bfloat16)
-    out = torch.empty(batch * q_len, heads, 512, device="cuda", dtype=torch.bfloat16)
+    cache, page_table, qsl, lens, q, out = bench.point(kind, batch, heads, q_len, ctx, seed=7)
     default = impl.plan(bench.ws, qsl, lens, heads, page_size=bench.page_size, softmax_scale=SCALE,
                         cache_kind=kind).num_splits
     cost = decode_cost(kind, batch, heads, q_len, ctx, cache.bytes_per_token)

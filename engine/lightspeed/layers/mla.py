@@ -56,28 +56,27 @@ def _ready_kernel(family: str, mode: str, dtype, **query):
     succeeds. A kernel that cannot be prepared is skipped with a warning for the next one in rank,
     unless an override asked for it by name: then its error is the answer."""
     selected = select_kernel(family, mode, dtype, **query)
-    prepare = getattr(selected.impl, "prepare", None)
-    if prepare is None:
-        return selected.impl
     try:
-        prepare()
-        return selected.impl
+        return _prepared(selected.impl)
     except Exception as e:  # noqa: BLE001 - a build or import failure of one candidate
-        why = e
+        failed, why = selected.name, e
     ranking = explain(family, mode, dtype, **query)
     if ranking.override is not None:
         raise why
-    ranked = sorted((c for c in ranking.candidates if c.rank is not None), key=lambda c: c.rank)
-    names = [c.name for c in ranked]
+    names = [c.name for c in sorted((c for c in ranking.candidates if c.rank is not None), key=lambda c: c.rank)]
     for name in names[names.index(selected.name) + 1:]:
-        log.warning("%s/%s: %s cannot run here (%s); using %s", family, mode, selected.name, why, name)
-        selected = select_kernel(family, mode, dtype, override=name, **query)
+        log.warning("%s/%s: %s cannot run here (%s); using %s", family, mode, failed, why, name)
         try:
-            getattr(selected.impl, "prepare", lambda: None)()
-            return selected.impl
+            return _prepared(select_kernel(family, mode, dtype, override=name, **query).impl)
         except Exception as e:  # noqa: BLE001
-            why = e
+            failed, why = name, e
     raise why
+
+
+def _prepared(impl):
+    if hasattr(impl, "prepare"):
+        impl.prepare()
+    return impl
 
 
 class MLABackend:
