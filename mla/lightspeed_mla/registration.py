@@ -11,7 +11,8 @@ On sm_90 two more decode kernels rank above Triton: FlashInfer's MLA decode (``f
 registers and nothing fails without it), and the sm_90a CUDA kernel ``mla_decode_sm90`` (``sm90.py``)
 at PLUGIN + 1 for bf16 and FP8 caches when torch has CUDA and nvcc is found (it JIT-builds before the
 engine's first step; a failed build falls back to the next kernel). Its e4m3-scores FP8 variant
-``mla_decode_sm90_fp8qk`` is in the PORTABLE band: opt-in.
+``mla_decode_sm90_fp8qk`` and its all-e4m3 variant ``mla_decode_sm90_fp8mma`` are in the PORTABLE band:
+opt-in.
 """
 
 from __future__ import annotations

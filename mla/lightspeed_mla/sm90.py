@@ -8,7 +8,9 @@ combine of kernels/decode_triton.py. Both cache formats: bf16 (the packed [pages
 tensor) and FP8 (e4m3 latent, one fp32 scale a token, bf16 rope): the latent tile is widened exactly
 to bf16 in shared memory and P V runs in bf16 with the per-token scale folded into P; S_latent runs in
 bf16 on the widened tile (`mla_decode_sm90`: the Triton FP8 path's accuracy) or on e4m3 MMAs with Q
-quantised per row (`mla_decode_sm90_fp8qk`: fewer MMA cycles, ~2-4% from the reference on random data).
+quantised per row (`mla_decode_sm90_fp8qk`: fewer MMA cycles, ~2-4% from the reference on random data),
+or both products on e4m3 MMAs (`mla_decode_sm90_fp8mma`: the producer warpgroup transposes each latent
+tile into a V^T ring and P is quantised per tile; not yet measured on a GPU).
 
 Plan / run follow `plan_decode` / `run_decode` exactly (the same `MLADecodePlan`, fold layout with
 64-row tiles, splits filling one wave of one CTA per SM): planned once from shapes, the true lengths
@@ -28,7 +30,8 @@ measured point (mla/NOTES.md, "mla_decode_sm90 on the H200"); FlashInfer's MLA (
 only) stays above it where installed. The engine builds it before its first step (`prepare`), and a
 failed build falls back to the next kernel with a warning. `mla_decode_sm90_fp8qk` (e4m3 scores) stays
 in the PORTABLE band, opt-in (`LIGHTSPEED_KERNEL_OVERRIDE_MLA_DECODE=mla_decode_sm90_fp8qk`): faster
-than `mla_decode_sm90` on FP8 caches but ~2-4% from the reference.
+than `mla_decode_sm90` on FP8 caches but ~2-4% from the reference. `mla_decode_sm90_fp8mma` (e4m3 scores
+and e4m3 P V) is opt-in the same way until the H200 has measured it.
 """
 
 from __future__ import annotations
@@ -64,6 +67,8 @@ KERNEL_NAME = "mla_decode_sm90"
 # The FP8 cache with S_latent on e4m3 MMAs (Q quantised per row): the fast variant the issue's FP8 target
 # needs, ~2-4% from the reference on random data (Q's 3 mantissa bits), so a name of its own.
 KERNEL_NAME_FP8_SCORES = "mla_decode_sm90_fp8qk"
+# Both products on e4m3 MMAs (fp8qk's scores, and P V on the transposed latent with P quantised per tile).
+KERNEL_NAME_FP8_MMA = "mla_decode_sm90_fp8mma"
 CUDA_DIR = Path(__file__).parent / "cuda"
 SOURCES = ("binding.cpp", "mla_decode_sm90.cu")
 HEADERS = ("mla_decode_sm90.h", "sm90_ptx.cuh")
@@ -251,7 +256,7 @@ def phase_timer_buffer(plan: MLADecodePlan) -> torch.Tensor:
 
 
 def launch(plan: MLADecodePlan, q: torch.Tensor, cache: MLACache, page_table: torch.Tensor, out: torch.Tensor,
-           lse: torch.Tensor | None = None, *, fp8_scores: bool = False,
+           lse: torch.Tensor | None = None, *, fp8_scores: bool = False, fp8_pv: bool = False,
            phase_ns: torch.Tensor | None = None) -> None:
     """The CUDA kernel alone: out (and lse) when unsplit, else the plan's split partials, which
     `combine_splits` merges. Inputs as `run`, checked there. phase_ns (`phase_timer_buffer`): run the
@@ -261,20 +266,23 @@ def launch(plan: MLADecodePlan, q: torch.Tensor, cache: MLACache, page_table: to
     ext.decode(q, cache.latent if fp8 else cache.packed, cache.rope if fp8 else None, cache.scale if fp8 else None,
                page_table, plan.seq_lens, plan.query_start_loc, out,
                lse if S == 1 else None, plan.partial_out if S > 1 else None, plan.partial_lse if S > 1 else None,
-               plan.batch_size, plan.row_tiles, S, plan.softmax_scale * LOG2E, bool(fp8_scores and fp8), phase_ns)
+               plan.batch_size, plan.row_tiles, S, plan.softmax_scale * LOG2E, bool(fp8_scores and fp8),
+               bool(fp8_pv and fp8), phase_ns)
 
 
 def run(plan: MLADecodePlan, q: torch.Tensor, cache: MLACache, page_table: torch.Tensor, out: torch.Tensor,
-        lse: torch.Tensor | None = None, *, fp8_scores: bool = False,
+        lse: torch.Tensor | None = None, *, fp8_scores: bool = False, fp8_pv: bool = False,
         phase_ns: torch.Tensor | None = None) -> torch.Tensor:
     """One layer of a planned batch: the CUDA kernel, then the Triton combine when split. No
     allocation, no host sync (CUDA-graph capturable). Same tensors as `run_decode`. fp8_scores (FP8
-    caches): S_latent on e4m3 MMAs with Q quantised per row, else bf16 MMAs on the widened latent.
-    phase_ns: measurement only (`launch`)."""
+    caches): S_latent on e4m3 MMAs with Q quantised per row, else bf16 MMAs on the widened latent;
+    fp8_pv (with fp8_scores): P V on e4m3 MMAs too. phase_ns: measurement only (`launch`)."""
     check_run_inputs(plan, q, cache, page_table, out, lse)
+    if fp8_pv and not fp8_scores:
+        raise ValueError(f"{KERNEL_NAME}: fp8_pv (e4m3 P V) needs fp8_scores (e4m3 scores)")
     if plan.num_tokens == 0:
         return out
-    launch(plan, q, cache, page_table, out, lse, fp8_scores=fp8_scores, phase_ns=phase_ns)
+    launch(plan, q, cache, page_table, out, lse, fp8_scores=fp8_scores, fp8_pv=fp8_pv, phase_ns=phase_ns)
     if plan.num_splits > 1:
         combine_splits(plan, out, lse)
     return out
@@ -283,7 +291,7 @@ def run(plan: MLADecodePlan, q: torch.Tensor, cache: MLACache, page_table: torch
 def mla_decode_sm90(q: torch.Tensor, cache: MLACache, page_table: torch.Tensor, seq_lens: torch.Tensor,
                     query_start_loc: torch.Tensor, softmax_scale: float, *, out: torch.Tensor | None = None,
                     return_lse: bool = False, num_splits: int | None = None, fp8_scores: bool = False,
-                    **_ignored):
+                    fp8_pv: bool = False, **_ignored):
     """One-shot form (plans and runs; allocates: not for CUDA graphs). Returns out, or (out, lse)."""
     T, H = q.shape[0], q.shape[1]
     qsl, lens = _host_i32(query_start_loc), _host_i32(seq_lens)
@@ -295,22 +303,23 @@ def mla_decode_sm90(q: torch.Tensor, cache: MLACache, page_table: torch.Tensor, 
              num_splits=num_splits)
     out = out if out is not None else torch.empty(T, H, D_LATENT, dtype=q.dtype, device=q.device)
     lse = torch.empty(T, H, dtype=torch.float32, device=q.device) if return_lse else None
-    run(p, q, cache, page_table.to(torch.int32), out, lse, fp8_scores=fp8_scores)
+    run(p, q, cache, page_table.to(torch.int32), out, lse, fp8_scores=fp8_scores, fp8_pv=fp8_pv)
     return (out, lse) if return_lse else out
 
 
 class Sm90DecodeOp:
-    """`mla_decode_sm90` (or, fp8_scores, `mla_decode_sm90_fp8qk`) as a registry impl: the one-shot call
-    plus plan / run / workspace_bytes."""
+    """`mla_decode_sm90` (or, fp8_scores, `mla_decode_sm90_fp8qk`; with fp8_pv too, `mla_decode_sm90_fp8mma`)
+    as a registry impl: the one-shot call plus plan / run / workspace_bytes."""
 
     plan = staticmethod(plan)
     workspace_bytes = staticmethod(decode_workspace_bytes)
 
-    def __init__(self, fp8_scores: bool = False):
+    def __init__(self, fp8_scores: bool = False, fp8_pv: bool = False):
         self.fp8_scores = fp8_scores
+        self.fp8_pv = fp8_pv
 
     def run(self, plan, q, cache, page_table, out, lse=None):
-        return run(plan, q, cache, page_table, out, lse, fp8_scores=self.fp8_scores)
+        return run(plan, q, cache, page_table, out, lse, fp8_scores=self.fp8_scores, fp8_pv=self.fp8_pv)
 
     @staticmethod
     def prepare() -> None:
@@ -319,7 +328,7 @@ class Sm90DecodeOp:
         load_extension()
 
     def __call__(self, *args, **kwargs):
-        return mla_decode_sm90(*args, fp8_scores=self.fp8_scores, **kwargs)
+        return mla_decode_sm90(*args, fp8_scores=self.fp8_scores, fp8_pv=self.fp8_pv, **kwargs)
 
 
 CAPABILITY = {"device_types": ("cuda",), "vendors": ("nvidia",), "min_compute_capability": (9, 0),
@@ -328,17 +337,19 @@ CAPABILITY = {"device_types": ("cuda",), "vendors": ("nvidia",), "min_compute_ca
 
 def register(registry=None) -> None:
     """Register `mla_decode_sm90` (both caches, PLUGIN + 1: above Triton, below FlashInfer's bf16 MLA) and
-    `mla_decode_sm90_fp8qk` (FP8 caches, e4m3 scores, PORTABLE: opt-in for its accuracy); sm_90 only."""
+    `mla_decode_sm90_fp8qk` (FP8 caches, e4m3 scores, PORTABLE: opt-in for its accuracy) and
+    `mla_decode_sm90_fp8mma` (FP8 caches, both products in e4m3, PORTABLE: opt-in until measured); sm_90 only."""
     import lightspeed_kernel as lk
 
-    for name, priority, kinds, fp8_scores in (
-            (KERNEL_NAME, lk.Priority.of(lk.Priority.PLUGIN, 1), CACHE_KINDS, False),
-            (KERNEL_NAME_FP8_SCORES, lk.Priority.PORTABLE, ("fp8",), True)):
+    for name, priority, kinds, fp8_scores, fp8_pv in (
+            (KERNEL_NAME, lk.Priority.of(lk.Priority.PLUGIN, 1), CACHE_KINDS, False, False),
+            (KERNEL_NAME_FP8_SCORES, lk.Priority.PORTABLE, ("fp8",), True, False),
+            (KERNEL_NAME_FP8_MMA, lk.Priority.PORTABLE, ("fp8",), True, True)):
         features = tuple(f for f in FEATURES if f != "bf16_kv" or "bf16" in kinds)
         lk.register_kernel("mla", "decode", name=name, solution="cuda", priority=priority, capability=CAPABILITY,
                            dtypes=(torch.bfloat16,), features=features,
                            traits={"page_size": PAGE_SIZES, "kv_dtype": kinds}, tags=("latency", "throughput"),
-                           registry=registry)(Sm90DecodeOp(fp8_scores))
+                           registry=registry)(Sm90DecodeOp(fp8_scores, fp8_pv))
 
 
 def discover(registry=None) -> tuple[bool, str | None]:

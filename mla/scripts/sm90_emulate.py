@@ -6,6 +6,7 @@ fragment layout, and the index expressions are the kernel's. Prints the error ag
 It mirrors the kernel by hand: edit both together.
 
     python mla/scripts/sm90_emulate.py bf16 | fp8 [fp8qk]   (a third argument: the e4m3-scores variant)
+    python mla/scripts/sm90_emulate.py fp8mma                (both products on e4m3: mla_decode_sm90_fp8mma)
 """
 import sys
 from pathlib import Path
@@ -348,8 +349,312 @@ def emulate(kind, page_size, lens, q_len, H, num_splits, seed=0, fp8_scores=Fals
     return err
 
 
+# ---- mla_decode_sm90_fp8mma: both products on e4m3 wgmma --------------------------------------------
+# Shared memory as fp8mma:: has it; the producer's transposition through ldmatrix / stmatrix.trans, the
+# 64B-swizzled K-major P and V^T tiles, the key-slot order and the vt_col output order are the kernel's.
+
+M_QROPE, M_STAGE0, M_STB = 32768, 40960, 40960
+M_VT = M_STAGE0 + 2 * M_STB
+M_P = M_VT + 2 * 32768
+M_SC = M_P + 4096
+
+
+def swz64(off):  # 64B swizzle: address bits 4-5 ^= bits 7-8
+    return off ^ (((off >> 7) & 3) << 4)
+
+
+def so64(row, byte):  # swizzled_offset_64b
+    return row * 64 + ((((byte >> 4) ^ (row >> 1)) & 3) << 4) + (byte & 15)
+
+
+def vt_col(n):
+    return (n & ~15) | (((n & 7) >> 1) << 2) | (((n >> 3) & 1) << 1) | (n & 1)
+
+
+def read_kmajor64(smem, start, rows, kbytes):  # the 64B-swizzle descriptor: 8-row groups 512 B apart
+    out = np.zeros((rows, kbytes), np.uint8)
+    for m in range(rows):
+        for b in range(kbytes):
+            out[m, b] = smem[swz64(start + (m // 8) * 512 + (m % 8) * 64 + b)]
+    return out
+
+
+def e4m3_bytes(x):  # cvt.rn.satfinite.e4m3
+    t = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)).clamp(-448, 448)
+    return t.to(torch.float8_e4m3fn).view(torch.uint8).numpy()
+
+
+def transpose_latent(smem, lat, vt, valid):
+    """transpose_latent of the kernel, lane by lane: warps 1-3, units u = warp - 1, + 3, ..."""
+    for warp in (1, 2, 3):
+        for u in range(warp - 1, 64, 3):
+            j, g32 = u & 3, u >> 2
+            rows = {}
+            for lane in range(32):  # ldmatrix: lane 8m + r addresses row r of matrix m
+                m, r = lane // 8, lane % 8
+                a = lat + so8(16 * j + 8 * (m & 1) + r, 32 * g32 + 16 * (m >> 1))
+                rows[(m, r)] = smem[a:a + 16].copy()
+            addr = {}
+            for lane in range(32):
+                m, r = lane // 8, lane % 8
+                addr[(m, r)] = vt + so64(32 * g32 + 8 * m + r, 16 * j)
+            for t in range(32):
+                d = [rows[(m, t // 4)][4 * (t % 4):4 * (t % 4) + 4].copy() for m in range(4)]
+                key = 16 * j + t // 4
+                if key >= valid:
+                    d[0][:] = 0
+                    d[2][:] = 0
+                if key + 8 >= valid:
+                    d[1][:] = 0
+                    d[3][:] = 0
+                x = [np.array([d[0][0], d[1][0], d[0][1], d[1][1]], np.uint8),  # __byte_perm 0x5140
+                     np.array([d[0][2], d[1][2], d[0][3], d[1][3]], np.uint8),  # 0x7362
+                     np.array([d[2][0], d[3][0], d[2][1], d[3][1]], np.uint8),
+                     np.array([d[2][2], d[3][2], d[2][3], d[3][3]], np.uint8)]
+                for m in range(4):  # stmatrix.trans: element (t / 4, 2 (t % 4) + e) -> row 2 (t % 4) + e, column t / 4
+                    for e in range(2):
+                        a = addr[(m, 2 * (t % 4) + e)] + 2 * (t // 4)
+                        smem[a:a + 2] = x[m][2 * e:2 * e + 2]
+
+
+def key_of_slot(slot):  # transpose_latent's key order: slot 16j + 2i + h holds key 16j + i + 8h
+    return 16 * (slot // 16) + (slot % 16) // 2 + 8 * (slot % 2)
+
+
+def check_vt(smem, lat, vt, valid):
+    """V^T as the PV descriptor reads it is exactly the latent tile, keys in slot order, columns in vt_col
+    order, keys past `valid` zero."""
+    v = np.zeros((64, 512), np.uint8)
+    for key in range(64):
+        for col in range(0, 512, 16):
+            v[key, col:col + 16] = smem[lat + so8(key, col): lat + so8(key, col) + 16]
+    got = read_kmajor64(smem, vt, 512, 64)
+    want = np.zeros((512, 64), np.uint8)
+    for n in range(512):
+        for slot in range(64):
+            key = key_of_slot(slot)
+            want[n, slot] = v[key, vt_col(n)] if key < valid else 0
+    assert (got == want).all(), "V^T layout"
+
+
+def check_p(smem, s, ks, c, red_max, m_run):
+    """P as the PV descriptor reads it is e4m3(p * ks * c) of each row's keys in slot order."""
+    got = read_kmajor64(smem, M_P, 64, 64)
+    want = np.zeros((64, 64), np.float32)
+    for tid in range(256):
+        wg, lane, rl, rh = frag(tid)
+        for i in range(16):
+            h = (i >> 1) & 1
+            key = 32 * wg + 8 * (i >> 2) + 2 * (lane & 3) + (i & 1)
+            m_use = 0.0 if m_run[tid, h] == -np.inf else m_run[tid, h]
+            want[rh if h else rl, key] = np.exp2(s[tid, i] - m_use) * ks[tid, i] * c
+    want_slots = np.stack([want[:, key_of_slot(slot)] for slot in range(64)], 1)
+    assert (got == e4m3_bytes(want_slots)).all(), "P layout"
+
+
+def emulate_fp8mma(page_size, lens, q_len, H, num_splits, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    cache, table = make_paged_cache("fp8", page_size, lens, generator=g)
+    B = len(lens)
+    qsl = query_start([q_len] * B)
+    T = int(qsl[-1])
+    q = torch.randn(T, H, 576, generator=g).to(torch.bfloat16)
+    ws = torch.empty(decode_workspace_bytes(B, T, H, num_splits), dtype=torch.uint8)
+    plan = sm90.plan(ws, qsl, lens, H, page_size=page_size, softmax_scale=192 ** -0.5, cache_kind="fp8",
+                     num_splits=num_splits)
+    S = plan.num_splits
+    scale_log2 = plan.softmax_scale * 1.4426950408889634
+    qf = q.float().numpy()
+    lat_bytes = cache.latent.reshape(-1, 512).view(torch.uint8).numpy()
+    rope_bytes = cache.rope.reshape(-1, 64).contiguous().view(torch.uint8).numpy().reshape(-1, 128)
+    kscale_all = cache.scale.reshape(-1).numpy()
+    part_o = np.zeros((T, H, S, 512), np.float32)
+    part_lse = np.zeros((T, H, S), np.float32)
+    pt = table.numpy()
+    for b in range(B):
+        q_start, ql, kv_len = int(qsl[b]), int(qsl[b + 1] - qsl[b]), lens[b]
+        for tile_m in range(plan.row_tiles):
+            row0, rows_total = tile_m * 64, ql * H
+            if row0 >= rows_total:
+                continue
+            for split in range(S):
+                last_q = min((row0 + 63) // H, ql - 1)
+                tile_end = kv_len - ql + last_q + 1
+                per_split = ((kv_len + S - 1) // S + 63) // 64 * 64
+                start = split * per_split
+                end = min(start + per_split, tile_end)
+                n_tiles = (end - start + 63) // 64 if end > start else 0
+                smem = np.zeros(240 * 1024, np.uint8)
+                qscale = np.zeros(64, np.float32)
+                for r in range(64):  # quantize_q_latent + the rope tile
+                    row = row0 + r
+                    vals = qf[q_start + row // H, row % H] if row < rows_total else np.zeros(576, np.float32)
+                    amax = np.abs(vals[:512]).max()
+                    inv = np.float32(448.0) / amax if amax > 0 else 0.0
+                    qscale[r] = amax / np.float32(448.0)
+                    q8 = e4m3_bytes(vals[:512] * inv)
+                    for c in range(32):
+                        o = so8(r, c * 16)
+                        smem[o:o + 16] = q8[c * 16:c * 16 + 16]
+                    rb = bf16_bytes(vals[512:])
+                    for c8 in range(8):
+                        o = M_QROPE + so(r, c8 * 8)
+                        smem[o:o + 16] = rb[c8 * 16:c8 * 16 + 16]
+                acc = np.zeros((256, 128), np.float32)
+                m_run = np.full((256, 2), -np.inf, np.float32)
+                l_run = np.zeros((256, 2), np.float32)
+                c_prev = np.float32(1.0)
+                limit = np.zeros((256, 2), np.int64)
+                for tid in range(256):
+                    wg, lane, rl, rh = frag(tid)
+                    for h, r in enumerate((rl, rh)):
+                        limit[tid, h] = min(end, kv_len - ql + (row0 + r) // H + 1)
+                box_rows = min(page_size, 64)
+                last_page = (kv_len - 1) // page_size
+                for it in range(n_tiles):
+                    key0 = start + it * 64
+                    st = M_STAGE0 + (it % 2) * M_STB
+                    vt = M_VT + (it % 2) * 32768
+                    for j in range(64 // box_rows):  # the loads
+                        key = key0 + j * box_rows
+                        page = pt[b, min(key // page_size, last_page)]
+                        row = page * page_size + (key & (page_size - 1))
+                        for c in range(4):
+                            tma_box(smem, st + c * KB + j * box_rows * 128, lat_bytes[row:row + box_rows, c * 128:(c + 1) * 128])
+                        tma_box(smem, st + 32768 + j * box_rows * 128, rope_bytes[row:row + box_rows])
+                        so_ = M_SC + (it % 2) * 256 + j * box_rows * 4
+                        smem[so_:so_ + box_rows * 4] = kscale_all[row:row + box_rows].view(np.uint8)
+                    valid = end - key0
+                    transpose_latent(smem, st, vt, valid)
+                    check_vt(smem, st, vt, valid)
+                    kscale = smem[M_SC + (it % 2) * 256: M_SC + (it % 2) * 256 + 256].copy().view(np.float32)
+                    mx = max([abs(kscale[k]) for k in range(min(valid, 64))] + [0.0])
+                    c = np.float32(256.0) / np.float32(mx) if mx > 1e-30 else np.float32(1.0)
+                    S_wg = []
+                    for wg in range(2):
+                        Sl = np.zeros((64, 32), np.float32)
+                        for k in range(16):
+                            koff = (k >> 2) * KB + (k & 3) * 32
+                            Sl += e4m3_vals(read_kmajor(smem, koff, 64, 32, 1)) @ \
+                                e4m3_vals(read_kmajor(smem, st + wg * 4096 + koff, 32, 32, 1)).T
+                        Sr = np.zeros((64, 32), np.float32)
+                        for k in range(4):
+                            A = bf16_vals(read_kmajor(smem, M_QROPE + k * 32, 64, 32, 2).reshape(-1)).reshape(64, 16)
+                            Bm = bf16_vals(read_kmajor(smem, st + 32768 + wg * 4096 + k * 32, 32, 32, 2).reshape(-1)).reshape(32, 16)
+                            Sr += A @ Bm.T
+                        S_wg.append((Sl, Sr))
+                    s = np.zeros((256, 16), np.float32)
+                    ks = np.zeros((256, 16), np.float32)
+                    for tid in range(256):
+                        wg, lane, rl, rh = frag(tid)
+                        for i in range(16):
+                            h = (i >> 1) & 1
+                            r = rh if h else rl
+                            col = 8 * (i >> 2) + 2 * (lane & 3) + (i & 1)
+                            valid_k = key0 + 32 * wg + col < limit[tid, h]
+                            v = S_wg[wg][0][r, col] * (qscale[r] * kscale[32 * wg + col]) + S_wg[wg][1][r, col]
+                            s[tid, i] = v * scale_log2 if valid_k else -np.inf
+                            ks[tid, i] = kscale[32 * wg + col] if valid_k else 0.0
+                    red_max = np.full(128, -np.inf, np.float32)
+                    for tid in range(256):
+                        wg, lane, rl, rh = frag(tid)
+                        for h, r in enumerate((rl, rh)):
+                            vals = [s[t2, i] for t2 in range(tid - tid % 4, tid - tid % 4 + 4) for i in range(16) if ((i >> 1) & 1) == h]
+                            red_max[wg * 64 + r] = max(red_max[wg * 64 + r], max(vals))
+                    for tid in range(256):  # tile_probs_e4m3
+                        wg, lane, rl, rh = frag(tid)
+                        m_use, alpha = [0, 0], [0, 0]
+                        for h, r in enumerate((rl, rh)):
+                            mxh = max(red_max[r], red_max[64 + r])
+                            m_new = max(m_run[tid, h], mxh)
+                            m_use[h] = 0.0 if m_new == -np.inf else m_new
+                            alpha[h] = np.exp2(m_run[tid, h] - m_use[h])
+                            m_run[tid, h] = m_new
+                        pv, psum = np.zeros(16, np.float32), [0.0, 0.0]
+                        for i in range(16):
+                            h = (i >> 1) & 1
+                            pr = np.exp2(s[tid, i] - m_use[h])
+                            psum[h] += pr
+                            pv[i] = pr * ks[tid, i] * c
+                        q4 = lane & 3
+                        for h in range(2):
+                            for gg in (0, 2):
+                                four = [pv[4 * gg + 2 * h], pv[4 * gg + 4 + 2 * h], pv[4 * gg + 2 * h + 1], pv[4 * gg + 5 + 2 * h]]
+                                o = M_P + so64(rh if h else rl, 32 * wg + 8 * gg + 4 * q4)
+                                smem[o:o + 4] = e4m3_bytes(np.array(four, np.float32))
+                        for h in range(2):
+                            l_run[tid, h] = l_run[tid, h] * alpha[h] + psum[h]
+                        ratio = c / c_prev
+                        for i in range(128):
+                            acc[tid, i] *= alpha[(i >> 1) & 1] * ratio
+                    c_prev = c
+                    check_p(smem, s, ks, c, red_max, m_run)
+                    for wg in range(2):  # tile_pv_e4m3
+                        o_tile = np.zeros((64, 256), np.float32)
+                        for k in range(2):
+                            A = e4m3_vals(read_kmajor64(smem, M_P + k * 32, 64, 32))
+                            Bv = e4m3_vals(read_kmajor64(smem, vt + 256 * wg * 64 + k * 32, 256, 32))
+                            o_tile += A @ Bv.T
+                        for t in range(128):
+                            tid = wg * 128 + t
+                            _, lane, rl, rh = frag(tid)
+                            for i in range(128):
+                                r = rh if (i >> 1) & 1 else rl
+                                n = 8 * (i >> 2) + 2 * (lane & 3) + (i & 1)
+                                acc[tid, i] += o_tile[r, n]
+                red_sum = np.zeros(128, np.float32)
+                for tid in range(256):
+                    wg, lane, rl, rh = frag(tid)
+                    if lane % 4 == 0:
+                        for h, r in enumerate((rl, rh)):
+                            red_sum[wg * 64 + r] = sum(l_run[t2, h] for t2 in range(tid, tid + 4))
+                out_mul = np.float32(1.0) / c_prev
+                for tid in range(256):  # write_out<true>
+                    wg, lane, rl, rh = frag(tid)
+                    for h, r in enumerate((rl, rh)):
+                        row = row0 + r
+                        if row >= rows_total:
+                            continue
+                        lsum = red_sum[r] + red_sum[64 + r]
+                        inv = out_mul / lsum if lsum > 0 else 0
+                        lse2 = m_run[tid, h] + np.log2(lsum) if lsum > 0 else -np.inf
+                        tok, head = q_start + row // H, row % H
+                        col0 = 256 * wg + 2 * (lane & 3)
+                        for j in range(32):
+                            i = 4 * j + 2 * h
+                            cc = vt_col(col0 + 8 * j)
+                            part_o[tok, head, split, cc] = acc[tid, i] * inv
+                            part_o[tok, head, split, cc + 1] = acc[tid, i + 1] * inv
+                        if wg == 0 and lane % 4 == 0:
+                            part_lse[tok, head, split] = lse2
+    m = part_lse.max(-1, keepdims=True)
+    m = np.where(np.isinf(m), 0, m)
+    w = np.exp2(part_lse - m)
+    den = w.sum(-1)
+    out = (part_o * w[..., None]).sum(2) / np.where(den == 0, 1, den)[..., None]
+    lse = (m[..., 0] + np.log2(den)) * np.log(2)
+    qr = q.float()  # the reference on Q as the kernel quantises it (its floor), and on the true Q
+    lat = qr[..., :512]
+    amax = lat.abs().amax(-1, keepdim=True)
+    q8 = (lat * (448.0 / amax)).clamp(-448, 448).to(torch.float8_e4m3fn).float() * (amax / 448.0)
+    q_quant = torch.cat([q8, qr[..., 512:]], -1)
+    out_t = torch.from_numpy(out)
+    for name, qq in (("quantised-Q", q_quant), ("true", qr)):
+        ref, ref_lse = mla_decode_reference(qq, cache, table, torch.tensor(lens), qsl, 192 ** -0.5)
+        err = rel_err(out_t, ref)
+        lse_err = (torch.from_numpy(lse) - ref_lse).abs().max().item()
+        print(f"fp8mma page {page_size} lens {lens} q_len {q_len} H {H} splits {S} vs {name} reference: "
+              f"rel {err:.3e} lse {lse_err:.3e}")
+    return err
+
+
 if __name__ == "__main__":
     kind = sys.argv[1]
+    if kind == "fp8mma":
+        emulate_fp8mma(16, [150], 4, 16, 1)
+        emulate_fp8mma(64, [70, 4], 4, 16, 2, seed=1)
+        emulate_fp8mma(32, [100], 3, 32, 1, seed=2)
+        sys.exit(0)
     fs = len(sys.argv) > 2
     emulate(kind, 16, [150], 4, 16, 1, fp8_scores=fs)
     emulate(kind, 64, [70, 4], 4, 16, 2, seed=1, fp8_scores=fs)

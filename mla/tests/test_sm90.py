@@ -88,6 +88,23 @@ def test_registers_for_sm90_only_above_triton_fp8qk_by_override(monkeypatch):
     registration.register(reg)  # idempotent
     assert sum(s.name == sm90.KERNEL_NAME for s in reg.specs("mla")) == 1
     assert sum(s.name == sm90.KERNEL_NAME_FP8_SCORES for s in reg.specs("mla")) == 1
+    assert sum(s.name == sm90.KERNEL_NAME_FP8_MMA for s in reg.specs("mla")) == 1
+
+
+def test_the_all_e4m3_variant_is_fp8_only_and_opt_in(monkeypatch):
+    reg = _registry(monkeypatch, available=True)
+    specs = {s.name: s for s in reg.specs("mla", "decode")}
+    assert specs[sm90.KERNEL_NAME_FP8_MMA].priority < specs["mla_decode_triton"].priority  # unmeasured: opt-in
+    fp8_traits = {"kv_dtype": "fp8", "page_size": 64}
+    mma = reg.select("mla", "decode", torch.bfloat16, platform=HOPPER, override=sm90.KERNEL_NAME_FP8_MMA,
+                     features=["fp8_kv"], traits=fp8_traits)
+    assert mma.impl.fp8_scores and mma.impl.fp8_pv
+    qk = reg.select("mla", "decode", torch.bfloat16, platform=HOPPER, override=sm90.KERNEL_NAME_FP8_SCORES,
+                    features=["fp8_kv"], traits=fp8_traits)
+    assert not qk.impl.fp8_pv
+    with pytest.raises(lk.KernelSelectionError):
+        reg.select("mla", "decode", torch.bfloat16, platform=HOPPER, override=sm90.KERNEL_NAME_FP8_MMA,
+                   traits={"kv_dtype": "bf16", "page_size": 64})
 
 
 # --------------------------------------------------------------------------------------------------
@@ -274,6 +291,7 @@ def _ptxas_report(tmp_path, *defines: str) -> str:
     assert done.returncode == 0, done.stderr[-3000:]
     report = done.stderr
     assert "mla_decode_sm90_bf16_kernel" in report and "mla_decode_sm90_fp8_kernel" in report
+    assert "mla_decode_sm90_fp8mma_kernel" in report
     assert "serialized" not in report, report  # ptxas' wgmma serialisation warning
     return report
 
@@ -281,15 +299,15 @@ def _ptxas_report(tmp_path, *defines: str) -> str:
 @pytest.mark.skipif(sm90.nvcc_path() is None, reason="needs nvcc")
 def test_kernel_compiles_for_sm90a_without_spills(tmp_path):
     report = _ptxas_report(tmp_path)
-    assert len(re.findall(r"0 bytes spill stores, 0 bytes spill loads", report)) == 3, report  # bf16, fp8 x 2
-    assert re.findall(r"Used (\d+) registers", report) == ["168"] * 3, report  # the 384-thread launch share
+    assert len(re.findall(r"0 bytes spill stores, 0 bytes spill loads", report)) == 4, report  # bf16, fp8 x 3
+    assert re.findall(r"Used (\d+) registers", report) == ["168"] * 4, report  # the 384-thread launch share
 
 
 @pytest.mark.skipif(sm90.nvcc_path() is None, reason="needs nvcc")
 def test_the_phase_timer_build_compiles_without_spills(tmp_path):
     report = _ptxas_report(tmp_path, sm90.TIMERS_DEFINE)
     assert "globaltimer_mark_kernel" in report
-    assert len(re.findall(r"0 bytes spill stores, 0 bytes spill loads", report)) == 4, report  # + the mark kernel
+    assert len(re.findall(r"0 bytes spill stores, 0 bytes spill loads", report)) == 5, report  # + the mark kernel
 
 
 def _torch_and_cuda_includes(tmp_path) -> list[str] | None:
@@ -349,10 +367,11 @@ class _KernelStandIn:
         self.calls = []
 
     def decode(self, q, kv, rope, scale, page_table, seq_lens, query_start, out, lse, partial_out, partial_lse,
-               batch, row_tiles, num_splits, scale_log2, fp8_scores, phase_ns):
-        self.calls.append({"fp8": rope is not None, "fp8_scores": fp8_scores, "splits": num_splits})
+               batch, row_tiles, num_splits, scale_log2, fp8_scores, fp8_pv, phase_ns):
+        self.calls.append({"fp8": rope is not None, "fp8_scores": fp8_scores, "fp8_pv": fp8_pv, "splits": num_splits})
         self.phase_ns = phase_ns
-        assert isinstance(fp8_scores, bool) and isinstance(num_splits, int) and (rope is None) == (scale is None)
+        assert isinstance(fp8_scores, bool) and isinstance(fp8_pv, bool) and isinstance(num_splits, int)
+        assert (rope is None) == (scale is None) and (not fp8_pv or fp8_scores)
         H = q.shape[1]
         if rope is None:
             latent, rope_k = kv[..., :512].float(), kv[..., 512:].float()
@@ -394,9 +413,10 @@ def test_the_stand_in_has_the_bindings_signature():
     assert list(inspect.signature(_KernelStandIn.decode).parameters)[1:] == _binding_params()
 
 
-@pytest.mark.parametrize("kind,fp8_scores", [("bf16", False), ("fp8", False), ("fp8", True)])
+@pytest.mark.parametrize("kind,fp8_scores,fp8_pv", [("bf16", False, False), ("fp8", False, False),
+                                                     ("fp8", True, False), ("fp8", True, True)])
 @pytest.mark.parametrize("num_splits", [1, 3])
-def test_run_plumbing_against_the_reference(monkeypatch, kind, fp8_scores, num_splits):
+def test_run_plumbing_against_the_reference(monkeypatch, kind, fp8_scores, fp8_pv, num_splits):
     from lightspeed_mla import mla_decode_reference
     from mla_helpers import make_paged_cache, query_start, rel_err
 
@@ -408,8 +428,9 @@ def test_run_plumbing_against_the_reference(monkeypatch, kind, fp8_scores, num_s
     qsl = query_start([q_len] * len(lens))
     q = torch.randn(int(qsl[-1]), H, 576, generator=g).to(torch.bfloat16)
     out, lse = sm90.mla_decode_sm90(q, cache, table, torch.tensor(lens), qsl, SCALE, return_lse=True,
-                                    num_splits=num_splits, fp8_scores=fp8_scores)
-    assert stand_in.calls == [{"fp8": kind == "fp8", "fp8_scores": fp8_scores, "splits": num_splits}]
+                                    num_splits=num_splits, fp8_scores=fp8_scores, fp8_pv=fp8_pv)
+    assert stand_in.calls == [{"fp8": kind == "fp8", "fp8_scores": fp8_scores, "fp8_pv": fp8_pv,
+                               "splits": num_splits}]
     assert stand_in.phase_ns is None  # the production build
     q_ref = q.float()
     if fp8_scores:  # the reference with Q as the kernel quantises it, computed here on its own
@@ -420,6 +441,16 @@ def test_run_plumbing_against_the_reference(monkeypatch, kind, fp8_scores, num_s
     ref, ref_lse = mla_decode_reference(q_ref, cache, table, torch.tensor(lens), qsl, SCALE)
     assert rel_err(out, ref) < 1e-2
     torch.testing.assert_close(lse, ref_lse, atol=1e-3, rtol=1e-3)
+
+
+def test_e4m3_pv_needs_e4m3_scores(monkeypatch):
+    from mla_helpers import make_paged_cache, query_start
+
+    monkeypatch.setattr(sm90, "load_extension", lambda *a, **k: _KernelStandIn())
+    cache, table = make_paged_cache("fp8", 16, [70], generator=torch.Generator().manual_seed(0))
+    q = torch.randn(1, 4, 576).to(torch.bfloat16)
+    with pytest.raises(ValueError, match="fp8_pv"):
+        sm90.mla_decode_sm90(q, cache, table, torch.tensor([70]), query_start([1]), SCALE, fp8_pv=True)
 
 
 def test_run_with_a_phase_buffer_uses_the_timer_build(monkeypatch):

@@ -24,10 +24,11 @@ void decode(const at::Tensor& q, const at::Tensor& kv, c10::optional<at::Tensor>
             const at::Tensor& page_table, const at::Tensor& seq_lens, const at::Tensor& query_start, at::Tensor out,
             c10::optional<at::Tensor> lse, c10::optional<at::Tensor> partial_out,
             c10::optional<at::Tensor> partial_lse, int64_t batch, int64_t row_tiles, int64_t num_splits,
-            double scale_log2, bool fp8_scores, c10::optional<at::Tensor> phase_ns) {
+            double scale_log2, bool fp8_scores, bool fp8_pv, c10::optional<at::Tensor> phase_ns) {
   check_cuda(q, "q", at::kBFloat16);
   const bool fp8 = rope.has_value();
   TORCH_CHECK(fp8 == scale.has_value(), "mla_decode_sm90: rope and scale come together (the FP8 cache)");
+  TORCH_CHECK(!fp8_pv || (fp8 && fp8_scores), "mla_decode_sm90: fp8_pv (e4m3 P V) needs the FP8 cache and fp8_scores");
   check_cuda(kv, "kv", fp8 ? at::kFloat8_e4m3fn : at::kBFloat16);
   const int64_t width = fp8 ? 512 : 576, align = fp8 ? 16 : 8;  // a token row: 16-byte multiple
   TORCH_CHECK(kv.dim() == 3 && kv.size(2) == width && kv.stride(2) == 1 && kv.stride(1) % align == 0 &&
@@ -71,6 +72,7 @@ void decode(const at::Tensor& q, const at::Tensor& kv, c10::optional<at::Tensor>
     a.rope_stride_token = rope->stride(1);
     a.scale = scale->data_ptr<float>();
     a.fp8_scores = fp8_scores;
+    a.fp8_pv = fp8_pv;
   }
   a.page_table = page_table.data_ptr<int32_t>();
   a.page_table_stride = page_table.stride(0);
@@ -138,8 +140,8 @@ void globaltimer_mark(at::Tensor out_ns) {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decode", &decode, "absorbed MLA decode, sm_90a (see lightspeed_mla/sm90.py)");
   m.def("smem_bytes", &lightspeed_mla::mla_sm90_smem_bytes, "dynamic shared memory per CTA, bf16 kernel");
-  m.def("fp8_smem_bytes", &lightspeed_mla::mla_sm90_fp8_smem_bytes, "dynamic shared memory per CTA, FP8 kernel",
-        pybind11::arg("fp8_scores"));
+  m.def("fp8_smem_bytes", &lightspeed_mla::mla_sm90_fp8_smem_bytes, "dynamic shared memory per CTA, FP8 kernels",
+        pybind11::arg("fp8_scores"), pybind11::arg("fp8_pv") = false);
   m.attr("num_phases") = static_cast<int>(lightspeed_mla::kNumPhases);
 #ifdef LIGHTSPEED_MLA_PHASE_TIMERS
   m.def("globaltimer_mark", &globaltimer_mark, "write %globaltimer (ns) to out_ns[0] in stream order");

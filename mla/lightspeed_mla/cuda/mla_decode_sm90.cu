@@ -88,6 +88,29 @@ struct Fp8Layout {
   static_assert(kSmemBytes <= 227 * 1024, "over the sm_90 shared memory per block");
 };
 
+// Shared memory of the FP8-MMA kernel (both products on e4m3 wgmma): the latent tile is transposed by the
+// producer warpgroup into a V^T ring (e4m3 wgmma reads K-major operands only, and V's K is the key).
+namespace fp8mma {
+constexpr int kQ = 0;                          // e4m3 [64, 512]: 4 blocks, 128B-swizzled
+constexpr int kQRope = 4 * kBlockBytes;        // bf16 [64, 64]: 1 block
+constexpr int kStage0 = kQRope + kBlockBytes;  // a stage: e4m3 latent (4 blocks), bf16 rope (1 block)
+constexpr int kLatBytes = 4 * kBlockBytes, kStageBytes = kLatBytes + kBlockBytes;
+constexpr int kTxBytes = kStageBytes + kKeys * 4;  // + the tile's fp32 scales
+constexpr int kVtBytes = 512 * kKeys;              // e4m3 V^T [512 N-rows, 64 key slots], 64B-swizzled
+constexpr int kVt = kStage0 + kStages * kStageBytes;
+constexpr int kP = kVt + kStages * kVtBytes;       // e4m3 P [64 rows, 64 key slots], 64B-swizzled
+constexpr int kScales = kP + kRows * kKeys;        // float [2 stages][64]
+constexpr int kTileMul = kScales + kStages * kKeys * 4;  // float [2 stages]: the tile's P multiplier c
+constexpr int kRedMax = kTileMul + 16;
+constexpr int kRedSum = kRedMax + 2 * kRows * 4;
+constexpr int kQScale = kRedSum + 2 * kRows * 4;   // float [64]
+constexpr int kBar = kQScale + kRows * 4;          // uint64 full[2], empty[2], vt_full[2], vt_empty[2]
+constexpr int kSmemBytes = kBar + 4 * kStages * 8 + 1024;
+constexpr int kTransposeWarps = 3;  // producer warps 1-3; warp 0 issues the loads
+static_assert(kVt % 1024 == 0 && kP % 1024 == 0, "64B-swizzled tiles need 512-byte aligned bases");
+static_assert(kSmemBytes <= 227 * 1024, "over the sm_90 shared memory per block");
+}  // namespace fp8mma
+
 constexpr float kTwoPow120 = 1.329227995784916e36f;  // undoes the widened V's 2^-120 (in P)
 
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -182,6 +205,51 @@ __device__ __forceinline__ void load_q_tile(const MlaSm90Args& p, const Work& w,
   }
 }
 
+// Q's latent -> e4m3 in shared memory (128B-swizzled [64, 512]) with one scale a row (amax / 448) into
+// q_scale[64]: four threads a row, 128 columns each. Rows past the request's are zeros.
+__device__ __forceinline__ void quantize_q_latent(const MlaSm90Args& p, const Work& w, const Frag& f, uint8_t* dst,
+                                                  float* q_scale) {
+  const int r = f.tid / 4, quarter = f.tid % 4, row = w.row0 + r;
+  const bool live = row < w.rows_total;
+  const __nv_bfloat16* qrow = static_cast<const __nv_bfloat16*>(p.q);
+  if (live) qrow += (w.q_start + row / w.H) * p.q_stride_t + static_cast<int64_t>(row % w.H) * p.q_stride_h;
+  float amax = 0.f;
+  if (live) {
+    for (int c = 0; c < 16; ++c) {
+      const uint4 v = *reinterpret_cast<const uint4*>(qrow + quarter * 128 + c * 8);
+      const __nv_bfloat162* h2 = reinterpret_cast<const __nv_bfloat162*>(&v);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float2 x = __bfloat1622float2(h2[e]);
+        amax = fmaxf(amax, fmaxf(fabsf(x.x), fabsf(x.y)));
+      }
+    }
+  }
+  amax = fmaxf(amax, __shfl_xor_sync(0xffffffff, amax, 1));
+  amax = fmaxf(amax, __shfl_xor_sync(0xffffffff, amax, 2));
+  const float inv = amax > 0.f ? 448.f / amax : 0.f;
+  if (quarter == 0) q_scale[r] = amax / 448.f;
+  for (int c = 0; c < 8; ++c) {  // 16 columns a store
+    uint32_t packed[4] = {0, 0, 0, 0};
+    if (live) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const uint4 v = *reinterpret_cast<const uint4*>(qrow + quarter * 128 + c * 16 + half * 8);
+        const __nv_bfloat162* h2 = reinterpret_cast<const __nv_bfloat162*>(&v);
+#pragma unroll
+        for (int e = 0; e < 4; e += 2) {
+          const float2 a = __bfloat1622float2(h2[e]), b = __bfloat1622float2(h2[e + 1]);
+          const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(a.x * inv, a.y * inv), __NV_SATFINITE, __NV_E4M3);
+          const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(b.x * inv, b.y * inv), __NV_SATFINITE, __NV_E4M3);
+          packed[half * 2 + e / 2] = lo | (hi << 16);
+        }
+      }
+    }
+    *reinterpret_cast<uint4*>(dst + swizzled_offset_8bit(r, quarter * 128 + c * 16)) =
+        make_uint4(packed[0], packed[1], packed[2], packed[3]);
+  }
+}
+
 // Key of S fragment element i (0..15) within the 64-key tile.
 __device__ __forceinline__ int frag_key(const Frag& f, int i) {
   return 32 * f.wg + 8 * (i >> 2) + 2 * (f.lane & 3) + (i & 1);
@@ -250,9 +318,19 @@ __device__ __forceinline__ void tile_pv(float (&acc)[128], uint32_t p_base, uint
   fence_regs(acc);
 }
 
-// The output (one split) or this split's normalised partial and its log2-LSE.
+// The latent column of N-row n of the FP8-MMA kernel's transposed V tile (transpose_latent: within a
+// 16-column group the rows hold columns 0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15), so of its
+// accumulator column n. Pairs (2i, 2i + 1) stay adjacent.
+__device__ __forceinline__ int vt_col(int n) {
+  return (n & ~15) | (((n & 7) >> 1) << 2) | (((n >> 3) & 1) << 1) | (n & 1);
+}
+
+// The output (one split) or this split's normalised partial and its log2-LSE. kVtCols: the accumulator's
+// columns are in vt_col order (the FP8-MMA kernel); out_mul: a factor the accumulator carries (1 / c there).
+template <bool kVtCols = false>
 __device__ __forceinline__ void write_out(const MlaSm90Args& p, const Work& w, const Frag& f, const float (&acc)[128],
-                                          const float (&m_run)[2], float (&l_run)[2], float* red_sum) {
+                                          const float (&m_run)[2], float (&l_run)[2], float* red_sum,
+                                          float out_mul = 1.f) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) l_run[h] = warp_sum4(l_run[h]);
   if ((f.lane & 3) == 0) {
@@ -266,7 +344,7 @@ __device__ __forceinline__ void write_out(const MlaSm90Args& p, const Work& w, c
     const int row = w.row0 + r;
     if (row >= w.rows_total) continue;
     const float l = red_sum[r] + red_sum[kRows + r];
-    const float inv = l > 0.f ? 1.f / l : 0.f;
+    const float inv = l > 0.f ? out_mul / l : 0.f;
     const float lse2 = l > 0.f ? m_run[h] + log2f(l) : -INFINITY;
     const int64_t tok = w.q_start + row / w.H, head = row % w.H;
     const int col0 = 256 * f.wg + 2 * (f.lane & 3);
@@ -275,7 +353,8 @@ __device__ __forceinline__ void write_out(const MlaSm90Args& p, const Work& w, c
 #pragma unroll
       for (int j = 0; j < 32; ++j) {
         const int i = 4 * j + 2 * h;
-        *reinterpret_cast<__nv_bfloat162*>(o + col0 + 8 * j) = __floats2bfloat162_rn(acc[i] * inv, acc[i + 1] * inv);
+        __nv_bfloat16* dst = kVtCols ? o + vt_col(col0 + 8 * j) : o + col0 + 8 * j;
+        *reinterpret_cast<__nv_bfloat162*>(dst) = __floats2bfloat162_rn(acc[i] * inv, acc[i + 1] * inv);
       }
       if (p.lse != nullptr && f.wg == 0 && (f.lane & 3) == 0) p.lse[tok * w.H + head] = lse2 * 0.6931471805599453f;
     } else {
@@ -283,7 +362,8 @@ __device__ __forceinline__ void write_out(const MlaSm90Args& p, const Work& w, c
 #pragma unroll
       for (int j = 0; j < 32; ++j) {
         const int i = 4 * j + 2 * h;
-        *reinterpret_cast<float2*>(o + col0 + 8 * j) = make_float2(acc[i] * inv, acc[i + 1] * inv);
+        float* dst = kVtCols ? o + vt_col(col0 + 8 * j) : o + col0 + 8 * j;
+        *reinterpret_cast<float2*>(dst) = make_float2(acc[i] * inv, acc[i + 1] * inv);
       }
       if (f.wg == 0 && (f.lane & 3) == 0) p.partial_lse[(tok * w.H + head) * p.num_splits + w.split] = lse2;
     }
@@ -482,48 +562,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   setmaxnreg_inc<kConsumerRegs>();
   const Frag f = make_frag(w);
   float* q_scale = reinterpret_cast<float*>(smem + kQScale);
-  if (w.n_tiles > 0 && kFp8Scores) {
-    // Q's latent -> e4m3 with one scale a row (amax / 448): four threads a row, 128 columns each.
-    const int r = f.tid / 4, quarter = f.tid % 4, row = w.row0 + r;
-    const bool live = row < w.rows_total;
-    const __nv_bfloat16* qrow = static_cast<const __nv_bfloat16*>(p.q);
-    if (live) qrow += (w.q_start + row / w.H) * p.q_stride_t + static_cast<int64_t>(row % w.H) * p.q_stride_h;
-    float amax = 0.f;
-    if (live) {
-      for (int c = 0; c < 16; ++c) {
-        const uint4 v = *reinterpret_cast<const uint4*>(qrow + quarter * 128 + c * 8);
-        const __nv_bfloat162* h2 = reinterpret_cast<const __nv_bfloat162*>(&v);
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float2 x = __bfloat1622float2(h2[e]);
-          amax = fmaxf(amax, fmaxf(fabsf(x.x), fabsf(x.y)));
-        }
-      }
-    }
-    amax = fmaxf(amax, __shfl_xor_sync(0xffffffff, amax, 1));
-    amax = fmaxf(amax, __shfl_xor_sync(0xffffffff, amax, 2));
-    const float inv = amax > 0.f ? 448.f / amax : 0.f;
-    if (quarter == 0) q_scale[r] = amax / 448.f;
-    for (int c = 0; c < 8; ++c) {  // 16 columns a store
-      uint32_t packed[4] = {0, 0, 0, 0};
-      if (live) {
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const uint4 v = *reinterpret_cast<const uint4*>(qrow + quarter * 128 + c * 16 + half * 8);
-          const __nv_bfloat162* h2 = reinterpret_cast<const __nv_bfloat162*>(&v);
-#pragma unroll
-          for (int e = 0; e < 4; e += 2) {
-            const float2 a = __bfloat1622float2(h2[e]), b = __bfloat1622float2(h2[e + 1]);
-            const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(a.x * inv, a.y * inv), __NV_SATFINITE, __NV_E4M3);
-            const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(b.x * inv, b.y * inv), __NV_SATFINITE, __NV_E4M3);
-            packed[half * 2 + e / 2] = lo | (hi << 16);
-          }
-        }
-      }
-      *reinterpret_cast<uint4*>(smem + kQ + swizzled_offset_8bit(r, quarter * 128 + c * 16)) =
-          make_uint4(packed[0], packed[1], packed[2], packed[3]);
-    }
-  }
+  if (w.n_tiles > 0 && kFp8Scores) quantize_q_latent(p, w, f, smem + kQ, q_scale);
   if (w.n_tiles > 0 && !kFp8Scores) load_q_tile<64>(p, w, f, smem + kQ, 0);  // Q's latent in bf16, as bf16's
   if (w.n_tiles > 0) {
     load_q_tile<8>(p, w, f, smem + kQRope, 512);  // Q's rope stays bf16
@@ -630,6 +669,246 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif  // LIGHTSPEED_SM90A
 }
 
+// ---- the FP8-MMA kernel: S and P V on e4m3 wgmma ----------------------------------------------------
+// As the e4m3-scores kernel for S (Q quantised per row, S_latent in two fp32 halves of K, S_rope bf16).
+// For P V, the producer warpgroup transposes each landed latent tile into V^T (transpose_latent), and
+// computes the tile's P multiplier c = 256 / its largest k_scale; the consumers write P' = p * k_scale * c
+// as e4m3 (<= 256: e4m3's range with 2^-17 of headroom below) and run O[64, 256] += P'[64, 64] V^T on
+// e4m3 wgmma (m64n256k32), the accumulator kept times the current tile's c (rescaled by c / c_prev with
+// the softmax's alpha, divided out at the end).
+
+// Producer warps 1-3 (ptid 32..127; warp 0's lane 0 issues the loads): the e4m3 latent of a stage ([64 keys, 512] in 128B-swizzled blocks of
+// 128 columns, as TMA landed it) -> V^T [512 N-rows, 64 key slots] (64B-swizzled, K-major), keys at or
+// past `valid` zeroed (a page's tail past the request may hold NaN bytes, and 0 * NaN is NaN). A warp
+// moves 16 keys x 32 columns a step: ldmatrix loads four 8x8 matrices of byte pairs (keys 0-7 and 8-15 of
+// the group, over two 16-column halves), byte permutes pair key k with key k + 8 in one 16-bit element,
+// stmatrix.trans stores the elements transposed. So a V^T row holds the keys of each 16-key group in the
+// order 0, 8, 1, 9, ..., 7, 15 (P is written in the same slot order: the product is unchanged), and the
+// N-rows are the latent columns in vt_col order. Both the loads and the stores are bank-conflict free.
+__device__ __forceinline__ void transpose_latent(uint32_t lat, uint32_t vt, int valid, int ptid) {
+  const int lane = ptid % 32, m = lane / 8, r = lane % 8;
+#pragma unroll 2  // two loads in flight; more spills at the producer's 40 registers
+  for (int u = ptid / 32 - 1; u < 64; u += fp8mma::kTransposeWarps) {
+    const int j = u & 3, g32 = u >> 2;  // 16-key group, 32-column group
+    uint32_t d[4];
+    ldmatrix_x4(lat + swizzled_offset_8bit(16 * j + 8 * (m & 1) + r, 32 * g32 + 16 * (m >> 1)), d);
+    const int key = 16 * j + lane / 4;  // the key of this thread's d[0] and d[2]; d[1] and d[3]: key + 8
+    if (key >= valid) d[0] = d[2] = 0;
+    if (key + 8 >= valid) d[1] = d[3] = 0;
+    const uint32_t x[4] = {__byte_perm(d[0], d[1], 0x5140), __byte_perm(d[0], d[1], 0x7362),
+                           __byte_perm(d[2], d[3], 0x5140), __byte_perm(d[2], d[3], 0x7362)};
+    stmatrix_x4_trans(vt + swizzled_offset_64b(32 * g32 + 8 * m + r, 16 * j), x);
+  }
+}
+
+// The P multiplier c of a tile: 256 / the largest |k_scale| of its valid keys (1 when that is ~0), written
+// by one producer warp for the consumers.
+__device__ __forceinline__ void tile_multiplier(const float* scales, int valid, int lane, float* c_out) {
+  float mx = 0.f;
+  if (lane < valid) mx = fabsf(scales[lane]);
+  if (lane + 32 < valid) mx = fmaxf(mx, fabsf(scales[lane + 32]));
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, o));
+  if (lane == 0) *c_out = mx > 1e-30f ? 256.f / mx : 1.f;
+}
+
+// Online softmax, part 2 of the FP8-MMA kernel: as tile_probs, but P' = p * ks * c goes to the P tile as
+// e4m3 in transpose_latent's key-slot order, and the accumulator (kept times c) is rescaled by
+// alpha * c / c_prev. Slots: this thread's keys 2q, 2q + 1, 8 + 2q, 9 + 2q of a 16-key group (q = lane % 4)
+// are slots 4q, 4q + 2, 4q + 1, 4q + 3, so each row's four values of a group are one 32-bit store.
+__device__ __forceinline__ void tile_probs_e4m3(const float (&s)[16], const float (&ks)[16], float c, float c_prev,
+                                                const float (&mx)[2], float (&m_run)[2], float (&l_run)[2],
+                                                float (&acc)[128], uint8_t* p_tile, const Frag& f) {
+  float m_use[2], alpha[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float m_new = fmaxf(m_run[h], mx[h]);
+    m_use[h] = m_new == -INFINITY ? 0.f : m_new;
+    alpha[h] = exp2f(m_run[h] - m_use[h]);
+    m_run[h] = m_new;
+  }
+  float pv[16], psum[2] = {0.f, 0.f};
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    const int h = (i >> 1) & 1;
+    const float pr = exp2f(s[i] - m_use[h]);
+    psum[h] += pr;
+    pv[i] = pr * ks[i] * c;
+  }
+  const int q = f.lane & 3;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+#pragma unroll
+    for (int g = 0; g < 4; g += 2) {  // element i = 4g + 2h + e is key 32wg + 8g + 2q + e
+      const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(pv[4 * g + 2 * h], pv[4 * g + 4 + 2 * h]),
+                                                   __NV_SATFINITE, __NV_E4M3);
+      const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(pv[4 * g + 2 * h + 1], pv[4 * g + 5 + 2 * h]),
+                                                   __NV_SATFINITE, __NV_E4M3);
+      *reinterpret_cast<uint32_t*>(p_tile + swizzled_offset_64b(h ? f.r_hi : f.r_lo, 32 * f.wg + 8 * g + 4 * q)) =
+          lo | (hi << 16);
+    }
+  }
+  l_run[0] = l_run[0] * alpha[0] + psum[0];
+  l_run[1] = l_run[1] * alpha[1] + psum[1];
+  const float ratio = c / c_prev;
+  const float a0 = alpha[0] * ratio, a1 = alpha[1] * ratio;
+#pragma unroll
+  for (int i = 0; i < 128; ++i) acc[i] *= (i >> 1) & 1 ? a1 : a0;
+}
+
+// O[64, this warpgroup's 256 N-rows] += P'[64, 64] V^T: 2 k-steps of 32 key slots.
+__device__ __forceinline__ void tile_pv_e4m3(float (&acc)[128], uint32_t p_base, uint32_t vt_base) {
+  fence_regs(acc);
+  wgmma_fence();
+#pragma unroll
+  for (int k = 0; k < kKeys / 32; ++k)
+    wgmma_m64n256k32_e4m3(acc, smem_desc_64b(p_base + k * 32), smem_desc_64b(vt_base + k * 32), 1);
+  wgmma_commit();
+  wgmma_wait_all();
+  fence_regs(acc);
+}
+
+__global__ void __launch_bounds__(kThreads, 1)
+    mla_decode_sm90_fp8mma_kernel(const __grid_constant__ CUtensorMap lat_map,
+                                  const __grid_constant__ CUtensorMap rope_map, const MlaSm90Args p) {
+#ifdef LIGHTSPEED_SM90A
+  using namespace fp8mma;
+  constexpr int kTransposers = 32 * kTransposeWarps;
+  stamp(p, kPhaseEntry, threadIdx.x == 0);
+  Work w;
+  if (!cta_work(p, w)) return;
+  stamp(p, kPhaseWork, threadIdx.x == 0);
+  extern __shared__ uint8_t smem_raw[];
+  uint32_t base;
+  uint8_t* smem = aligned_smem(smem_raw, base);
+  // full: the stage landed (TMA bytes); empty: S (consumers) and the transposition (warps 1-3) are done
+  // with it; vt_full: V^T and c of the stage written; vt_empty: both P Vs done with that V^T.
+  const uint32_t full_bar = base + kBar, empty_bar = full_bar + 8 * kStages;
+  const uint32_t vt_full_bar = empty_bar + 8 * kStages, vt_empty_bar = vt_full_bar + 8 * kStages;
+  if (threadIdx.x == 0) {
+    for (int st = 0; st < kStages; ++st) {
+      mbar_init(full_bar + 8 * st, 1);
+      mbar_init(empty_bar + 8 * st, kConsumerThreads + kTransposers);
+      mbar_init(vt_full_bar + 8 * st, kTransposers);
+      mbar_init(vt_empty_bar + 8 * st, kConsumerThreads);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  float* tile_mul = reinterpret_cast<float*>(smem + kTileMul);
+
+  if (threadIdx.x >= kConsumerThreads) {  // ---- producer warpgroup ----
+    setmaxnreg_dec<kProducerRegs>();
+    const int ptid = threadIdx.x - kConsumerThreads;
+    if (ptid == 0) {  // the loads, as the other kernels issue them (the empty barrier counts the transposers)
+      asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&lat_map)) : "memory");
+      asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&rope_map)) : "memory");
+      produce(p, w, full_bar, empty_bar, kTxBytes, [&](int stage, int j, int box_rows, int row, uint32_t bar) {
+        const uint32_t dst = base + kStage0 + stage * kStageBytes + j * box_rows * 128;
+#pragma unroll
+        for (int c = 0; c < 4; ++c) tma_load_2d(dst + c * kBlockBytes, &lat_map, c * 128, row, bar);
+        tma_load_2d(dst + kLatBytes, &rope_map, 0, row, bar);
+        bulk_load(base + kScales + stage * kKeys * 4 + j * box_rows * 4, p.scale + row, box_rows * 4, bar);
+      });
+    } else if (ptid >= 32) {  // warps 1-3: each landed latent tile -> V^T, and the tile's P multiplier
+      for (int i = 0; i < w.n_tiles; ++i) {
+        const int stage = i % kStages;
+        mbar_wait(full_bar + 8 * stage, (i / kStages) & 1);
+        if (i >= kStages) mbar_wait(vt_empty_bar + 8 * stage, ((i / kStages) - 1) & 1);
+        const int valid = w.end - (w.start + i * kKeys);
+        transpose_latent(base + kStage0 + stage * kStageBytes, base + kVt + stage * kVtBytes, valid, ptid);
+        if (ptid / 32 == 3)
+          tile_multiplier(reinterpret_cast<const float*>(smem + kScales) + stage * kKeys, valid, ptid % 32,
+                          tile_mul + stage);
+        fence_proxy_async();  // V^T (generic stores) before the consumers' wgmma reads it
+        mbar_arrive(vt_full_bar + 8 * stage);
+        mbar_arrive(empty_bar + 8 * stage);
+      }
+    }
+    return;
+  }
+
+  // ---- consumers ----
+  setmaxnreg_inc<kConsumerRegs>();
+  const Frag f = make_frag(w);
+  float* q_scale = reinterpret_cast<float*>(smem + kQScale);
+  if (w.n_tiles > 0) {
+    quantize_q_latent(p, w, f, smem + kQ, q_scale);
+    load_q_tile<8>(p, w, f, smem + kQRope, 512);  // Q's rope stays bf16
+    fence_proxy_async();
+  }
+  named_barrier_sync(1, kConsumerThreads);
+  stamp(p, kPhaseQLoaded, f.tid == 0);
+
+  float acc[128];
+#pragma unroll
+  for (int i = 0; i < 128; ++i) acc[i] = 0.f;
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f}, c_prev = 1.f;
+  const float q_mul[2] = {q_scale[f.r_lo], q_scale[f.r_hi]};
+  for (int it = 0; it < w.n_tiles; ++it) {
+    const int stage = it % kStages;
+    const uint32_t st_base = base + kStage0 + stage * kStageBytes;
+    const int key0 = w.start + it * kKeys;
+    mbar_wait(full_bar + 8 * stage, (it / kStages) & 1);
+    stamp(p, kPhaseFirstTile, f.tid == 0 && it == 0);
+
+    // S_latent on e4m3 MMAs in two fp32 halves of K (Hopper's e4m3 MMAs accumulate with reduced
+    // precision), S_rope in bf16: this warpgroup's 32 keys.
+    float s_lat0[16], s_lat1[16], s_rope[16];
+    fence_regs(s_lat0);
+    fence_regs(s_lat1);
+    fence_regs(s_rope);
+    wgmma_fence();
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const uint32_t koff = (k >> 2) * kBlockBytes + (k & 3) * 32;
+      wgmma_m64n32k32_e4m3(s_lat0, smem_desc(base + kQ + koff, 16), smem_desc(st_base + f.wg * 32 * 128 + koff, 16), k > 0);
+    }
+#pragma unroll
+    for (int k = 8; k < 16; ++k) {
+      const uint32_t koff = (k >> 2) * kBlockBytes + (k & 3) * 32;
+      wgmma_m64n32k32_e4m3(s_lat1, smem_desc(base + kQ + koff, 16), smem_desc(st_base + f.wg * 32 * 128 + koff, 16), k > 8);
+    }
+#pragma unroll
+    for (int k = 0; k < 4; ++k)
+      wgmma_m64n32_ss(s_rope, smem_desc(base + kQRope + k * 32, 16),
+                      smem_desc(st_base + kLatBytes + f.wg * 32 * 128 + k * 32, 16), k > 0);
+    wgmma_commit();
+    const float* k_scale = reinterpret_cast<const float*>(smem + kScales) + stage * kKeys;
+    float ks[16];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) ks[i] = k_scale[frag_key(f, i)];  // garbage past the request: selected away
+    wgmma_wait_all();
+    fence_regs(s_lat0);
+    fence_regs(s_lat1);
+    fence_regs(s_rope);
+    float s[16];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      const int h = (i >> 1) & 1;
+      const bool valid = key0 + frag_key(f, i) < f.limit[h];
+      s[i] = valid ? ((s_lat0[i] + s_lat1[i]) * (q_mul[h] * ks[i]) + s_rope[i]) * p.scale_log2 : -INFINITY;
+      ks[i] = valid ? ks[i] : 0.f;
+    }
+    mbar_arrive(empty_bar + 8 * stage);  // K, rope and scales read
+
+    float mx[2];
+    tile_row_max(s, reinterpret_cast<float*>(smem + kRedMax), f, mx);  // both P Vs of the last tile are done
+    mbar_wait(vt_full_bar + 8 * stage, (it / kStages) & 1);
+    const float c = tile_mul[stage];
+    tile_probs_e4m3(s, ks, c, c_prev, mx, m_run, l_run, acc, smem + kP, f);
+    c_prev = c;
+    fence_proxy_async();  // P before wgmma reads it
+    named_barrier_sync(1, kConsumerThreads);
+    tile_pv_e4m3(acc, base + kP, base + kVt + stage * kVtBytes + 256 * f.wg * kKeys);
+    stamp(p, kPhaseLastPv, f.tid == 0 && it == w.n_tiles - 1);
+    mbar_arrive(vt_empty_bar + 8 * stage);
+  }
+  write_out<true>(p, w, f, acc, m_run, l_run, reinterpret_cast<float*>(smem + kRedSum), 1.f / c_prev);
+  stamp(p, kPhaseEpilogue, f.tid == 0);
+#endif  // LIGHTSPEED_SM90A
+}
+
 #ifdef LIGHTSPEED_MLA_PHASE_TIMERS
 __global__ void globaltimer_mark_kernel(uint64_t* out_ns) { *out_ns = globaltimer_ns(); }
 #endif
@@ -688,7 +967,8 @@ int opt_in_smem(Kernel kernel, int bytes, unsigned long long& done, char* err, i
 }  // namespace
 
 int mla_sm90_smem_bytes() { return bf16l::kSmemBytes; }
-int mla_sm90_fp8_smem_bytes(bool fp8_scores) {
+int mla_sm90_fp8_smem_bytes(bool fp8_scores, bool fp8_pv) {
+  if (fp8_scores && fp8_pv) return fp8mma::kSmemBytes;
   return fp8_scores ? Fp8Layout<true>::kSmemBytes : Fp8Layout<false>::kSmemBytes;
 }
 
@@ -717,7 +997,13 @@ int mla_sm90_decode_launch(const MlaSm90Args& a, cudaStream_t stream, char* err,
         !encode_map(encode, &rope, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, a.rope, 64, a.kv_num_tokens,
                     a.rope_stride_token * 2, 64, box_rows, err, errlen))
       return -1;
-    if (a.fp8_scores) {
+    static unsigned long long fp8mma_opted = 0;
+    if (a.fp8_scores && a.fp8_pv) {
+      constexpr int bytes = fp8mma::kSmemBytes;
+      if (const int rc = opt_in_smem(mla_decode_sm90_fp8mma_kernel, bytes, fp8mma_opted, err, errlen)) return rc;
+      if (a.batch == 0 || a.row_tiles == 0) return 0;
+      mla_decode_sm90_fp8mma_kernel<<<grid, kThreads, bytes, stream>>>(lat, rope, a);
+    } else if (a.fp8_scores) {
       constexpr int bytes = Fp8Layout<true>::kSmemBytes;
       if (const int rc = opt_in_smem(mla_decode_sm90_fp8_kernel<true>, bytes, fp8s_opted, err, errlen)) return rc;
       if (a.batch == 0 || a.row_tiles == 0) return 0;

@@ -25,6 +25,8 @@ struct MlaSm90Args {
   const float* scale;        // fp8 only: fp32 [pages * page_size] (latent = e4m3 * scale), contiguous
   bool fp8_scores;           // fp8 only: S_latent on e4m3 MMAs with Q quantised per row (faster, ~3% error
                              // on random data) instead of bf16 MMAs on the widened latent
+  bool fp8_pv;               // with fp8_scores: P V on e4m3 MMAs too (P quantised per tile, the latent
+                             // transposed in shared memory) instead of bf16 MMAs on the widened latent
   const int32_t* page_table; // [B, max_pages]
   int64_t page_table_stride;
   const int32_t* seq_lens;   // [B] keys per request (device: the true lengths of this step)
@@ -63,7 +65,7 @@ enum MlaPhase : int {
 
 // Shared memory the bf16 / FP8 kernels ask for (bytes), for the record.
 int mla_sm90_smem_bytes();
-int mla_sm90_fp8_smem_bytes(bool fp8_scores);
+int mla_sm90_fp8_smem_bytes(bool fp8_scores, bool fp8_pv);
 
 // Launch on `stream`. Returns 0, or a CUDA error code with a message in err (errlen bytes).
 int mla_sm90_decode_launch(const MlaSm90Args& args, cudaStream_t stream, char* err, int errlen);

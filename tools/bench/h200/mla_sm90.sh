@@ -7,7 +7,8 @@
 #   1. JIT build (nvcc, sm_90a) -> OUTDIR/build.log with ptxas' registers / spills / shared memory; a failed
 #      build prints nvcc's errors and stops here (exit 0);
 #   2. its GPU tests against mla_decode_reference (every case prints max abs / rel error) -> OUTDIR/tests.log;
-#   3. tools/bench/mla.py with mla_decode_triton, mla_decode_sm90, (FP8 points) mla_decode_sm90_fp8qk and, when
+#   3. tools/bench/mla.py with mla_decode_triton, mla_decode_sm90, (FP8 points) mla_decode_sm90_fp8qk and
+#      mla_decode_sm90_fp8mma (both products on e4m3 MMAs) and, when
 #      flashinfer imports, (bf16 points) mla_decode_flashinfer side by side on the seeds' case and a 16-point
 #      grid (--points small) -> OUTDIR/mla_bench_*.{md,json}, bench.log. MLA_CANDIDATES overrides the list.
 # Skips the bench when the tests timed out before any kernel call returned (a hung kernel would hang it too).
@@ -28,7 +29,8 @@ from lightspeed_mla import sm90
 print("availability:", sm90.availability())
 ext = sm90.load_extension(verbose=True)
 print(f"built in {time.time() - t:.1f}s; dynamic shared memory per CTA: bf16 {ext.smem_bytes()} B, "
-      f"fp8 {ext.fp8_smem_bytes(False)} B, fp8qk {ext.fp8_smem_bytes(True)} B")
+      f"fp8 {ext.fp8_smem_bytes(False)} B, fp8qk {ext.fp8_smem_bytes(True)} B, "
+      f"fp8mma {ext.fp8_smem_bytes(True, True)} B")
 EOF
 rc=$?
 echo "build rc=$rc in $((SECONDS - t0))s"
@@ -52,7 +54,11 @@ if [[ $trc == 124 ]] && ! grep -q "sm90 " "$out/tests.log"; then
 fi
 
 t0=$SECONDS
-candidates=mla_decode_triton,mla_decode_sm90,mla_decode_sm90_fp8qk
+candidates=mla_decode_triton,mla_decode_sm90,mla_decode_sm90_fp8qk,mla_decode_sm90_fp8mma
+if [[ $trc == 124 ]]; then  # the fp8mma tests run last: a hang there would hang its bench points too
+  echo "tests timed out: mla_decode_sm90_fp8mma left out of the bench"
+  candidates=${candidates%,mla_decode_sm90_fp8mma}
+fi
 python3 -c "import flashinfer" 2>/dev/null && candidates=$candidates,mla_decode_flashinfer
 (cd tools/bench && timeout 150 python3 mla.py --out "$out" --candidates "${MLA_CANDIDATES:-$candidates}" \
   --points small --skip-prefill --budget-s 100 --commit "$commit") > "$out/bench.log" 2>&1
