@@ -37,6 +37,9 @@ from result_files import result_stem  # noqa: E402
 from mla import FLUSH_BYTES, SCALE, DecodeBench, _git_commit  # noqa: E402
 
 DEFAULT_POINTS = "cta_1tile,cta_10tiles,b1,b4,b16"
+# --kinds: a cache kind, or an FP8 variant of the kernel (its cache kind and run() flags)
+KINDS = {"bf16": ("bf16", {}), "fp8": ("fp8", {}), "fp8qk": ("fp8", {"fp8_scores": True}),
+         "fp8mma": ("fp8", {"fp8_scores": True, "fp8_pv": True})}
 
 
 def summarise(stamps: np.ndarray, before_ns: int | None = None, after_ns: int | None = None,
@@ -85,15 +88,18 @@ def median_summary(summaries: list[dict]) -> dict:
 
 def measure_point(bench: DecodeBench, ext, flush: torch.Tensor, kind: str, batch: int, heads: int, q_len: int,
                   ctx: int, reps: int) -> dict:
-    """The timer build on one point (mla_splits.sweep_point's inputs, the planner's split count)."""
-    cache, page_table, qsl, lens, q, out = bench.point(kind, batch, heads, q_len, ctx, seed=7)
-    plan = sm90.plan(bench.ws, qsl, lens, heads, page_size=bench.page_size, softmax_scale=SCALE, cache_kind=kind)
+    """The timer build on one point (mla_splits.sweep_point's inputs, the planner's split count); kind: a
+    key of KINDS."""
+    cache_kind, flags = KINDS[kind]
+    cache, page_table, qsl, lens, q, out = bench.point(cache_kind, batch, heads, q_len, ctx, seed=7)
+    plan = sm90.plan(bench.ws, qsl, lens, heads, page_size=bench.page_size, softmax_scale=SCALE,
+                     cache_kind=cache_kind)
     sm90.check_run_inputs(plan, q, cache, page_table, out, None)
     stamps, marks = sm90.phase_timer_buffer(plan), torch.zeros(2, dtype=torch.int64, device="cuda")
 
     def bracketed():
         ext.globaltimer_mark(marks[0:1])
-        sm90.launch(plan, q, cache, page_table, out, phase_ns=stamps)
+        sm90.launch(plan, q, cache, page_table, out, phase_ns=stamps, **flags)
         ext.globaltimer_mark(marks[1:2])
 
     bracketed()  # warm-up
@@ -135,10 +141,13 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--points", default=DEFAULT_POINTS, help=f"of mla_splits.POINTS: {', '.join(POINTS)}")
-    ap.add_argument("--kinds", default="bf16,fp8")
+    ap.add_argument("--kinds", default="bf16,fp8", help=f"of {', '.join(KINDS)}")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--commit", default=None)
     args = ap.parse_args(argv)
+    unknown = set(args.kinds.split(",")) - set(KINDS)
+    if unknown:
+        ap.error(f"unknown kinds {sorted(unknown)}; choose from {', '.join(KINDS)}")
     started = time.monotonic()
     ext = sm90.load_extension(phase_timers=True, verbose=True)
     build_s = round(time.monotonic() - started, 1)

@@ -63,3 +63,22 @@ def test_markdown_has_a_table_per_point_and_kind(tmp_path):
     text = path.read_text()
     assert "## cta_1tile: bf16, batch 132" in text and "entry ramp 4.0 µs" in text and "launch gap 3.5" in text
     assert "| first_tile | 2 | 4.0 | 5.0 | 3.5 |" in text
+
+
+def test_every_kind_names_a_cache_kind_and_known_run_flags():
+    import inspect
+
+    from lightspeed_mla import sm90
+
+    flags = set(inspect.signature(sm90.launch).parameters)
+    for kind, (cache_kind, kw) in mla_phases.KINDS.items():
+        assert cache_kind in sm90.CACHE_KINDS and set(kw) <= flags, kind
+    assert mla_phases.KINDS["fp8mma"][1] == {"fp8_scores": True, "fp8_pv": True}
+
+
+def test_an_unknown_kind_is_refused_before_any_build(capsys):
+    import pytest
+
+    with pytest.raises(SystemExit):
+        mla_phases.main(["--out", "/tmp/unused", "--kinds", "bf16,fp4"])
+    assert "unknown kinds ['fp4']" in capsys.readouterr().err
