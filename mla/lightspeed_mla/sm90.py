@@ -78,7 +78,7 @@ PAGE_SIZES = (8, 16, 32, 64, 128, 256)  # a TMA box holds min(page_size, 64) tok
 FEATURES = ("paged", "bf16_kv", "fp8_kv", "lse", "spec_decode", "causal", "fold_sq", "split_kv", "ragged")
 # The phase stamps of the timer build, in the order of cuda/mla_decode_sm90.h's MlaPhase (which says who
 # stamps each and when; a CPU test keeps the two in step).
-PHASES = ("entry", "work", "first_tma", "last_tma", "q_loaded", "first_tile", "last_pv", "epilogue")
+PHASES = ("entry", "work", "first_tma", "last_tma", "q_loaded", "first_tile", "last_vt", "last_pv", "epilogue")
 TIMERS_DEFINE = "-DLIGHTSPEED_MLA_PHASE_TIMERS"
 # 64 rows x 64 keys; 12 warps (2 consumer warpgroups + the producer warpgroup), 2 stages, 1 CTA / SM.
 TILE = DecodeTile(block_m=64, block_n=64, num_warps=12, num_stages=2, swap_ab=False, ctas_per_sm=1)

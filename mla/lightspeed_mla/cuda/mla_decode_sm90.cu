@@ -823,6 +823,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         fence_proxy_async();  // V^T (generic stores) before the consumers' wgmma reads it
         mbar_arrive(vt_full_bar + 8 * stage);
         mbar_arrive(empty_bar + 8 * stage);
+        stamp(p, kPhaseLastVt, ptid == 32 && i == w.n_tiles - 1);
       }
     }
     return;

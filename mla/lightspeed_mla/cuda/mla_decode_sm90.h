@@ -58,6 +58,7 @@ enum MlaPhase : int {
   kPhaseLastTma,     // producer lane: the last tile's boxes issued
   kPhaseQLoaded,     // consumer thread 0: the query tile in shared memory (past the consumers' barrier)
   kPhaseFirstTile,   // consumer thread 0: tile 0 landed (its full barrier's wait returned)
+  kPhaseLastVt,      // fp8mma only: transposer thread 0 (producer warp 1): the last tile's V^T written
   kPhaseLastPv,      // consumer thread 0: the last tile's P V done (warpgroup 0's wgmma wait)
   kPhaseEpilogue,    // consumer thread 0: write_out's stores issued
   kNumPhases
