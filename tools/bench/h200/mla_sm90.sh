@@ -10,7 +10,8 @@
 #   3. tools/bench/mla.py with mla_decode_triton, mla_decode_sm90, (FP8 points) mla_decode_sm90_fp8qk and
 #      mla_decode_sm90_fp8mma (both products on e4m3 MMAs) and, when
 #      flashinfer imports, (bf16 points) mla_decode_flashinfer side by side on the seeds' case and a 16-point
-#      grid (--points small) -> OUTDIR/mla_bench_*.{md,json}, bench.log. MLA_CANDIDATES overrides the list.
+#      grid (--points small) -> OUTDIR/mla_bench_*.{md,json}, bench.log. MLA_CANDIDATES overrides the list;
+#      MLA_NO_FLASHINFER=1 leaves FlashInfer out (its MLA JIT build costs ~75 s of a lease).
 # Skips the bench when the tests timed out before any kernel call returned (a hung kernel would hang it too).
 set -uo pipefail
 out=$(realpath -m "${1:?usage: mla_sm90.sh OUTDIR}")
@@ -59,7 +60,7 @@ if [[ $trc == 124 ]]; then  # the fp8mma tests run last: a hang there would hang
   echo "tests timed out: mla_decode_sm90_fp8mma left out of the bench"
   candidates=${candidates%,mla_decode_sm90_fp8mma}
 fi
-python3 -c "import flashinfer" 2>/dev/null && candidates=$candidates,mla_decode_flashinfer
+[[ ${MLA_NO_FLASHINFER:-0} == 1 ]] || ! python3 -c "import flashinfer" 2>/dev/null || candidates=$candidates,mla_decode_flashinfer
 (cd tools/bench && timeout 150 python3 mla.py --out "$out" --candidates "${MLA_CANDIDATES:-$candidates}" \
   --points small --skip-prefill --budget-s 100 --commit "$commit") > "$out/bench.log" 2>&1
 echo "bench rc=$? in $((SECONDS - t0))s"
