@@ -31,6 +31,22 @@ def gather_latent_reference(cache: MLACache, page_row: torch.Tensor, kv_len: int
     return latent, cache.rope[pages, offs].float()
 
 
+def quantize_q_latent_e4m3(q: torch.Tensor) -> torch.Tensor:
+    """Q as the e4m3-score decode kernels see it (`mla_decode_sm90` with fp8_scores): each row's 512
+    latent values times 448 / amax, rounded to e4m3, times amax / 448; the 64 rope values unchanged.
+    q: [..., 576] -> fp32 [..., 576].
+
+    The multiplier is a true fp32 division, as the kernel computes it. `448.0 / amax` (a Python number
+    over a tensor) is a reciprocal times 448 in torch, one ulp off for many amax; since x * (448 / amax)
+    often lands exactly halfway between two e4m3 values, that ulp flipped ~5% of a row's bytes and made
+    a correct kernel look 1-3% off in S (found on the H100, 2026-12-06)."""
+    lat = q[..., :D_LATENT].float()
+    amax = lat.abs().amax(-1, keepdim=True)
+    inv = torch.where(amax > 0, torch.full_like(amax, 448.0) / amax, torch.zeros_like(amax))
+    q8 = (lat * inv).clamp(-448, 448).to(torch.float8_e4m3fn).float() * (amax / 448.0)
+    return torch.cat([q8, q[..., D_LATENT:].float()], dim=-1)
+
+
 def mla_decode_reference(
     q: torch.Tensor,
     cache: MLACache,

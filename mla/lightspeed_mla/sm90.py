@@ -20,7 +20,8 @@ Build: `torch.utils.cpp_extension.load` on first use, for sm_90a only, into
 ``lightspeed_kernel.kernel_env().native_cache_dir``/mla_sm90 (LIGHTSPEED_KERNEL_CACHE_DIR); the
 module name carries a hash of the sources, so an edited kernel never loads a stale build.
 `load_extension(phase_timers=True)` builds a second module (name suffix `_timers`) with
--DLIGHTSPEED_MLA_PHASE_TIMERS: each CTA stamps %globaltimer at the phases of `PHASES` into a buffer
+-DLIGHTSPEED_MLA_PHASE_TIMERS: each CTA stamps %globaltimer at the phases of `PHASES`, and sums the cycles
+its roles wait (`COUNTERS`), into a buffer
 (`phase_timer_buffer`, passed as `run(..., phase_ns=)`); tools/bench/mla_phases.py reads them. The
 production module is compiled without it and refuses the buffer.
 
@@ -79,6 +80,10 @@ FEATURES = ("paged", "bf16_kv", "fp8_kv", "lse", "spec_decode", "causal", "fold_
 # The phase stamps of the timer build, in the order of cuda/mla_decode_sm90.h's MlaPhase (which says who
 # stamps each and when; a CPU test keeps the two in step).
 PHASES = ("entry", "work", "first_tma", "last_tma", "q_loaded", "first_tile", "last_vt", "last_pv", "epilogue")
+# The cycle counters after the stamps in each CTA's row (MlaCounter: a role's summed wait cycles, and thread 0's
+# %clock64 at entry and after the epilogue, which with the entry / epilogue stamps give the cycles' rate).
+COUNTERS = ("consumer_wait_full", "consumer_wait_vt", "producer_wait_empty", "transposer_wait_full",
+            "transposer_wait_vt", "clock_entry", "clock_epilogue")
 TIMERS_DEFINE = "-DLIGHTSPEED_MLA_PHASE_TIMERS"
 # 64 rows x 64 keys; 12 warps (2 consumer warpgroups + the producer warpgroup), 2 stages, 1 CTA / SM.
 TILE = DecodeTile(block_m=64, block_n=64, num_warps=12, num_stages=2, swap_ab=False, ctas_per_sm=1)
@@ -248,11 +253,11 @@ def check_run_inputs(plan: MLADecodePlan, q: torch.Tensor, cache: MLACache, page
 
 
 def phase_timer_buffer(plan: MLADecodePlan) -> torch.Tensor:
-    """Zeros for the timer build's stamps, on the plan's device: int64 [batch * row_tiles * num_splits
-    CTAs, len(PHASES)] ns, CTA = (request * row_tiles + row tile) * num_splits + split. A stamp left 0
-    was not reached."""
+    """Zeros for the timer build's stamps and counters, on the plan's device: int64 [batch * row_tiles *
+    num_splits CTAs, len(PHASES) + len(COUNTERS)]: the PHASES' ns, then the COUNTERS' cycles; CTA = (request
+    * row_tiles + row tile) * num_splits + split. A stamp left 0 was not reached."""
     ctas = plan.batch_size * plan.row_tiles * plan.num_splits
-    return torch.zeros(ctas, len(PHASES), dtype=torch.int64, device=plan.seq_lens.device)
+    return torch.zeros(ctas, len(PHASES) + len(COUNTERS), dtype=torch.int64, device=plan.seq_lens.device)
 
 
 def launch(plan: MLADecodePlan, q: torch.Tensor, cache: MLACache, page_table: torch.Tensor, out: torch.Tensor,

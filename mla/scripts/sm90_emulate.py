@@ -17,6 +17,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from lightspeed_mla import mla_decode_reference, sm90  # noqa: E402
 from lightspeed_mla.decode import decode_workspace_bytes  # noqa: E402
+from lightspeed_mla.reference import quantize_q_latent_e4m3  # noqa: E402
 from mla_helpers import make_paged_cache, query_start, rel_err  # noqa: E402
 
 KB = 8192
@@ -634,10 +635,7 @@ def emulate_fp8mma(page_size, lens, q_len, H, num_splits, seed=0):
     out = (part_o * w[..., None]).sum(2) / np.where(den == 0, 1, den)[..., None]
     lse = (m[..., 0] + np.log2(den)) * np.log(2)
     qr = q.float()  # the reference on Q as the kernel quantises it (its floor), and on the true Q
-    lat = qr[..., :512]
-    amax = lat.abs().amax(-1, keepdim=True)
-    q8 = (lat * (448.0 / amax)).clamp(-448, 448).to(torch.float8_e4m3fn).float() * (amax / 448.0)
-    q_quant = torch.cat([q8, qr[..., 512:]], -1)
+    q_quant = quantize_q_latent_e4m3(q)
     out_t = torch.from_numpy(out)
     for name, qq in (("quantised-Q", q_quant), ("true", qr)):
         ref, ref_lse = mla_decode_reference(qq, cache, table, torch.tensor(lens), qsl, 192 ** -0.5)

@@ -10,6 +10,7 @@ import subprocess
 import pytest
 import torch
 from lightspeed_mla import MLACache, decode_workspace_bytes, plan_decode, registration, sm90
+from lightspeed_mla.reference import quantize_q_latent_e4m3
 
 lk = pytest.importorskip("lightspeed_kernel")
 HOPPER, AMPERE, BLACKWELL = (lk.Platform.parse(p) for p in ("sm_90", "sm_80", "sm_100"))
@@ -283,6 +284,13 @@ def test_phase_names_follow_the_kernels_enum():
     assert [re.sub(r"(?<!^)(?=[A-Z])", "_", n).lower() for n in names] == list(sm90.PHASES)
 
 
+def test_counter_names_follow_the_kernels_enum():
+    header = (sm90.CUDA_DIR / "mla_decode_sm90.h").read_text()
+    start = header.index("enum MlaCounter")
+    names = re.findall(r"kCount(\w+),", header[start:header.index("kNumCounters", start)])
+    assert [re.sub(r"(?<!^)(?=[A-Z])", "_", n).lower() for n in names] == list(sm90.COUNTERS)
+
+
 def _ptxas_report(tmp_path, *defines: str) -> str:
     # The kernel file alone (no torch headers); ptxas reports registers, spills and barriers.
     cmd = [sm90.nvcc_path(), sm90.ARCH_FLAG, "-std=c++17", "-O3", *defines, "-Xptxas", "-v", "-c",
@@ -350,15 +358,6 @@ def _binding_params() -> list[str]:
     return [a.split()[-1].lstrip("&*") for a in args.split(",")]
 
 
-def _quantized_q(q):
-    """Q's latent in e4m3, one scale a row (amax / 448), as the fp8qk kernel rounds it: x * (448 / amax)."""
-    lat = q[..., :512].float()
-    amax = lat.abs().amax(-1, keepdim=True)
-    inv = torch.where(amax > 0, 448.0 / amax, torch.zeros_like(amax))
-    q8 = (lat * inv).clamp(-448, 448).to(torch.float8_e4m3fn).float() * (amax / 448.0)
-    return torch.cat([q8, q[..., 512:].float()], dim=-1)
-
-
 class _KernelStandIn:
     """`decode` of cuda/binding.cpp in torch: each split's rows over keys [start, min(start + per_split,
     row_end)) as the kernel cuts them, normalised partials and log2-LSE, or the output when unsplit."""
@@ -378,7 +377,7 @@ class _KernelStandIn:
         else:
             latent, rope_k = kv.float() * scale, rope.float()
         latent, rope_k = latent.reshape(-1, 512), rope_k.reshape(-1, 64)
-        qf = _quantized_q(q) if fp8_scores else q.float()
+        qf = quantize_q_latent_e4m3(q) if fp8_scores else q.float()
         ps = kv.shape[1]
         for b in range(batch):
             q0, q1, kv_len = int(query_start[b]), int(query_start[b + 1]), int(seq_lens[b])
@@ -433,11 +432,8 @@ def test_run_plumbing_against_the_reference(monkeypatch, kind, fp8_scores, fp8_p
                                "splits": num_splits}]
     assert stand_in.phase_ns is None  # the production build
     q_ref = q.float()
-    if fp8_scores:  # the reference with Q as the kernel quantises it, computed here on its own
-        lat = q_ref[..., :512]
-        amax = lat.abs().amax(-1, keepdim=True)
-        q8 = (lat * (448.0 / amax)).clamp(-448, 448).to(torch.float8_e4m3fn).float()
-        q_ref = torch.cat([q8 * (amax / 448.0), q_ref[..., 512:]], -1)
+    if fp8_scores:  # the reference with Q as the kernel quantises it
+        q_ref = quantize_q_latent_e4m3(q)
     ref, ref_lse = mla_decode_reference(q_ref, cache, table, torch.tensor(lens), qsl, SCALE)
     assert rel_err(out, ref) < 1e-2
     torch.testing.assert_close(lse, ref_lse, atol=1e-3, rtol=1e-3)
@@ -464,7 +460,7 @@ def test_run_with_a_phase_buffer_uses_the_timer_build(monkeypatch):
     ws = torch.empty(decode_workspace_bytes(2, 4, H, 3), dtype=torch.uint8)
     p = sm90.plan(ws, qsl, lens, H, page_size=16, softmax_scale=SCALE, num_splits=3)
     buf = sm90.phase_timer_buffer(p)
-    assert buf.shape == (2 * p.row_tiles * 3, len(sm90.PHASES)) and buf.dtype == torch.int64 and not buf.any()
+    assert buf.shape == (2 * p.row_tiles * 3, len(sm90.PHASES) + len(sm90.COUNTERS)) and buf.dtype == torch.int64 and not buf.any()
     q, out = torch.randn(4, H, 576).to(torch.bfloat16), torch.empty(4, H, 512, dtype=torch.bfloat16)
     sm90.run(p, q, cache, table, out, phase_ns=buf)
     assert asked == [True] and stand_in.phase_ns is buf

@@ -12,8 +12,8 @@ stream just before and after the decode, which brackets its launch and teardown.
 
 Per point and cache kind: a warm-up call, then --reps calls, each after a write that flushes the L2
 (mla.py's FLUSH_BYTES); each launch is summarised on its own (µs from its first CTA's entry: each
-phase's median and max over the CTAs, the median from each CTA's own entry, the spread of CTA entries)
-and the table gives the median of those summaries over the reps. The decode kernel alone runs (no
+phase's median and max over the CTAs, the median from each CTA's own entry, the spread of CTA entries; the cycles each role waited, from the
+kernel's counters, sm90.COUNTERS) and the table gives the median of those summaries over the reps. The decode kernel alone runs (no
 split combine). Writes DIR/mla_phases_<date>_<device>.{json,md}; the JSON keeps every launch's stamps
 (ns after the mark before it, -1 where not reached) and the mark after it.
 """
@@ -72,6 +72,29 @@ def summarise(stamps: np.ndarray, before_ns: int | None = None, after_ns: int | 
     return out
 
 
+def summarise_counters(raw: np.ndarray, phases: tuple[str, ...] = sm90.PHASES,
+                       counters: tuple[str, ...] = sm90.COUNTERS) -> dict:
+    """One launch's cycle counters ([CTAs, phases + counters] as the kernel wrote them): per wait counter,
+    the median over the CTAs that ran key tiles of its summed wait in µs and as a share of the CTA's
+    entry-to-epilogue time. Each CTA's cycles are turned into ns with its own rate (its ns stamps at entry
+    and epilogue over its %clock64 at both); `ghz` is the median rate."""
+    raw = np.asarray(raw, dtype=np.int64)
+    stamps, counts = raw[:, :len(phases)], raw[:, len(phases):]
+    entry, epilogue = stamps[:, phases.index("entry")], stamps[:, phases.index("epilogue")]
+    clock0, clock1 = counts[:, counters.index("clock_entry")], counts[:, counters.index("clock_epilogue")]
+    ran = (stamps[:, phases.index("first_tile")] > 0) & (epilogue > entry) & (clock1 > clock0)
+    if not ran.any():
+        return {}
+    span_ns = (epilogue - entry)[ran]
+    ns_per_cycle = span_ns / (clock1 - clock0)[ran]
+    out = {"ghz": round(float(1 / np.median(ns_per_cycle)), 3)}
+    for i, name in enumerate(counters):
+        if not name.startswith("clock_"):
+            waited = counts[ran, i] * ns_per_cycle
+            out[name] = {"median_us": _us(np.median(waited) / 1e3), "share": round(float(np.median(waited / span_ns)), 3)}
+    return out
+
+
 def _us(x) -> float:
     return round(float(x), 3)
 
@@ -111,8 +134,10 @@ def measure_point(bench: DecodeBench, ext, flush: torch.Tensor, kind: str, batch
         bracketed()
         torch.cuda.synchronize()
         raw, (before, after) = stamps.cpu().numpy(), marks.tolist()
-        launches.append({"after_ns": after - before, "stamps_ns": np.where(raw > 0, raw - before, -1).tolist()})
-        summaries.append(summarise(raw, before, after))
+        ns = raw[:, :len(sm90.PHASES)]
+        launches.append({"after_ns": after - before, "stamps_ns": np.where(ns > 0, ns - before, -1).tolist(),
+                         "counters": raw[:, len(sm90.PHASES):].tolist()})
+        summaries.append({**summarise(ns, before, after), "counters": summarise_counters(raw)})
     return {"kind": kind, "batch": batch, "heads": heads, "q_len": q_len, "ctx": ctx, "splits": plan.num_splits,
             "row_tiles": plan.row_tiles, "summary": median_summary(summaries), "launches": launches}
 
@@ -133,6 +158,10 @@ def write_markdown(result: dict, path: Path) -> None:
                   "| phase | CTAs | median µs | max µs | median µs from own entry |", "|---|---|---|---|---|"]
         for name, p in s["phases"].items():
             lines.append(f"| {name} | {p['ctas']} | {p['median_us']} | {p['max_us']} | {p['cta_median_us']} |")
+        waits = {k: v for k, v in (s.get("counters") or {}).items() if isinstance(v, dict)}
+        if waits:
+            lines += ["", f"Waits (median over CTAs; {s['counters']['ghz']} GHz): "
+                      + "; ".join(f"{k} {v['median_us']} µs ({100 * v['share']:.0f}%)" for k, v in waits.items())]
         lines.append("")
     path.write_text("\n".join(lines))
 
@@ -152,6 +181,7 @@ def main(argv=None) -> int:
     ext = sm90.load_extension(phase_timers=True, verbose=True)
     build_s = round(time.monotonic() - started, 1)
     assert ext.num_phases == len(sm90.PHASES), "sm90.PHASES and the kernel's MlaPhase differ"
+    assert ext.num_counters == len(sm90.COUNTERS), "sm90.COUNTERS and the kernel's MlaCounter differ"
     names = args.points.split(",")
     bench = DecodeBench(max(POINTS[n][0] * POINTS[n][3] for n in names) + (1 << 16))
     flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
@@ -162,7 +192,7 @@ def main(argv=None) -> int:
             rows.append(row)
             print(json.dumps({k: v for k, v in row.items() if k != "launches"}), flush=True)
     result = {"kernel": sm90.KERNEL_NAME, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-              "commit": args.commit or _git_commit(), "build_s": build_s, "reps": args.reps, "phases": sm90.PHASES,
+              "commit": args.commit or _git_commit(), "build_s": build_s, "reps": args.reps, "phases": sm90.PHASES, "counters": sm90.COUNTERS,
               "rows": rows}
     stem = result_stem(args.out, "mla_phases", result["device"])
     stem.with_suffix(".json").write_text(json.dumps(result))

@@ -82,3 +82,19 @@ def test_an_unknown_kind_is_refused_before_any_build(capsys):
     with pytest.raises(SystemExit):
         mla_phases.main(["--out", "/tmp/unused", "--kinds", "bf16,fp4"])
     assert "unknown kinds ['fp4']" in capsys.readouterr().err
+
+
+def test_counters_turn_each_ctas_cycles_into_its_share_of_its_time():
+    # Two CTAs that ran tiles, at 2 GHz and 1 GHz (entry to epilogue 20 µs: 40,000 / 20,000 cycles), one
+    # without keys (no first_tile stamp: left out). Counters: consumer_wait_full, producer_wait_empty,
+    # clock_entry, clock_epilogue.
+    phases, counters = ("entry", "first_tile", "epilogue"), ("consumer_wait_full", "producer_wait_empty",
+                                                            "clock_entry", "clock_epilogue")
+    raw = np.array([[T0, T0 + 3_000, T0 + 20_000, 10_000, 4_000, 100, 40_100],
+                    [T0, T0 + 3_000, T0 + 20_000, 5_000, 0, 7, 20_007],
+                    [T0, 0, T0 + 9_000, 0, 0, 0, 18_000]])
+    c = mla_phases.summarise_counters(raw, phases=phases, counters=counters)
+    assert c["ghz"] == 1.333  # 1 / the median of the CTAs' 0.5 and 1.0 ns a cycle
+    assert c["consumer_wait_full"] == {"median_us": 5.0, "share": 0.25}  # 5 µs of 20 in both CTAs
+    assert c["producer_wait_empty"] == {"median_us": 1.0, "share": 0.05}  # 2 µs and 0 µs
+    assert "clock_entry" not in c and mla_phases.summarise_counters(raw[2:], phases=phases, counters=counters) == {}

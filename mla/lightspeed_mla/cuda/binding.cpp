@@ -17,7 +17,7 @@ void check_cuda(const at::Tensor& t, const char* name, at::ScalarType dtype) {
 
 // kv: the bf16 packed cache [pages, page_size, 576], or (with rope and scale given) the FP8 cache's
 // e4m3 latent [pages, page_size, 512]; rope: bf16 [pages, page_size, 64]; scale: fp32 [pages, page_size, 1].
-// phase_ns: int64 [batch * row_tiles * num_splits, kNumPhases] for the phase stamps, zero-filled by the
+// phase_ns: int64 [batch * row_tiles * num_splits, kTimerSlots] for the phase stamps and cycle counters, zero-filled by the
 // caller; accepted by the build with LIGHTSPEED_MLA_PHASE_TIMERS only (the production one refuses it), so
 // both builds keep one signature.
 void decode(const at::Tensor& q, const at::Tensor& kv, c10::optional<at::Tensor> rope, c10::optional<at::Tensor> scale,
@@ -110,9 +110,9 @@ void decode(const at::Tensor& q, const at::Tensor& kv, c10::optional<at::Tensor>
   if (phase_ns.has_value()) {
 #ifdef LIGHTSPEED_MLA_PHASE_TIMERS
     check_cuda(*phase_ns, "phase_ns", at::kLong);
-    TORCH_CHECK(phase_ns->is_contiguous() && phase_ns->numel() == batch * row_tiles * num_splits * lightspeed_mla::kNumPhases,
+    TORCH_CHECK(phase_ns->is_contiguous() && phase_ns->numel() == batch * row_tiles * num_splits * lightspeed_mla::kTimerSlots,
                 "mla_decode_sm90: phase_ns must be contiguous int64 [batch * row_tiles * num_splits, ",
-                lightspeed_mla::kNumPhases, "]");
+                lightspeed_mla::kTimerSlots, "]");
     a.phase_ns = reinterpret_cast<uint64_t*>(phase_ns->data_ptr<int64_t>());
 #else
     TORCH_CHECK(false, "mla_decode_sm90: phase_ns needs the build with phase timers (sm90.load_extension(phase_timers=True))");
@@ -143,6 +143,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("fp8_smem_bytes", &lightspeed_mla::mla_sm90_fp8_smem_bytes, "dynamic shared memory per CTA, FP8 kernels",
         pybind11::arg("fp8_scores"), pybind11::arg("fp8_pv") = false);
   m.attr("num_phases") = static_cast<int>(lightspeed_mla::kNumPhases);
+  m.attr("num_counters") = static_cast<int>(lightspeed_mla::kNumCounters);
 #ifdef LIGHTSPEED_MLA_PHASE_TIMERS
   m.def("globaltimer_mark", &globaltimer_mark, "write %globaltimer (ns) to out_ns[0] in stream order");
 #endif

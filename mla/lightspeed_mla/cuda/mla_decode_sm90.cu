@@ -89,23 +89,28 @@ struct Fp8Layout {
 };
 
 // Shared memory of the FP8-MMA kernel (both products on e4m3 wgmma): the latent tile is transposed by the
-// producer warpgroup into a V^T ring (e4m3 wgmma reads K-major operands only, and V's K is the key).
+// producer warpgroup into V^T (e4m3 wgmma reads K-major operands only, and V's K is the key).
+// Three stages, one V^T: an FP8 tile is 41 KB, and with two stages the ring kept one tile in flight while
+// the other was consumed (H100, 2026-12-06: 2.63 us a tile at batch 16 against 1.57 us of HBM time). A third
+// stage holds more loads in flight; the single V^T costs only the overlap of transposing tile i + 1 with
+// P V of tile i (the transposers start tile i + 1 after P V i, beside the consumers' S i + 1 and softmax).
 namespace fp8mma {
+constexpr int kRing = 3;                       // latent stages
 constexpr int kQ = 0;                          // e4m3 [64, 512]: 4 blocks, 128B-swizzled
 constexpr int kQRope = 4 * kBlockBytes;        // bf16 [64, 64]: 1 block
 constexpr int kStage0 = kQRope + kBlockBytes;  // a stage: e4m3 latent (4 blocks), bf16 rope (1 block)
 constexpr int kLatBytes = 4 * kBlockBytes, kStageBytes = kLatBytes + kBlockBytes;
 constexpr int kTxBytes = kStageBytes + kKeys * 4;  // + the tile's fp32 scales
 constexpr int kVtBytes = 512 * kKeys;              // e4m3 V^T [512 N-rows, 64 key slots], 64B-swizzled
-constexpr int kVt = kStage0 + kStages * kStageBytes;
-constexpr int kP = kVt + kStages * kVtBytes;       // e4m3 P [64 rows, 64 key slots], 64B-swizzled
-constexpr int kScales = kP + kRows * kKeys;        // float [2 stages][64]
-constexpr int kTileMul = kScales + kStages * kKeys * 4;  // float [2 stages]: the tile's P multiplier c
+constexpr int kVt = kStage0 + kRing * kStageBytes;
+constexpr int kP = kVt + kVtBytes;                 // e4m3 P [64 rows, 64 key slots], 64B-swizzled
+constexpr int kScales = kP + kRows * kKeys;        // float [kRing stages][64]
+constexpr int kTileMul = kScales + kRing * kKeys * 4;  // float [kRing stages]: the tile's P multiplier c
 constexpr int kRedMax = kTileMul + 16;
 constexpr int kRedSum = kRedMax + 2 * kRows * 4;
 constexpr int kQScale = kRedSum + 2 * kRows * 4;   // float [64]
-constexpr int kBar = kQScale + kRows * 4;          // uint64 full[2], empty[2], vt_full[2], vt_empty[2]
-constexpr int kSmemBytes = kBar + 4 * kStages * 8 + 1024;
+constexpr int kBar = kQScale + kRows * 4;          // uint64 full[kRing], empty[kRing], vt_full, vt_empty
+constexpr int kSmemBytes = kBar + (2 * kRing + 2) * 8 + 1024;
 constexpr int kTransposeWarps = 3;  // producer warps 1-3; warp 0 issues the loads
 static_assert(kVt % 1024 == 0 && kP % 1024 == 0, "64B-swizzled tiles need 512-byte aligned bases");
 static_assert(kSmemBytes <= 227 * 1024, "over the sm_90 shared memory per block");
@@ -130,12 +135,45 @@ __device__ __forceinline__ uint64_t globaltimer_ns() {
 }
 #endif
 
+#ifdef LIGHTSPEED_MLA_PHASE_TIMERS
+__device__ __forceinline__ uint64_t clock_cycles() {
+  uint64_t c;
+  asm volatile("mov.u64 %0, %%clock64;" : "=l"(c)::"memory");
+  return c;
+}
+
+__device__ __forceinline__ int64_t timer_row() {
+  const int64_t cta = (static_cast<int64_t>(blockIdx.z) * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
+  return cta * kTimerSlots;
+}
+#endif
+
 // The calling thread stamps `phase` for its CTA when `who` holds (one thread a role, see MlaPhase).
 __device__ __forceinline__ void stamp(const MlaSm90Args& p, MlaPhase phase, bool who) {
 #ifdef LIGHTSPEED_MLA_PHASE_TIMERS
   if (!who || p.phase_ns == nullptr) return;
-  const int64_t cta = (static_cast<int64_t>(blockIdx.z) * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
-  p.phase_ns[cta * kNumPhases + phase] = globaltimer_ns();
+  p.phase_ns[timer_row() + phase] = globaltimer_ns();
+#endif
+}
+
+// A role's wait cycles (MlaCounter): every thread of the role brackets its waits with start() / stop(),
+// one records the sum at its end. Empty outside the timer build.
+struct WaitCycles {
+#ifdef LIGHTSPEED_MLA_PHASE_TIMERS
+  uint64_t sum = 0, t0 = 0;
+  __device__ __forceinline__ void start() { t0 = clock_cycles(); }
+  __device__ __forceinline__ void stop() { sum += clock_cycles() - t0; }
+#else
+  __device__ __forceinline__ void start() {}
+  __device__ __forceinline__ void stop() {}
+#endif
+};
+
+// The timer build's counter `c` for this CTA: a WaitCycles sum, or (no sum given) %clock64 now.
+__device__ __forceinline__ void record(const MlaSm90Args& p, MlaCounter c, bool who, const WaitCycles* waits = nullptr) {
+#ifdef LIGHTSPEED_MLA_PHASE_TIMERS
+  if (!who || p.phase_ns == nullptr) return;
+  p.phase_ns[timer_row() + kNumPhases + c] = waits != nullptr ? waits->sum : clock_cycles();
 #endif
 }
 
@@ -390,19 +428,22 @@ __device__ __forceinline__ int box_row(const MlaSm90Args& p, const int32_t* pt, 
 // tile's bytes and issue(stage, box, box_rows, row, bar) per box. The page ids of tile i + 1 are read
 // right after tile i is issued, so their latency hides behind the wait for the stage, not in front of
 // the refill.
-template <typename Issue>
+template <int kNumStages = kStages, typename Issue>
 __device__ __forceinline__ void produce(const MlaSm90Args& p, const Work& w, uint32_t full_bar, uint32_t empty_bar,
                                         uint32_t tx_bytes, Issue issue) {
   constexpr int kMaxBoxes = kKeys / 8;  // page_size >= 8
   const int box_rows = min(p.page_size, kKeys), boxes = kKeys / box_rows, last_page = (w.kv_len - 1) / p.page_size;
   const int32_t* pt = p.page_table + static_cast<int64_t>(w.b) * p.page_table_stride;
   int rows[kMaxBoxes];
+  WaitCycles empty_waits;
 #pragma unroll
   for (int j = 0; j < kMaxBoxes; ++j)
     if (j < boxes && w.n_tiles > 0) rows[j] = box_row(p, pt, w.start + j * box_rows, last_page);
   for (int i = 0; i < w.n_tiles; ++i) {
-    const int stage = i % kStages;
-    if (i >= kStages) mbar_wait(empty_bar + 8 * stage, ((i / kStages) - 1) & 1);
+    const int stage = i % kNumStages;
+    empty_waits.start();
+    if (i >= kNumStages) mbar_wait(empty_bar + 8 * stage, ((i / kNumStages) - 1) & 1);
+    empty_waits.stop();
     const uint32_t bar = full_bar + 8 * stage;
     mbar_expect_tx(bar, tx_bytes);
 #pragma unroll
@@ -416,6 +457,7 @@ __device__ __forceinline__ void produce(const MlaSm90Args& p, const Work& w, uin
         if (j < boxes) rows[j] = box_row(p, pt, w.start + (i + 1) * kKeys + j * box_rows, last_page);
     }
   }
+  record(p, kCountProducerWaitEmpty, true, &empty_waits);
 }
 
 __device__ __forceinline__ void init_barriers(uint32_t full_bar, uint32_t empty_bar) {
@@ -441,6 +483,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #ifdef LIGHTSPEED_SM90A
   using namespace bf16l;
   stamp(p, kPhaseEntry, threadIdx.x == 0);
+  record(p, kCountClockEntry, threadIdx.x == 0);
   Work w;
   if (!cta_work(p, w)) return;  // the whole CTA, before any barrier
   stamp(p, kPhaseWork, threadIdx.x == 0);
@@ -473,6 +516,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   named_barrier_sync(1, kConsumerThreads);
   stamp(p, kPhaseQLoaded, f.tid == 0);
 
+  WaitCycles full_waits;
   float acc[128];
 #pragma unroll
   for (int i = 0; i < 128; ++i) acc[i] = 0.f;
@@ -482,7 +526,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int stage = it % kStages;
     const uint32_t kv_base = base + kKV + stage * kTileBytes;
     const int key0 = w.start + it * kKeys;
+    full_waits.start();
     mbar_wait(full_bar + 8 * stage, (it / kStages) & 1);
+    full_waits.stop();
     stamp(p, kPhaseFirstTile, f.tid == 0 && it == 0);
 
     // S[64 rows, this warpgroup's 32 keys] = Q K^T over the 576 columns: 36 k-steps of 16.
@@ -520,6 +566,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   write_out(p, w, f, acc, m_run, l_run, reinterpret_cast<float*>(smem + kRedSum));
   stamp(p, kPhaseEpilogue, f.tid == 0);
+  record(p, kCountClockEpilogue, f.tid == 0);
+  record(p, kCountConsumerWaitFull, f.tid == 0, &full_waits);
 #endif  // LIGHTSPEED_SM90A
 }
 
@@ -533,6 +581,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr int kStageBytes = L::kStageBytes, kV = L::kV, kP = L::kP, kScales = L::kScales;
   constexpr int kRedMax = L::kRedMax, kRedSum = L::kRedSum, kQScale = L::kQScale, kBar = L::kBar;
   stamp(p, kPhaseEntry, threadIdx.x == 0);
+  record(p, kCountClockEntry, threadIdx.x == 0);
   Work w;
   if (!cta_work(p, w)) return;
   stamp(p, kPhaseWork, threadIdx.x == 0);
@@ -571,6 +620,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   named_barrier_sync(1, kConsumerThreads);
   stamp(p, kPhaseQLoaded, f.tid == 0);
 
+  WaitCycles full_waits;
   float acc[128];
 #pragma unroll
   for (int i = 0; i < 128; ++i) acc[i] = 0.f;
@@ -580,7 +630,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     const uint32_t st_base = base + kStage0 + stage * kStageBytes;
     uint8_t* st = smem + kStage0 + stage * kStageBytes;
     const int key0 = w.start + it * kKeys;
+    full_waits.start();
     mbar_wait(full_bar + 8 * stage, (it / kStages) & 1);
+    full_waits.stop();
     stamp(p, kPhaseFirstTile, f.tid == 0 && it == 0);
 
     float s_lat0[16], s_lat1[16], s_rope[16];
@@ -666,6 +718,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   write_out(p, w, f, acc, m_run, l_run, reinterpret_cast<float*>(smem + kRedSum));
   stamp(p, kPhaseEpilogue, f.tid == 0);
+  record(p, kCountClockEpilogue, f.tid == 0);
+  record(p, kCountConsumerWaitFull, f.tid == 0, &full_waits);
 #endif  // LIGHTSPEED_SM90A
 }
 
@@ -775,6 +829,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   using namespace fp8mma;
   constexpr int kTransposers = 32 * kTransposeWarps;
   stamp(p, kPhaseEntry, threadIdx.x == 0);
+  record(p, kCountClockEntry, threadIdx.x == 0);
   Work w;
   if (!cta_work(p, w)) return;
   stamp(p, kPhaseWork, threadIdx.x == 0);
@@ -782,16 +837,16 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint32_t base;
   uint8_t* smem = aligned_smem(smem_raw, base);
   // full: the stage landed (TMA bytes); empty: S (consumers) and the transposition (warps 1-3) are done
-  // with it; vt_full: V^T and c of the stage written; vt_empty: both P Vs done with that V^T.
-  const uint32_t full_bar = base + kBar, empty_bar = full_bar + 8 * kStages;
-  const uint32_t vt_full_bar = empty_bar + 8 * kStages, vt_empty_bar = vt_full_bar + 8 * kStages;
+  // with it; vt_full: V^T and c of tile i written (its i-th phase); vt_empty: both P Vs of tile i done.
+  const uint32_t full_bar = base + kBar, empty_bar = full_bar + 8 * kRing;
+  const uint32_t vt_full_bar = empty_bar + 8 * kRing, vt_empty_bar = vt_full_bar + 8;
   if (threadIdx.x == 0) {
-    for (int st = 0; st < kStages; ++st) {
+    for (int st = 0; st < kRing; ++st) {
       mbar_init(full_bar + 8 * st, 1);
       mbar_init(empty_bar + 8 * st, kConsumerThreads + kTransposers);
-      mbar_init(vt_full_bar + 8 * st, kTransposers);
-      mbar_init(vt_empty_bar + 8 * st, kConsumerThreads);
     }
+    mbar_init(vt_full_bar, kTransposers);
+    mbar_init(vt_empty_bar, kConsumerThreads);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
@@ -803,7 +858,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (ptid == 0) {  // the loads, as the other kernels issue them (the empty barrier counts the transposers)
       asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&lat_map)) : "memory");
       asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&rope_map)) : "memory");
-      produce(p, w, full_bar, empty_bar, kTxBytes, [&](int stage, int j, int box_rows, int row, uint32_t bar) {
+      produce<kRing>(p, w, full_bar, empty_bar, kTxBytes, [&](int stage, int j, int box_rows, int row, uint32_t bar) {
         const uint32_t dst = base + kStage0 + stage * kStageBytes + j * box_rows * 128;
 #pragma unroll
         for (int c = 0; c < 4; ++c) tma_load_2d(dst + c * kBlockBytes, &lat_map, c * 128, row, bar);
@@ -811,20 +866,27 @@ __global__ void __launch_bounds__(kThreads, 1)
         bulk_load(base + kScales + stage * kKeys * 4 + j * box_rows * 4, p.scale + row, box_rows * 4, bar);
       });
     } else if (ptid >= 32) {  // warps 1-3: each landed latent tile -> V^T, and the tile's P multiplier
+      WaitCycles full_waits, vt_waits;
       for (int i = 0; i < w.n_tiles; ++i) {
-        const int stage = i % kStages;
-        mbar_wait(full_bar + 8 * stage, (i / kStages) & 1);
-        if (i >= kStages) mbar_wait(vt_empty_bar + 8 * stage, ((i / kStages) - 1) & 1);
+        const int stage = i % kRing;
+        full_waits.start();
+        mbar_wait(full_bar + 8 * stage, (i / kRing) & 1);
+        full_waits.stop();
+        vt_waits.start();
+        if (i > 0) mbar_wait(vt_empty_bar, (i - 1) & 1);  // P V of tile i - 1 is done with V^T
+        vt_waits.stop();
         const int valid = w.end - (w.start + i * kKeys);
-        transpose_latent(base + kStage0 + stage * kStageBytes, base + kVt + stage * kVtBytes, valid, ptid);
+        transpose_latent(base + kStage0 + stage * kStageBytes, base + kVt, valid, ptid);
         if (ptid / 32 == 3)
           tile_multiplier(reinterpret_cast<const float*>(smem + kScales) + stage * kKeys, valid, ptid % 32,
                           tile_mul + stage);
         fence_proxy_async();  // V^T (generic stores) before the consumers' wgmma reads it
-        mbar_arrive(vt_full_bar + 8 * stage);
+        mbar_arrive(vt_full_bar);
         mbar_arrive(empty_bar + 8 * stage);
         stamp(p, kPhaseLastVt, ptid == 32 && i == w.n_tiles - 1);
       }
+      record(p, kCountTransposerWaitFull, ptid == 32, &full_waits);
+      record(p, kCountTransposerWaitVt, ptid == 32, &vt_waits);
     }
     return;
   }
@@ -841,16 +903,19 @@ __global__ void __launch_bounds__(kThreads, 1)
   named_barrier_sync(1, kConsumerThreads);
   stamp(p, kPhaseQLoaded, f.tid == 0);
 
+  WaitCycles full_waits, vt_waits;
   float acc[128];
 #pragma unroll
   for (int i = 0; i < 128; ++i) acc[i] = 0.f;
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f}, c_prev = 1.f;
   const float q_mul[2] = {q_scale[f.r_lo], q_scale[f.r_hi]};
   for (int it = 0; it < w.n_tiles; ++it) {
-    const int stage = it % kStages;
+    const int stage = it % kRing;
     const uint32_t st_base = base + kStage0 + stage * kStageBytes;
     const int key0 = w.start + it * kKeys;
-    mbar_wait(full_bar + 8 * stage, (it / kStages) & 1);
+    full_waits.start();
+    mbar_wait(full_bar + 8 * stage, (it / kRing) & 1);
+    full_waits.stop();
     stamp(p, kPhaseFirstTile, f.tid == 0 && it == 0);
 
     // S_latent on e4m3 MMAs in two fp32 halves of K (Hopper's e4m3 MMAs accumulate with reduced
@@ -895,18 +960,23 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     float mx[2];
     tile_row_max(s, reinterpret_cast<float*>(smem + kRedMax), f, mx);  // both P Vs of the last tile are done
-    mbar_wait(vt_full_bar + 8 * stage, (it / kStages) & 1);
+    vt_waits.start();
+    mbar_wait(vt_full_bar, it & 1);
+    vt_waits.stop();
     const float c = tile_mul[stage];
     tile_probs_e4m3(s, ks, c, c_prev, mx, m_run, l_run, acc, smem + kP, f);
     c_prev = c;
     fence_proxy_async();  // P before wgmma reads it
     named_barrier_sync(1, kConsumerThreads);
-    tile_pv_e4m3(acc, base + kP, base + kVt + stage * kVtBytes + 256 * f.wg * kKeys);
+    tile_pv_e4m3(acc, base + kP, base + kVt + 256 * f.wg * kKeys);
     stamp(p, kPhaseLastPv, f.tid == 0 && it == w.n_tiles - 1);
-    mbar_arrive(vt_empty_bar + 8 * stage);
+    mbar_arrive(vt_empty_bar);
   }
   write_out<true>(p, w, f, acc, m_run, l_run, reinterpret_cast<float*>(smem + kRedSum), 1.f / c_prev);
   stamp(p, kPhaseEpilogue, f.tid == 0);
+  record(p, kCountClockEpilogue, f.tid == 0);
+  record(p, kCountConsumerWaitFull, f.tid == 0, &full_waits);
+  record(p, kCountConsumerWaitVt, f.tid == 0, &vt_waits);
 #endif  // LIGHTSPEED_SM90A
 }
 

@@ -40,7 +40,7 @@ struct MlaSm90Args {
   int batch, num_heads, row_tiles, num_splits, page_size;
   float scale_log2;          // softmax_scale * log2(e)
 #ifdef LIGHTSPEED_MLA_PHASE_TIMERS
-  // [CTAs, kNumPhases] %globaltimer ns, or nullptr; CTA = (blockIdx.z * row_tiles + blockIdx.y) * num_splits
+  // [CTAs, kTimerSlots]: %globaltimer ns of each MlaPhase, then the MlaCounter cycles; or nullptr; CTA = (blockIdx.z * row_tiles + blockIdx.y) * num_splits
   // + blockIdx.x. Only in the instrumented build, so the production kernel's parameters stay as they were
   // (binding.cpp is compiled with the same define: both sides see one layout).
   uint64_t* phase_ns;
@@ -63,6 +63,23 @@ enum MlaPhase : int {
   kPhaseEpilogue,    // consumer thread 0: write_out's stores issued
   kNumPhases
 };
+
+// Cycle counters of the timer build, after the stamps in each CTA's row of phase_ns (column kNumPhases +
+// counter): one thread of a role sums the %clock64 cycles it spent in a wait, so the per-tile rate shows
+// which side of the ring is short (loads, the transposition, or the consumers); thread 0's %clock64 at
+// entry and after the epilogue give, with kPhaseEntry / kPhaseEpilogue's ns, the cycles' rate. Counters of
+// a role a kernel lacks stay 0. sm90.COUNTERS names them in this order.
+enum MlaCounter : int {
+  kCountConsumerWaitFull,    // consumer thread 0: waiting for tiles to land (full barriers)
+  kCountConsumerWaitVt,      // fp8mma, consumer thread 0: waiting for V^T (vt_full)
+  kCountProducerWaitEmpty,   // producer lane: waiting for a free stage (empty barriers)
+  kCountTransposerWaitFull,  // fp8mma, transposer thread (producer warp 1, lane 0): waiting for tiles to land
+  kCountTransposerWaitVt,    // fp8mma, the same thread: waiting for P V to release V^T (vt_empty)
+  kCountClockEntry,          // thread 0: %clock64 at entry
+  kCountClockEpilogue,       // consumer thread 0: %clock64 after write_out
+  kNumCounters
+};
+constexpr int kTimerSlots = kNumPhases + kNumCounters;  // int64 per CTA in phase_ns
 
 // Shared memory the bf16 / FP8 kernels ask for (bytes), for the record.
 int mla_sm90_smem_bytes();
