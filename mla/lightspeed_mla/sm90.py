@@ -80,10 +80,9 @@ FEATURES = ("paged", "bf16_kv", "fp8_kv", "lse", "spec_decode", "causal", "fold_
 # The phase stamps of the timer build, in the order of cuda/mla_decode_sm90.h's MlaPhase (which says who
 # stamps each and when; a CPU test keeps the two in step).
 PHASES = ("entry", "work", "first_tma", "last_tma", "q_loaded", "first_tile", "last_vt", "last_pv", "epilogue")
-# The cycle counters after the stamps in each CTA's row (MlaCounter: a role's summed wait cycles, and thread 0's
+# The cycle counters after the stamps in each CTA's row (MlaCounter: a role's summed wait (or transposing) cycles, and thread 0's
 # %clock64 at entry and after the epilogue, which with the entry / epilogue stamps give the cycles' rate).
-COUNTERS = ("consumer_wait_full", "consumer_wait_vt", "producer_wait_empty", "transposer_wait_full",
-            "transposer_wait_vt", "clock_entry", "clock_epilogue")
+COUNTERS = ("consumer_wait_full", "consumer_transpose", "producer_wait_empty", "clock_entry", "clock_epilogue")
 TIMERS_DEFINE = "-DLIGHTSPEED_MLA_PHASE_TIMERS"
 # 64 rows x 64 keys; 12 warps (2 consumer warpgroups + the producer warpgroup), 2 stages, 1 CTA / SM.
 TILE = DecodeTile(block_m=64, block_n=64, num_warps=12, num_stages=2, swap_ab=False, ctas_per_sm=1)

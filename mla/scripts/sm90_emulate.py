@@ -351,12 +351,12 @@ def emulate(kind, page_size, lens, q_len, H, num_splits, seed=0, fp8_scores=Fals
 
 
 # ---- mla_decode_sm90_fp8mma: both products on e4m3 wgmma --------------------------------------------
-# Shared memory as fp8mma:: has it; the producer's transposition through ldmatrix / stmatrix.trans, the
+# Shared memory as fp8mma:: has it; the consumers' transposition through ldmatrix / stmatrix.trans, the
 # 64B-swizzled K-major P and V^T tiles, the key-slot order and the vt_col output order are the kernel's.
 
 M_QROPE, M_STAGE0, M_STB = 32768, 40960, 40960
 M_VT = M_STAGE0 + 2 * M_STB
-M_P = M_VT + 2 * 32768
+M_P = M_VT + 32768
 M_SC = M_P + 4096
 
 
@@ -386,9 +386,10 @@ def e4m3_bytes(x):  # cvt.rn.satfinite.e4m3
 
 
 def transpose_latent(smem, lat, vt, valid):
-    """transpose_latent of the kernel, lane by lane: warps 1-3, units u = warp - 1, + 3, ..."""
-    for warp in (1, 2, 3):
-        for u in range(warp - 1, 64, 3):
+    """transpose_latent of the kernel, lane by lane: consumer warpgroup wg's warp w takes units
+    u = 32 wg + w + 4 k, k = 0..7 (its warpgroup's 256 latent columns)."""
+    for wg in range(2):
+        for u in [32 * wg + warp + 4 * k for warp in range(4) for k in range(8)]:
             j, g32 = u & 3, u >> 2
             rows = {}
             for lane in range(32):  # ldmatrix: lane 8m + r addresses row r of matrix m
@@ -515,7 +516,7 @@ def emulate_fp8mma(page_size, lens, q_len, H, num_splits, seed=0):
                 for it in range(n_tiles):
                     key0 = start + it * 64
                     st = M_STAGE0 + (it % 2) * M_STB
-                    vt = M_VT + (it % 2) * 32768
+                    vt = M_VT  # one V^T: each warpgroup rewrites its rows after its own P V
                     for j in range(64 // box_rows):  # the loads
                         key = key0 + j * box_rows
                         page = pt[b, min(key // page_size, last_page)]

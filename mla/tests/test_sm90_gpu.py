@@ -66,11 +66,15 @@ def _poison_tails(cache, page_table, lens, page_size):
                 cache.rope[page, tail] = float("nan")
 
 
-def _reference_checks(q, cache, page_table, lens, qsl, out, lse, kind, tag):
+def _reference_checks(q, cache, page_table, lens, qsl, out, lse, kind, tag, unquantised=True):
+    """Against the reference; for the e4m3-score kinds first on Q quantised as the kernel does it, then
+    (unless unquantised=False) loosely on the true Q."""
     dev_lens = torch.tensor(lens, device=DEV)
     if kind in QUANTISED_Q:
         ref, ref_lse = mla_decode_reference(quantize_q_latent_e4m3(q), cache, page_table, dev_lens, qsl, SCALE)
         _check(out, lse, ref, ref_lse, tag, kind)
+        if not unquantised:
+            return
         tag = "unquantised " + tag
     ref, ref_lse = mla_decode_reference(q, cache, page_table, dev_lens, qsl, SCALE)
     _check(out, lse, ref, ref_lse, tag, kind)
@@ -290,7 +294,9 @@ def test_fp8mma_a_tile_of_tiny_and_zero_scales():
     q = torch.randn(8, 16, 576, generator=g).to(DEV, torch.bfloat16)
     out, lse = sm90.mla_decode_sm90(q, cache, table, torch.tensor(lens), qsl, SCALE, return_lse=True,
                                     **_variant("fp8mma"))
-    _reference_checks(q, cache, table, lens, qsl, out, lse, "fp8mma", "zero and spread scales")
+    # Scales up to 32 put this tile's scores in the thousands, where Q's e4m3 rounding moves them by tens
+    # and reorders the softmax: the distance from the unquantised reference says nothing about c here.
+    _reference_checks(q, cache, table, lens, qsl, out, lse, "fp8mma", "zero and spread scales", unquantised=False)
 
 
 def test_fp8mma_plan_run_under_cuda_graph():

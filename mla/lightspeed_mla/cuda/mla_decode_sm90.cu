@@ -88,12 +88,12 @@ struct Fp8Layout {
   static_assert(kSmemBytes <= 227 * 1024, "over the sm_90 shared memory per block");
 };
 
-// Shared memory of the FP8-MMA kernel (both products on e4m3 wgmma): the latent tile is transposed by the
-// producer warpgroup into V^T (e4m3 wgmma reads K-major operands only, and V's K is the key).
-// Three stages, one V^T: an FP8 tile is 41 KB, and with two stages the ring kept one tile in flight while
-// the other was consumed (H100, 2026-12-06: 2.63 us a tile at batch 16 against 1.57 us of HBM time). A third
-// stage holds more loads in flight; the single V^T costs only the overlap of transposing tile i + 1 with
-// P V of tile i (the transposers start tile i + 1 after P V i, beside the consumers' S i + 1 and softmax).
+// Shared memory of the FP8-MMA kernel (both products on e4m3 wgmma): each consumer warpgroup transposes its
+// 256 latent columns of the landed tile into V^T (e4m3 wgmma reads K-major operands only, and V's K is the
+// key) while its S MMAs run. One V^T serves: a warpgroup's P V reads only the rows it wrote, and it writes
+// them again only after that P V is done. Three stages: the tile is released after S and the transposition.
+// (H100, 2026-12-06: with the transposition on three producer warps at 40 registers, each tile took 2.6 us of
+// their time and the consumers waited for V^T 44% of theirs; bench/results/mla_sm90_fp8mma_2026-12-06_*.)
 namespace fp8mma {
 constexpr int kRing = 3;                       // latent stages
 constexpr int kQ = 0;                          // e4m3 [64, 512]: 4 blocks, 128B-swizzled
@@ -105,13 +105,12 @@ constexpr int kVtBytes = 512 * kKeys;              // e4m3 V^T [512 N-rows, 64 k
 constexpr int kVt = kStage0 + kRing * kStageBytes;
 constexpr int kP = kVt + kVtBytes;                 // e4m3 P [64 rows, 64 key slots], 64B-swizzled
 constexpr int kScales = kP + kRows * kKeys;        // float [kRing stages][64]
-constexpr int kTileMul = kScales + kRing * kKeys * 4;  // float [kRing stages]: the tile's P multiplier c
-constexpr int kRedMax = kTileMul + 16;
+constexpr int kRedScale = kScales + kRing * kKeys * 4;  // float [8 consumer warps]: their largest k_scale
+constexpr int kRedMax = kRedScale + 32;
 constexpr int kRedSum = kRedMax + 2 * kRows * 4;
 constexpr int kQScale = kRedSum + 2 * kRows * 4;   // float [64]
-constexpr int kBar = kQScale + kRows * 4;          // uint64 full[kRing], empty[kRing], vt_full, vt_empty
-constexpr int kSmemBytes = kBar + (2 * kRing + 2) * 8 + 1024;
-constexpr int kTransposeWarps = 3;  // producer warps 1-3; warp 0 issues the loads
+constexpr int kBar = kQScale + kRows * 4;          // uint64 full[kRing], empty[kRing]
+constexpr int kSmemBytes = kBar + 2 * kRing * 8 + 1024;
 static_assert(kVt % 1024 == 0 && kP % 1024 == 0, "64B-swizzled tiles need 512-byte aligned bases");
 static_assert(kSmemBytes <= 227 * 1024, "over the sm_90 shared memory per block");
 }  // namespace fp8mma
@@ -725,25 +724,26 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 // ---- the FP8-MMA kernel: S and P V on e4m3 wgmma ----------------------------------------------------
 // As the e4m3-scores kernel for S (Q quantised per row, S_latent in two fp32 halves of K, S_rope bf16).
-// For P V, the producer warpgroup transposes each landed latent tile into V^T (transpose_latent), and
-// computes the tile's P multiplier c = 256 / its largest k_scale; the consumers write P' = p * k_scale * c
-// as e4m3 (<= 256: e4m3's range with 2^-17 of headroom below) and run O[64, 256] += P'[64, 64] V^T on
-// e4m3 wgmma (m64n256k32), the accumulator kept times the current tile's c (rescaled by c / c_prev with
-// the softmax's alpha, divided out at the end).
+// For P V, each consumer warpgroup transposes its half of the landed latent tile into V^T (transpose_latent)
+// while its S MMAs run, the tile's P multiplier c = 256 / its largest k_scale comes out of the row-maximum
+// exchange, and the consumers write P' = p * k_scale * c as e4m3 (<= 256: e4m3's range with 2^-17 of
+// headroom below) and run O[64, 256] += P'[64, 64] V^T on e4m3 wgmma (m64n256k32), the accumulator kept
+// times the current tile's c (rescaled by c / c_prev with the softmax's alpha, divided out at the end).
 
-// Producer warps 1-3 (ptid 32..127; warp 0's lane 0 issues the loads): the e4m3 latent of a stage ([64 keys, 512] in 128B-swizzled blocks of
-// 128 columns, as TMA landed it) -> V^T [512 N-rows, 64 key slots] (64B-swizzled, K-major), keys at or
-// past `valid` zeroed (a page's tail past the request may hold NaN bytes, and 0 * NaN is NaN). A warp
-// moves 16 keys x 32 columns a step: ldmatrix loads four 8x8 matrices of byte pairs (keys 0-7 and 8-15 of
-// the group, over two 16-column halves), byte permutes pair key k with key k + 8 in one 16-bit element,
-// stmatrix.trans stores the elements transposed. So a V^T row holds the keys of each 16-key group in the
-// order 0, 8, 1, 9, ..., 7, 15 (P is written in the same slot order: the product is unchanged), and the
-// N-rows are the latent columns in vt_col order. Both the loads and the stores are bank-conflict free.
-__device__ __forceinline__ void transpose_latent(uint32_t lat, uint32_t vt, int valid, int ptid) {
-  const int lane = ptid % 32, m = lane / 8, r = lane % 8;
-#pragma unroll 2  // two loads in flight; more spills at the producer's 40 registers
-  for (int u = ptid / 32 - 1; u < 64; u += fp8mma::kTransposeWarps) {
-    const int j = u & 3, g32 = u >> 2;  // 16-key group, 32-column group
+// Consumer warpgroup `wg`'s 256 latent columns of a stage (e4m3 [64 keys, 512] in 128B-swizzled blocks of
+// 128 columns, as TMA landed it) -> its 256 N-rows of V^T [512 N-rows, 64 key slots] (64B-swizzled,
+// K-major), keys at or past `valid` zeroed (a page's tail past the request may hold NaN bytes, and 0 * NaN
+// is NaN). A warp moves 16 keys x 32 columns a unit, 8 units a tile: ldmatrix loads four 8x8 matrices of
+// byte pairs (keys 0-7 and 8-15 of the group, over two 16-column halves), byte permutes pair key k with key
+// k + 8 in one 16-bit element, stmatrix.trans stores the elements transposed. So a V^T row holds the keys of
+// each 16-key group in the order 0, 8, 1, 9, ..., 7, 15 (P is written in the same slot order: the product
+// is unchanged), and the N-rows are the latent columns in vt_col order. Loads and stores are bank-conflict
+// free.
+__device__ __forceinline__ void transpose_latent(uint32_t lat, uint32_t vt, int valid, int wg, int warp, int lane) {
+  const int m = lane / 8, r = lane % 8;
+#pragma unroll 4
+  for (int k = 0; k < 8; ++k) {
+    const int u = 32 * wg + warp + 4 * k, j = u & 3, g32 = u >> 2;  // 16-key group, 32-column group
     uint32_t d[4];
     ldmatrix_x4(lat + swizzled_offset_8bit(16 * j + 8 * (m & 1) + r, 32 * g32 + 16 * (m >> 1)), d);
     const int key = 16 * j + lane / 4;  // the key of this thread's d[0] and d[2]; d[1] and d[3]: key + 8
@@ -755,15 +755,23 @@ __device__ __forceinline__ void transpose_latent(uint32_t lat, uint32_t vt, int 
   }
 }
 
-// The P multiplier c of a tile: 256 / the largest |k_scale| of its valid keys (1 when that is ~0), written
-// by one producer warp for the consumers.
-__device__ __forceinline__ void tile_multiplier(const float* scales, int valid, int lane, float* c_out) {
+// Part 1 of the tile's P multiplier c: this warp's largest |k_scale| over the keys its rows see (ks is 0
+// past them) into red_scale[warp], read back by tile_multiplier after the consumers' next barrier.
+__device__ __forceinline__ void warp_scale_max(const float (&ks)[16], float* red_scale, const Frag& f) {
   float mx = 0.f;
-  if (lane < valid) mx = fabsf(scales[lane]);
-  if (lane + 32 < valid) mx = fmaxf(mx, fabsf(scales[lane + 32]));
+#pragma unroll
+  for (int i = 0; i < 16; ++i) mx = fmaxf(mx, fabsf(ks[i]));
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, o));
-  if (lane == 0) *c_out = mx > 1e-30f ? 256.f / mx : 1.f;
+  if (f.lane == 0) red_scale[f.tid / 32] = mx;
+}
+
+// Part 2: c = 256 / the tile's largest |k_scale| over the keys some row sees (1 when that is ~0).
+__device__ __forceinline__ float tile_multiplier(const float* red_scale) {
+  float mx = 0.f;
+#pragma unroll
+  for (int w = 0; w < kConsumerThreads / 32; ++w) mx = fmaxf(mx, red_scale[w]);
+  return mx > 1e-30f ? 256.f / mx : 1.f;
 }
 
 // Online softmax, part 2 of the FP8-MMA kernel: as tile_probs, but P' = p * ks * c goes to the P tile as
@@ -827,7 +835,6 @@ __global__ void __launch_bounds__(kThreads, 1)
                                   const __grid_constant__ CUtensorMap rope_map, const MlaSm90Args p) {
 #ifdef LIGHTSPEED_SM90A
   using namespace fp8mma;
-  constexpr int kTransposers = 32 * kTransposeWarps;
   stamp(p, kPhaseEntry, threadIdx.x == 0);
   record(p, kCountClockEntry, threadIdx.x == 0);
   Work w;
@@ -836,26 +843,20 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ uint8_t smem_raw[];
   uint32_t base;
   uint8_t* smem = aligned_smem(smem_raw, base);
-  // full: the stage landed (TMA bytes); empty: S (consumers) and the transposition (warps 1-3) are done
-  // with it; vt_full: V^T and c of tile i written (its i-th phase); vt_empty: both P Vs of tile i done.
+  // full: the stage landed (TMA bytes); empty: S and the transposition are done with it.
   const uint32_t full_bar = base + kBar, empty_bar = full_bar + 8 * kRing;
-  const uint32_t vt_full_bar = empty_bar + 8 * kRing, vt_empty_bar = vt_full_bar + 8;
   if (threadIdx.x == 0) {
     for (int st = 0; st < kRing; ++st) {
       mbar_init(full_bar + 8 * st, 1);
-      mbar_init(empty_bar + 8 * st, kConsumerThreads + kTransposers);
+      mbar_init(empty_bar + 8 * st, kConsumerThreads);
     }
-    mbar_init(vt_full_bar, kTransposers);
-    mbar_init(vt_empty_bar, kConsumerThreads);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
-  float* tile_mul = reinterpret_cast<float*>(smem + kTileMul);
 
-  if (threadIdx.x >= kConsumerThreads) {  // ---- producer warpgroup ----
+  if (threadIdx.x >= kConsumerThreads) {  // ---- producer warpgroup: one lane issues the loads ----
     setmaxnreg_dec<kProducerRegs>();
-    const int ptid = threadIdx.x - kConsumerThreads;
-    if (ptid == 0) {  // the loads, as the other kernels issue them (the empty barrier counts the transposers)
+    if (threadIdx.x == kConsumerThreads) {
       asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&lat_map)) : "memory");
       asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&rope_map)) : "memory");
       produce<kRing>(p, w, full_bar, empty_bar, kTxBytes, [&](int stage, int j, int box_rows, int row, uint32_t bar) {
@@ -865,28 +866,6 @@ __global__ void __launch_bounds__(kThreads, 1)
         tma_load_2d(dst + kLatBytes, &rope_map, 0, row, bar);
         bulk_load(base + kScales + stage * kKeys * 4 + j * box_rows * 4, p.scale + row, box_rows * 4, bar);
       });
-    } else if (ptid >= 32) {  // warps 1-3: each landed latent tile -> V^T, and the tile's P multiplier
-      WaitCycles full_waits, vt_waits;
-      for (int i = 0; i < w.n_tiles; ++i) {
-        const int stage = i % kRing;
-        full_waits.start();
-        mbar_wait(full_bar + 8 * stage, (i / kRing) & 1);
-        full_waits.stop();
-        vt_waits.start();
-        if (i > 0) mbar_wait(vt_empty_bar, (i - 1) & 1);  // P V of tile i - 1 is done with V^T
-        vt_waits.stop();
-        const int valid = w.end - (w.start + i * kKeys);
-        transpose_latent(base + kStage0 + stage * kStageBytes, base + kVt, valid, ptid);
-        if (ptid / 32 == 3)
-          tile_multiplier(reinterpret_cast<const float*>(smem + kScales) + stage * kKeys, valid, ptid % 32,
-                          tile_mul + stage);
-        fence_proxy_async();  // V^T (generic stores) before the consumers' wgmma reads it
-        mbar_arrive(vt_full_bar);
-        mbar_arrive(empty_bar + 8 * stage);
-        stamp(p, kPhaseLastVt, ptid == 32 && i == w.n_tiles - 1);
-      }
-      record(p, kCountTransposerWaitFull, ptid == 32, &full_waits);
-      record(p, kCountTransposerWaitVt, ptid == 32, &vt_waits);
     }
     return;
   }
@@ -895,6 +874,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   setmaxnreg_inc<kConsumerRegs>();
   const Frag f = make_frag(w);
   float* q_scale = reinterpret_cast<float*>(smem + kQScale);
+  float* red_scale = reinterpret_cast<float*>(smem + kRedScale);
   if (w.n_tiles > 0) {
     quantize_q_latent(p, w, f, smem + kQ, q_scale);
     load_q_tile<8>(p, w, f, smem + kQRope, 512);  // Q's rope stays bf16
@@ -903,7 +883,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   named_barrier_sync(1, kConsumerThreads);
   stamp(p, kPhaseQLoaded, f.tid == 0);
 
-  WaitCycles full_waits, vt_waits;
+  WaitCycles full_waits, transposing;
   float acc[128];
 #pragma unroll
   for (int i = 0; i < 128; ++i) acc[i] = 0.f;
@@ -940,6 +920,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma_m64n32_ss(s_rope, smem_desc(base + kQRope + k * 32, 16),
                       smem_desc(st_base + kLatBytes + f.wg * 32 * 128 + k * 32, 16), k > 0);
     wgmma_commit();
+    // While the S MMAs run: this warpgroup's V^T rows (its own P V of the last tile is done with them).
+    transposing.start();
+    transpose_latent(st_base, base + kVt, w.end - key0, f.wg, (f.tid % 128) / 32, f.lane);
+    transposing.stop();
+    stamp(p, kPhaseLastVt, f.tid == 0 && it == w.n_tiles - 1);
     const float* k_scale = reinterpret_cast<const float*>(smem + kScales) + stage * kKeys;
     float ks[16];
 #pragma unroll
@@ -956,27 +941,24 @@ __global__ void __launch_bounds__(kThreads, 1)
       s[i] = valid ? ((s_lat0[i] + s_lat1[i]) * (q_mul[h] * ks[i]) + s_rope[i]) * p.scale_log2 : -INFINITY;
       ks[i] = valid ? ks[i] : 0.f;
     }
-    mbar_arrive(empty_bar + 8 * stage);  // K, rope and scales read
+    mbar_arrive(empty_bar + 8 * stage);  // latent, rope and scales read
 
     float mx[2];
+    warp_scale_max(ks, red_scale, f);
     tile_row_max(s, reinterpret_cast<float*>(smem + kRedMax), f, mx);  // both P Vs of the last tile are done
-    vt_waits.start();
-    mbar_wait(vt_full_bar, it & 1);
-    vt_waits.stop();
-    const float c = tile_mul[stage];
+    const float c = tile_multiplier(red_scale);
     tile_probs_e4m3(s, ks, c, c_prev, mx, m_run, l_run, acc, smem + kP, f);
     c_prev = c;
-    fence_proxy_async();  // P before wgmma reads it
+    fence_proxy_async();  // P and this warpgroup's V^T before wgmma reads them
     named_barrier_sync(1, kConsumerThreads);
     tile_pv_e4m3(acc, base + kP, base + kVt + 256 * f.wg * kKeys);
     stamp(p, kPhaseLastPv, f.tid == 0 && it == w.n_tiles - 1);
-    mbar_arrive(vt_empty_bar);
   }
   write_out<true>(p, w, f, acc, m_run, l_run, reinterpret_cast<float*>(smem + kRedSum), 1.f / c_prev);
   stamp(p, kPhaseEpilogue, f.tid == 0);
   record(p, kCountClockEpilogue, f.tid == 0);
   record(p, kCountConsumerWaitFull, f.tid == 0, &full_waits);
-  record(p, kCountConsumerWaitVt, f.tid == 0, &vt_waits);
+  record(p, kCountConsumerTranspose, f.tid == 0, &transposing);
 #endif  // LIGHTSPEED_SM90A
 }
 

@@ -58,23 +58,21 @@ enum MlaPhase : int {
   kPhaseLastTma,     // producer lane: the last tile's boxes issued
   kPhaseQLoaded,     // consumer thread 0: the query tile in shared memory (past the consumers' barrier)
   kPhaseFirstTile,   // consumer thread 0: tile 0 landed (its full barrier's wait returned)
-  kPhaseLastVt,      // fp8mma only: transposer thread 0 (producer warp 1): the last tile's V^T written
+  kPhaseLastVt,      // fp8mma only: consumer thread 0: its part of the last tile's V^T written
   kPhaseLastPv,      // consumer thread 0: the last tile's P V done (warpgroup 0's wgmma wait)
   kPhaseEpilogue,    // consumer thread 0: write_out's stores issued
   kNumPhases
 };
 
 // Cycle counters of the timer build, after the stamps in each CTA's row of phase_ns (column kNumPhases +
-// counter): one thread of a role sums the %clock64 cycles it spent in a wait, so the per-tile rate shows
-// which side of the ring is short (loads, the transposition, or the consumers); thread 0's %clock64 at
+// counter): one thread of a role sums the %clock64 cycles it spent in a wait (or in the fp8mma
+// transposition), so the per-tile rate shows which side of the ring is short; thread 0's %clock64 at
 // entry and after the epilogue give, with kPhaseEntry / kPhaseEpilogue's ns, the cycles' rate. Counters of
 // a role a kernel lacks stay 0. sm90.COUNTERS names them in this order.
 enum MlaCounter : int {
   kCountConsumerWaitFull,    // consumer thread 0: waiting for tiles to land (full barriers)
-  kCountConsumerWaitVt,      // fp8mma, consumer thread 0: waiting for V^T (vt_full)
+  kCountConsumerTranspose,   // fp8mma, consumer thread 0: transposing its latent columns into V^T
   kCountProducerWaitEmpty,   // producer lane: waiting for a free stage (empty barriers)
-  kCountTransposerWaitFull,  // fp8mma, transposer thread (producer warp 1, lane 0): waiting for tiles to land
-  kCountTransposerWaitVt,    // fp8mma, the same thread: waiting for P V to release V^T (vt_empty)
   kCountClockEntry,          // thread 0: %clock64 at entry
   kCountClockEpilogue,       // consumer thread 0: %clock64 after write_out
   kNumCounters
