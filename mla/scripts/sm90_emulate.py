@@ -356,7 +356,7 @@ def emulate(kind, page_size, lens, q_len, H, num_splits, seed=0, fp8_scores=Fals
 
 M_QROPE, M_STAGE0, M_STB = 32768, 40960, 40960
 M_VT = M_STAGE0 + 2 * M_STB
-M_P = M_VT + 32768
+M_P = M_VT + 2 * 32768
 M_SC = M_P + 4096
 
 
@@ -516,7 +516,7 @@ def emulate_fp8mma(page_size, lens, q_len, H, num_splits, seed=0):
                 for it in range(n_tiles):
                     key0 = start + it * 64
                     st = M_STAGE0 + (it % 2) * M_STB
-                    vt = M_VT  # one V^T: each warpgroup rewrites its rows after its own P V
+                    vt = M_VT + (it % 2) * 32768  # two V^T buffers: tile i + 1 is transposed beside P V of tile i
                     for j in range(64 // box_rows):  # the loads
                         key = key0 + j * box_rows
                         page = pt[b, min(key // page_size, last_page)]

@@ -89,13 +89,14 @@ struct Fp8Layout {
 };
 
 // Shared memory of the FP8-MMA kernel (both products on e4m3 wgmma): each consumer warpgroup transposes its
-// 256 latent columns of the landed tile into V^T (e4m3 wgmma reads K-major operands only, and V's K is the
-// key) while its S MMAs run. One V^T serves: a warpgroup's P V reads only the rows it wrote, and it writes
-// them again only after that P V is done. Three stages: the tile is released after S and the transposition.
-// (H100, 2026-12-06: with the transposition on three producer warps at 40 registers, each tile took 2.6 us of
-// their time and the consumers waited for V^T 44% of theirs; bench/results/mla_sm90_fp8mma_2026-12-06_*.)
+// 256 latent columns of a landed tile into V^T (e4m3 wgmma reads K-major operands only, and V's K is the key)
+// and reads only those rows in its P V. Two V^T buffers: the consumers transpose tile i + 1 while P V of tile
+// i runs (software pipelining, see the kernel). Two stages are enough: a stage is released after S and the
+// transposition, long before its refill is needed (H100, 2026-12-06: with three the consumers waited for
+// tiles 2% of their time; bench/results/mla_sm90_fp8mma_consumer_transpose_2026-12-06_0529_h100/).
 namespace fp8mma {
-constexpr int kRing = 3;                       // latent stages
+constexpr int kRing = 2;                       // latent stages
+constexpr int kVtBufs = 2;                     // V^T buffers
 constexpr int kQ = 0;                          // e4m3 [64, 512]: 4 blocks, 128B-swizzled
 constexpr int kQRope = 4 * kBlockBytes;        // bf16 [64, 64]: 1 block
 constexpr int kStage0 = kQRope + kBlockBytes;  // a stage: e4m3 latent (4 blocks), bf16 rope (1 block)
@@ -103,7 +104,7 @@ constexpr int kLatBytes = 4 * kBlockBytes, kStageBytes = kLatBytes + kBlockBytes
 constexpr int kTxBytes = kStageBytes + kKeys * 4;  // + the tile's fp32 scales
 constexpr int kVtBytes = 512 * kKeys;              // e4m3 V^T [512 N-rows, 64 key slots], 64B-swizzled
 constexpr int kVt = kStage0 + kRing * kStageBytes;
-constexpr int kP = kVt + kVtBytes;                 // e4m3 P [64 rows, 64 key slots], 64B-swizzled
+constexpr int kP = kVt + kVtBufs * kVtBytes;       // e4m3 P [64 rows, 64 key slots], 64B-swizzled
 constexpr int kScales = kP + kRows * kKeys;        // float [kRing stages][64]
 constexpr int kRedScale = kScales + kRing * kKeys * 4;  // float [8 consumer warps]: their largest k_scale
 constexpr int kRedMax = kRedScale + 32;
@@ -111,6 +112,10 @@ constexpr int kRedSum = kRedMax + 2 * kRows * 4;
 constexpr int kQScale = kRedSum + 2 * kRows * 4;   // float [64]
 constexpr int kBar = kQScale + kRows * 4;          // uint64 full[kRing], empty[kRing]
 constexpr int kSmemBytes = kBar + 2 * kRing * 8 + 1024;
+// Registers: the producer warpgroup only issues loads from one lane; the consumers hold P V's accumulator
+// (128) and S's (48) in flight while they transpose, which spilled at 232.
+constexpr int kLoaderRegs = 32, kMmaRegs = 240;
+static_assert(128 * kLoaderRegs + kConsumerThreads * kMmaRegs <= 65536, "register file");
 static_assert(kVt % 1024 == 0 && kP % 1024 == 0, "64B-swizzled tiles need 512-byte aligned bases");
 static_assert(kSmemBytes <= 227 * 1024, "over the sm_90 shared memory per block");
 }  // namespace fp8mma
@@ -740,8 +745,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 // is unchanged), and the N-rows are the latent columns in vt_col order. Loads and stores are bank-conflict
 // free.
 __device__ __forceinline__ void transpose_latent(uint32_t lat, uint32_t vt, int valid, int wg, int warp, int lane) {
+  // Recomputed per tile: hoisted out of the tile loop, the 16 addresses held registers the in-flight
+  // accumulators need (ptxas spilled).
+  asm volatile("" : "+r"(lane), "+r"(warp));
   const int m = lane / 8, r = lane % 8;
-#pragma unroll 4
+#pragma unroll 2  // two units in flight; more spills beside the in-flight accumulators (P V and S: 176 registers)
   for (int k = 0; k < 8; ++k) {
     const int u = 32 * wg + warp + 4 * k, j = u & 3, g32 = u >> 2;  // 16-key group, 32-column group
     uint32_t d[4];
@@ -818,16 +826,40 @@ __device__ __forceinline__ void tile_probs_e4m3(const float (&s)[16], const floa
   for (int i = 0; i < 128; ++i) acc[i] *= (i >> 1) & 1 ? a1 : a0;
 }
 
-// O[64, this warpgroup's 256 N-rows] += P'[64, 64] V^T: 2 k-steps of 32 key slots.
-__device__ __forceinline__ void tile_pv_e4m3(float (&acc)[128], uint32_t p_base, uint32_t vt_base) {
+// S_latent of a tile on e4m3 MMAs in two fp32 halves of K (Hopper's e4m3 MMAs accumulate with reduced
+// precision) and S_rope in bf16, this warpgroup's 32 keys: issued and committed as one group, not waited.
+__device__ __forceinline__ void issue_s_e4m3(float (&s_lat0)[16], float (&s_lat1)[16], float (&s_rope)[16],
+                                             uint32_t q_base, uint32_t q_rope, uint32_t st_base, int wg) {
+  using namespace fp8mma;
+  fence_regs(s_lat0);
+  fence_regs(s_lat1);
+  fence_regs(s_rope);
+  wgmma_fence();
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    const uint32_t koff = (k >> 2) * kBlockBytes + (k & 3) * 32;
+    wgmma_m64n32k32_e4m3(s_lat0, smem_desc(q_base + koff, 16), smem_desc(st_base + wg * 32 * 128 + koff, 16), k > 0);
+  }
+#pragma unroll
+  for (int k = 8; k < 16; ++k) {
+    const uint32_t koff = (k >> 2) * kBlockBytes + (k & 3) * 32;
+    wgmma_m64n32k32_e4m3(s_lat1, smem_desc(q_base + koff, 16), smem_desc(st_base + wg * 32 * 128 + koff, 16), k > 8);
+  }
+#pragma unroll
+  for (int k = 0; k < 4; ++k)
+    wgmma_m64n32_ss(s_rope, smem_desc(q_rope + k * 32, 16), smem_desc(st_base + kLatBytes + wg * 32 * 128 + k * 32, 16),
+                    k > 0);
+  wgmma_commit();
+}
+
+// O[64, this warpgroup's 256 N-rows] += P'[64, 64] V^T: 2 k-steps of 32 key slots, committed, not waited.
+__device__ __forceinline__ void issue_pv_e4m3(float (&acc)[128], uint32_t p_base, uint32_t vt_base) {
   fence_regs(acc);
   wgmma_fence();
 #pragma unroll
   for (int k = 0; k < kKeys / 32; ++k)
     wgmma_m64n256k32_e4m3(acc, smem_desc_64b(p_base + k * 32), smem_desc_64b(vt_base + k * 32), 1);
   wgmma_commit();
-  wgmma_wait_all();
-  fence_regs(acc);
 }
 
 __global__ void __launch_bounds__(kThreads, 1)
@@ -855,7 +887,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();
 
   if (threadIdx.x >= kConsumerThreads) {  // ---- producer warpgroup: one lane issues the loads ----
-    setmaxnreg_dec<kProducerRegs>();
+    setmaxnreg_dec<kLoaderRegs>();
     if (threadIdx.x == kConsumerThreads) {
       asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&lat_map)) : "memory");
       asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&rope_map)) : "memory");
@@ -871,7 +903,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 
   // ---- consumers ----
-  setmaxnreg_inc<kConsumerRegs>();
+  setmaxnreg_inc<kMmaRegs>();
   const Frag f = make_frag(w);
   float* q_scale = reinterpret_cast<float*>(smem + kQScale);
   float* red_scale = reinterpret_cast<float*>(smem + kRedScale);
@@ -889,59 +921,46 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int i = 0; i < 128; ++i) acc[i] = 0.f;
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f}, c_prev = 1.f;
   const float q_mul[2] = {q_scale[f.r_lo], q_scale[f.r_hi]};
-  for (int it = 0; it < w.n_tiles; ++it) {
-    const int stage = it % kRing;
-    const uint32_t st_base = base + kStage0 + stage * kStageBytes;
-    const int key0 = w.start + it * kKeys;
+  const int warp = (f.tid % 128) / 32;
+  // Software pipelined: S of tile i + 1 is issued right behind P V of tile i, so the tensor cores run the
+  // two back to back while this warpgroup transposes tile i + 1 (into the other V^T); one wait covers both
+  // at the end of the step, so no MMA is in flight across the loop's back edge (ptxas serialises every
+  // wgmma of a kernel whose in-flight accumulators it cannot keep in place: C7515).
+  float s_lat0[16], s_lat1[16], s_rope[16];
+  auto start_tile = [&](int it) {  // wait for tile it, issue its S, transpose it
     full_waits.start();
-    mbar_wait(full_bar + 8 * stage, (it / kRing) & 1);
+    mbar_wait(full_bar + 8 * (it % kRing), (it / kRing) & 1);
     full_waits.stop();
     stamp(p, kPhaseFirstTile, f.tid == 0 && it == 0);
-
-    // S_latent on e4m3 MMAs in two fp32 halves of K (Hopper's e4m3 MMAs accumulate with reduced
-    // precision), S_rope in bf16: this warpgroup's 32 keys.
-    float s_lat0[16], s_lat1[16], s_rope[16];
-    fence_regs(s_lat0);
-    fence_regs(s_lat1);
-    fence_regs(s_rope);
-    wgmma_fence();
-#pragma unroll
-    for (int k = 0; k < 8; ++k) {
-      const uint32_t koff = (k >> 2) * kBlockBytes + (k & 3) * 32;
-      wgmma_m64n32k32_e4m3(s_lat0, smem_desc(base + kQ + koff, 16), smem_desc(st_base + f.wg * 32 * 128 + koff, 16), k > 0);
-    }
-#pragma unroll
-    for (int k = 8; k < 16; ++k) {
-      const uint32_t koff = (k >> 2) * kBlockBytes + (k & 3) * 32;
-      wgmma_m64n32k32_e4m3(s_lat1, smem_desc(base + kQ + koff, 16), smem_desc(st_base + f.wg * 32 * 128 + koff, 16), k > 8);
-    }
-#pragma unroll
-    for (int k = 0; k < 4; ++k)
-      wgmma_m64n32_ss(s_rope, smem_desc(base + kQRope + k * 32, 16),
-                      smem_desc(st_base + kLatBytes + f.wg * 32 * 128 + k * 32, 16), k > 0);
-    wgmma_commit();
-    // While the S MMAs run: this warpgroup's V^T rows (its own P V of the last tile is done with them).
-    transposing.start();
-    transpose_latent(st_base, base + kVt, w.end - key0, f.wg, (f.tid % 128) / 32, f.lane);
+    const uint32_t st_base = base + kStage0 + (it % kRing) * kStageBytes;
+    issue_s_e4m3(s_lat0, s_lat1, s_rope, base + kQ, base + kQRope, st_base, f.wg);
+    transposing.start();  // V^T buffer it % 2 was last read by P V of tile it - 2, waited for
+    transpose_latent(st_base, base + kVt + (it % kVtBufs) * kVtBytes, w.end - (w.start + it * kKeys), f.wg, warp,
+                     f.lane);
     transposing.stop();
     stamp(p, kPhaseLastVt, f.tid == 0 && it == w.n_tiles - 1);
-    const float* k_scale = reinterpret_cast<const float*>(smem + kScales) + stage * kKeys;
-    float ks[16];
-#pragma unroll
-    for (int i = 0; i < 16; ++i) ks[i] = k_scale[frag_key(f, i)];  // garbage past the request: selected away
+  };
+  if (w.n_tiles > 0) {
+    start_tile(0);
     wgmma_wait_all();
+  }
+  for (int it = 0; it < w.n_tiles; ++it) {
+    const int stage = it % kRing;
+    const int key0 = w.start + it * kKeys;
+    const float* k_scale = reinterpret_cast<const float*>(smem + kScales) + stage * kKeys;
     fence_regs(s_lat0);
     fence_regs(s_lat1);
     fence_regs(s_rope);
-    float s[16];
+    fence_regs(acc);
+    float s[16], ks[16];
 #pragma unroll
     for (int i = 0; i < 16; ++i) {
       const int h = (i >> 1) & 1;
       const bool valid = key0 + frag_key(f, i) < f.limit[h];
+      ks[i] = valid ? k_scale[frag_key(f, i)] : 0.f;  // garbage past the request: selected away
       s[i] = valid ? ((s_lat0[i] + s_lat1[i]) * (q_mul[h] * ks[i]) + s_rope[i]) * p.scale_log2 : -INFINITY;
-      ks[i] = valid ? ks[i] : 0.f;
     }
-    mbar_arrive(empty_bar + 8 * stage);  // latent, rope and scales read
+    mbar_arrive(empty_bar + 8 * stage);  // latent, rope and scales read (S and the transposition)
 
     float mx[2];
     warp_scale_max(ks, red_scale, f);
@@ -951,9 +970,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     c_prev = c;
     fence_proxy_async();  // P and this warpgroup's V^T before wgmma reads them
     named_barrier_sync(1, kConsumerThreads);
-    tile_pv_e4m3(acc, base + kP, base + kVt + 256 * f.wg * kKeys);
-    stamp(p, kPhaseLastPv, f.tid == 0 && it == w.n_tiles - 1);
+    issue_pv_e4m3(acc, base + kP, base + kVt + (it % kVtBufs) * kVtBytes + 256 * f.wg * kKeys);
+    if (it + 1 < w.n_tiles) start_tile(it + 1);
+    wgmma_wait_all();  // P V of this tile and S of the next
   }
+  fence_regs(acc);
+  stamp(p, kPhaseLastPv, f.tid == 0 && w.n_tiles > 0);
   write_out<true>(p, w, f, acc, m_run, l_run, reinterpret_cast<float*>(smem + kRedSum), 1.f / c_prev);
   stamp(p, kPhaseEpilogue, f.tid == 0);
   record(p, kCountClockEpilogue, f.tid == 0);
