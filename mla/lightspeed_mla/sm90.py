@@ -9,8 +9,9 @@ tensor) and FP8 (e4m3 latent, one fp32 scale a token, bf16 rope): the latent til
 to bf16 in shared memory and P V runs in bf16 with the per-token scale folded into P; S_latent runs in
 bf16 on the widened tile (`mla_decode_sm90`: the Triton FP8 path's accuracy) or on e4m3 MMAs with Q
 quantised per row (`mla_decode_sm90_fp8qk`: fewer MMA cycles, ~2-4% from the reference on random data),
-or both products on e4m3 MMAs (`mla_decode_sm90_fp8mma`: the producer warpgroup transposes each latent
-tile into a V^T ring and P is quantised per tile; not yet measured on a GPU).
+or both products on e4m3 MMAs (`mla_decode_sm90_fp8mma`: each consumer warpgroup transposes its half of
+the latent tile into V^T while its S MMAs run, P is quantised per tile, and P V of tile i runs beside S of
+tile i + 1; the fastest FP8 kernel from batch 4, ~2.7% from the reference).
 
 Plan / run follow `plan_decode` / `run_decode` exactly (the same `MLADecodePlan`, fold layout with
 64-row tiles, splits filling one wave of one CTA per SM): planned once from shapes, the true lengths
@@ -32,7 +33,8 @@ only) stays above it where installed. The engine builds it before its first step
 failed build falls back to the next kernel with a warning. `mla_decode_sm90_fp8qk` (e4m3 scores) stays
 in the PORTABLE band, opt-in (`LIGHTSPEED_KERNEL_OVERRIDE_MLA_DECODE=mla_decode_sm90_fp8qk`): faster
 than `mla_decode_sm90` on FP8 caches but ~2-4% from the reference. `mla_decode_sm90_fp8mma` (e4m3 scores
-and e4m3 P V) is opt-in the same way until the H200 has measured it.
+and e4m3 P V) is opt-in the same way, for the same reason: on an H100 it was 1.19-1.31x fp8qk on the seeds'
+FP8 case (mla/NOTES.md, "mla_decode_sm90_fp8mma"), at ~2.7% from the reference (Q's and P's e4m3 rounding).
 """
 
 from __future__ import annotations
@@ -342,7 +344,7 @@ CAPABILITY = {"device_types": ("cuda",), "vendors": ("nvidia",), "min_compute_ca
 def register(registry=None) -> None:
     """Register `mla_decode_sm90` (both caches, PLUGIN + 1: above Triton, below FlashInfer's bf16 MLA) and
     `mla_decode_sm90_fp8qk` (FP8 caches, e4m3 scores, PORTABLE: opt-in for its accuracy) and
-    `mla_decode_sm90_fp8mma` (FP8 caches, both products in e4m3, PORTABLE: opt-in until measured); sm_90 only."""
+    `mla_decode_sm90_fp8mma` (FP8 caches, both products in e4m3, PORTABLE: opt-in for its accuracy); sm_90 only."""
     import lightspeed_kernel as lk
 
     for name, priority, kinds, fp8_scores, fp8_pv in (

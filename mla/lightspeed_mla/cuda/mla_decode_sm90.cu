@@ -51,7 +51,10 @@ constexpr int kThreads = kConsumerThreads + 128;  // + the producer warpgroup (o
 // most of its share back so the consumers' 128-register accumulators fit.
 constexpr int kProducerRegs = 40;
 constexpr int kConsumerRegs = 232;
-static_assert(128 * kProducerRegs + kConsumerThreads * kConsumerRegs <= 65536, "register file");
+// What each thread holds at launch (65536 / 384, rounded down to 8): setmaxnreg.inc can only take registers
+// that other warps of the CTA gave back, so the warpgroups' shares must sum to at most this.
+constexpr int kLaunchRegs = 168;
+static_assert(128 * kProducerRegs + kConsumerThreads * kConsumerRegs <= kLaunchRegs * kThreads, "the CTA's registers");
 
 // Shared memory of the bf16 kernel (offsets from a 1024-aligned base).
 namespace bf16l {
@@ -113,9 +116,10 @@ constexpr int kQScale = kRedSum + 2 * kRows * 4;   // float [64]
 constexpr int kBar = kQScale + kRows * 4;          // uint64 full[kRing], empty[kRing]
 constexpr int kSmemBytes = kBar + 2 * kRing * 8 + 1024;
 // Registers: the producer warpgroup only issues loads from one lane; the consumers hold P V's accumulator
-// (128) and S's (48) in flight while they transpose, which spilled at 232.
-constexpr int kLoaderRegs = 32, kMmaRegs = 240;
-static_assert(128 * kLoaderRegs + kConsumerThreads * kMmaRegs <= 65536, "register file");
+// (128) and S's (48) in flight while they transpose, which spilled at 232. setmaxnreg.inc only hands out
+// what the CTA's other warps released of its launch share (168 x 384), so 32 / 240 hung the kernel.
+constexpr int kLoaderRegs = 24, kMmaRegs = 240;
+static_assert(128 * kLoaderRegs + kConsumerThreads * kMmaRegs <= kLaunchRegs * kThreads, "the CTA's registers");
 static_assert(kVt % 1024 == 0 && kP % 1024 == 0, "64B-swizzled tiles need 512-byte aligned bases");
 static_assert(kSmemBytes <= 227 * 1024, "over the sm_90 shared memory per block");
 }  // namespace fp8mma
