@@ -53,7 +53,7 @@ constexpr int kProducerRegs = 40;
 constexpr int kConsumerRegs = 232;
 // What each thread holds at launch (65536 / 384, rounded down to 8): setmaxnreg.inc can only take registers
 // that other warps of the CTA gave back, so the warpgroups' shares must sum to at most this.
-constexpr int kLaunchRegs = 168;
+constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;  // 168
 static_assert(128 * kProducerRegs + kConsumerThreads * kConsumerRegs <= kLaunchRegs * kThreads, "the CTA's registers");
 
 // Shared memory of the bf16 kernel (offsets from a 1024-aligned base).
@@ -579,6 +579,33 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif  // LIGHTSPEED_SM90A
 }
 
+// S_latent of a tile on e4m3 MMAs in two fp32 halves of K (Hopper's e4m3 MMAs accumulate with reduced
+// precision) and S_rope in bf16, this warpgroup's 32 keys: issued and committed as one group, not waited.
+// Q's e4m3 latent at q_base, its bf16 rope at q_rope; the stage's latent at st_base, its rope after it.
+__device__ __forceinline__ void issue_s_e4m3(float (&s_lat0)[16], float (&s_lat1)[16], float (&s_rope)[16],
+                                             uint32_t q_base, uint32_t q_rope, uint32_t st_base, int wg) {
+  constexpr int kLatBytes = 4 * kBlockBytes;  // a stage's e4m3 latent, then its bf16 rope (both FP8 layouts)
+  fence_regs(s_lat0);
+  fence_regs(s_lat1);
+  fence_regs(s_rope);
+  wgmma_fence();
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    const uint32_t koff = (k >> 2) * kBlockBytes + (k & 3) * 32;
+    wgmma_m64n32k32_e4m3(s_lat0, smem_desc(q_base + koff, 16), smem_desc(st_base + wg * 32 * 128 + koff, 16), k > 0);
+  }
+#pragma unroll
+  for (int k = 8; k < 16; ++k) {
+    const uint32_t koff = (k >> 2) * kBlockBytes + (k & 3) * 32;
+    wgmma_m64n32k32_e4m3(s_lat1, smem_desc(q_base + koff, 16), smem_desc(st_base + wg * 32 * 128 + koff, 16), k > 8);
+  }
+#pragma unroll
+  for (int k = 0; k < 4; ++k)
+    wgmma_m64n32_ss(s_rope, smem_desc(q_rope + k * 32, 16), smem_desc(st_base + kLatBytes + wg * 32 * 128 + k * 32, 16),
+                    k > 0);
+  wgmma_commit();
+}
+
 template <bool kFp8Scores>
 __global__ void __launch_bounds__(kThreads, 1)
     mla_decode_sm90_fp8_kernel(const __grid_constant__ CUtensorMap lat_map, const __grid_constant__ CUtensorMap rope_map,
@@ -648,24 +675,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     fence_regs(s_lat1);
     fence_regs(s_rope);
     if constexpr (kFp8Scores) {
-      // S_latent on e4m3 MMAs, in two fp32 halves of K (Hopper's e4m3 MMAs accumulate with reduced
-      // precision); S_rope in bf16.
-      wgmma_fence();
-#pragma unroll
-      for (int k = 0; k < 8; ++k) {
-        const uint32_t koff = (k >> 2) * kBlockBytes + (k & 3) * 32;
-        wgmma_m64n32k32_e4m3(s_lat0, smem_desc(base + kQ + koff, 16), smem_desc(st_base + f.wg * 32 * 128 + koff, 16), k > 0);
-      }
-#pragma unroll
-      for (int k = 8; k < 16; ++k) {
-        const uint32_t koff = (k >> 2) * kBlockBytes + (k & 3) * 32;
-        wgmma_m64n32k32_e4m3(s_lat1, smem_desc(base + kQ + koff, 16), smem_desc(st_base + f.wg * 32 * 128 + koff, 16), k > 8);
-      }
-#pragma unroll
-      for (int k = 0; k < 4; ++k)
-        wgmma_m64n32_ss(s_rope, smem_desc(base + kQRope + k * 32, 16),
-                        smem_desc(st_base + kLatBytes + f.wg * 32 * 128 + k * 32, 16), k > 0);
-      wgmma_commit();
+      issue_s_e4m3(s_lat0, s_lat1, s_rope, base + kQ, base + kQRope, st_base, f.wg);
       // While those run: widen this warpgroup's 256 V columns (all 64 keys), read only by its own P V.
       for (int u = f.tid % 128; u < kKeys * 16; u += 128) {
         const int key = u / 16, col = 256 * f.wg + (u % 16) * 16;
@@ -828,32 +838,6 @@ __device__ __forceinline__ void tile_probs_e4m3(const float (&s)[16], const floa
   const float a0 = alpha[0] * ratio, a1 = alpha[1] * ratio;
 #pragma unroll
   for (int i = 0; i < 128; ++i) acc[i] *= (i >> 1) & 1 ? a1 : a0;
-}
-
-// S_latent of a tile on e4m3 MMAs in two fp32 halves of K (Hopper's e4m3 MMAs accumulate with reduced
-// precision) and S_rope in bf16, this warpgroup's 32 keys: issued and committed as one group, not waited.
-__device__ __forceinline__ void issue_s_e4m3(float (&s_lat0)[16], float (&s_lat1)[16], float (&s_rope)[16],
-                                             uint32_t q_base, uint32_t q_rope, uint32_t st_base, int wg) {
-  using namespace fp8mma;
-  fence_regs(s_lat0);
-  fence_regs(s_lat1);
-  fence_regs(s_rope);
-  wgmma_fence();
-#pragma unroll
-  for (int k = 0; k < 8; ++k) {
-    const uint32_t koff = (k >> 2) * kBlockBytes + (k & 3) * 32;
-    wgmma_m64n32k32_e4m3(s_lat0, smem_desc(q_base + koff, 16), smem_desc(st_base + wg * 32 * 128 + koff, 16), k > 0);
-  }
-#pragma unroll
-  for (int k = 8; k < 16; ++k) {
-    const uint32_t koff = (k >> 2) * kBlockBytes + (k & 3) * 32;
-    wgmma_m64n32k32_e4m3(s_lat1, smem_desc(q_base + koff, 16), smem_desc(st_base + wg * 32 * 128 + koff, 16), k > 8);
-  }
-#pragma unroll
-  for (int k = 0; k < 4; ++k)
-    wgmma_m64n32_ss(s_rope, smem_desc(q_rope + k * 32, 16), smem_desc(st_base + kLatBytes + wg * 32 * 128 + k * 32, 16),
-                    k > 0);
-  wgmma_commit();
 }
 
 // O[64, this warpgroup's 256 N-rows] += P'[64, 64] V^T: 2 k-steps of 32 key slots, committed, not waited.
