@@ -12,9 +12,9 @@ stream just before and after the decode, which brackets its launch and teardown.
 
 Per point and cache kind: a warm-up call, then --reps calls, each after a write that flushes the L2
 (mla.py's FLUSH_BYTES); each launch is summarised on its own (µs from its first CTA's entry: each
-phase's median and max over the CTAs, the median from each CTA's own entry, the spread of CTA entries; the cycles each role waited, from the
-kernel's counters, sm90.COUNTERS) and the table gives the median of those summaries over the reps. The decode kernel alone runs (no
-split combine). Writes DIR/mla_phases_<date>_<device>.{json,md}; the JSON keeps every launch's stamps
+phase's median and max over the CTAs, the median from each CTA's own entry, the spread of CTA entries;
+the cycles each role waited, from the kernel's counters, sm90.COUNTERS) and the table gives the median
+of those summaries over the reps. The decode kernel alone runs (no split combine). Writes DIR/mla_phases_<date>_<device>.{json,md}; the JSON keeps every launch's stamps
 (ns after the mark before it, -1 where not reached) and the mark after it.
 """
 
