@@ -3,8 +3,8 @@
 #   here:       bash tools/bench/h200/mla_ab.sh pack REV          -> .whl/mla-REV.tar (git archive of mla/)
 #   on device:  source .whl/setup_on_device.sh; bash tools/bench/h200/mla_ab.sh run REV OUTDIR [POINTS] [CANDIDATES]
 # Runs tools/bench/mla.py three times, this tree, REV's mla/, this tree again (the repeat shows the run-to-run
-# spread), each with its own kernel cache (the JIT module names hash the sources, but a separate cache keeps
-# the builds apart), into OUTDIR/{new,old,new2}. POINTS: seeds (default) | small; CANDIDATES default
+# spread), into OUTDIR/{new,old,new2}; REV's build gets a kernel cache of its own, this tree's is mla_sm90.sh's
+# (the JIT module names hash the sources, so a build left by mla_sm90.sh is reused). POINTS: seeds (default) | small; CANDIDATES default
 # mla_decode_sm90_fp8qk,mla_decode_sm90_fp8mma; MLA_AB_COMMIT names this tree's commit. Prints each run's rows.
 set -uo pipefail
 cmd=${1:?usage: mla_ab.sh pack REV | run REV OUTDIR [POINTS] [CANDIDATES]}
@@ -24,9 +24,10 @@ case $cmd in
     tar -xf ".whl/mla-$rev.tar" -C "$old" || exit 1
     here=${MLA_AB_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo worktree)}  # the device copy has no .git
     for run in new old new2; do
-      if [[ $run == old ]]; then src=$old/mla commit=$rev; else src=$PWD/mla commit=$here; fi
+      if [[ $run == old ]]; then src=$old/mla commit=$rev cache=/tmp/mla-ab-cache-old
+      else src=$PWD/mla commit=$here cache=${LIGHTSPEED_KERNEL_CACHE_DIR:-/tmp/lightspeed-kernels}; fi
       t0=$SECONDS
-      (cd tools/bench && PYTHONPATH=$src${PYTHONPATH:+:$PYTHONPATH} LIGHTSPEED_KERNEL_CACHE_DIR=/tmp/mla-ab-cache-$run \
+      (cd tools/bench && PYTHONPATH=$src${PYTHONPATH:+:$PYTHONPATH} LIGHTSPEED_KERNEL_CACHE_DIR=$cache \
         timeout 200 python3 mla.py --out "$out/$run" --candidates "$candidates" --points "$points" --skip-prefill \
         --budget-s 60 --commit "$commit") > "$out/$run.log" 2>&1
       echo "== $run ($commit): rc=$? in $((SECONDS - t0))s"
