@@ -9,10 +9,9 @@ tensor) and FP8 (e4m3 latent, one fp32 scale a token, bf16 rope): the latent til
 to bf16 in shared memory and P V runs in bf16 with the per-token scale folded into P; S_latent runs in
 bf16 on the widened tile (`mla_decode_sm90`: the Triton FP8 path's accuracy) or on e4m3 MMAs with Q
 quantised per row (`mla_decode_sm90_fp8qk`: fewer MMA cycles, ~2-4% from the reference on random data),
-or both products on e4m3 MMAs (`mla_decode_sm90_fp8mma`: each consumer warpgroup computes S over the
-whole tile and its own softmax, transposes its half of the latent tile into V^T while its S MMAs run,
-quantises P per row, and issues P V of tile i beside S of tile i + 1; the warpgroups exchange nothing
-within a tile; the fastest FP8 kernel from batch 4, ~2-3% from the reference).
+or both products on e4m3 MMAs (`mla_decode_sm90_fp8mma`: each consumer warpgroup transposes its half of
+the latent tile into V^T while its S MMAs run, P is quantised per tile, and P V of tile i runs beside S of
+tile i + 1; the fastest FP8 kernel from batch 4, ~2.7% from the reference).
 
 Plan / run follow `plan_decode` / `run_decode` exactly (the same `MLADecodePlan`, fold layout with
 64-row tiles, splits filling one wave of one CTA per SM): planned once from shapes, the true lengths

@@ -357,7 +357,7 @@ def emulate(kind, page_size, lens, q_len, H, num_splits, seed=0, fp8_scores=Fals
 M_QROPE, M_STAGE0, M_STB = 32768, 40960, 40960
 M_VT = M_STAGE0 + 2 * M_STB
 M_P = M_VT + 2 * 32768
-M_SC = M_P + 2 * 4096  # a P tile a warpgroup
+M_SC = M_P + 4096
 
 
 def swz64(off):  # 64B swizzle: address bits 4-5 ^= bits 7-8
@@ -439,28 +439,19 @@ def check_vt(smem, lat, vt, valid):
     assert (got == want).all(), "V^T layout"
 
 
-def frag_key64(lane, i):  # key of element i of a thread's all-keys S fragment (m64n64)
-    return 8 * (i >> 2) + 2 * (lane & 3) + (i & 1)
-
-
-def key_slot(i):  # which of the thread's 16 keys element i is
-    return 2 * (i >> 2) + (i & 1)
-
-
-def check_p(smem, s, ks, c, m_use):
-    """Each warpgroup's P tile as the PV descriptor reads it is e4m3(p * ks * c[row]) of the row's keys in slot
-    order."""
-    for wg in range(2):
-        got = read_kmajor64(smem, M_P + wg * 4096, 64, 64)
-        want = np.zeros((64, 64), np.float32)
-        for tid in range(128 * wg, 128 * wg + 128):
-            _, lane, rl, rh = frag(tid)
-            for i in range(32):
-                h = (i >> 1) & 1
-                want[rh if h else rl, frag_key64(lane, i)] = \
-                    np.exp2(s[tid, i] - m_use[tid, h]) * ks[tid, key_slot(i)] * c[tid, h]
-        want_slots = np.stack([want[:, key_of_slot(slot)] for slot in range(64)], 1)
-        assert (got == e4m3_bytes(want_slots)).all(), f"P layout (warpgroup {wg})"
+def check_p(smem, s, ks, c, red_max, m_run):
+    """P as the PV descriptor reads it is e4m3(p * ks * c) of each row's keys in slot order."""
+    got = read_kmajor64(smem, M_P, 64, 64)
+    want = np.zeros((64, 64), np.float32)
+    for tid in range(256):
+        wg, lane, rl, rh = frag(tid)
+        for i in range(16):
+            h = (i >> 1) & 1
+            key = 32 * wg + 8 * (i >> 2) + 2 * (lane & 3) + (i & 1)
+            m_use = 0.0 if m_run[tid, h] == -np.inf else m_run[tid, h]
+            want[rh if h else rl, key] = np.exp2(s[tid, i] - m_use) * ks[tid, i] * c
+    want_slots = np.stack([want[:, key_of_slot(slot)] for slot in range(64)], 1)
+    assert (got == e4m3_bytes(want_slots)).all(), "P layout"
 
 
 def emulate_fp8mma(page_size, lens, q_len, H, num_splits, seed=0):
@@ -514,7 +505,7 @@ def emulate_fp8mma(page_size, lens, q_len, H, num_splits, seed=0):
                 acc = np.zeros((256, 128), np.float32)
                 m_run = np.full((256, 2), -np.inf, np.float32)
                 l_run = np.zeros((256, 2), np.float32)
-                c_prev = np.ones((256, 2), np.float32)
+                c_prev = np.float32(1.0)
                 limit = np.zeros((256, 2), np.int64)
                 for tid in range(256):
                     wg, lane, rl, rh = frag(tid)
@@ -539,74 +530,71 @@ def emulate_fp8mma(page_size, lens, q_len, H, num_splits, seed=0):
                     transpose_latent(smem, st, vt, valid)
                     check_vt(smem, st, vt, valid)
                     kscale = smem[M_SC + (it % 2) * 256: M_SC + (it % 2) * 256 + 256].copy().view(np.float32)
-                    # Each warpgroup computes S for all 64 keys (one fp32 accumulator over K = 512) and its own
-                    # softmax and P tile: the two are identical, so the warpgroups never exchange anything.
-                    Sl = np.zeros((64, 64), np.float32)
-                    for k in range(16):
-                        koff = (k >> 2) * KB + (k & 3) * 32
-                        Sl += e4m3_vals(read_kmajor(smem, koff, 64, 32, 1)) @ \
-                            e4m3_vals(read_kmajor(smem, st + koff, 64, 32, 1)).T
-                    Sr = np.zeros((64, 64), np.float32)
-                    for k in range(4):
-                        A = bf16_vals(read_kmajor(smem, M_QROPE + k * 32, 64, 32, 2).reshape(-1)).reshape(64, 16)
-                        Bm = bf16_vals(read_kmajor(smem, st + 32768 + k * 32, 64, 32, 2).reshape(-1)).reshape(64, 16)
-                        Sr += A @ Bm.T
-                    s = np.zeros((256, 32), np.float32)
+                    mx = max([abs(kscale[k]) for k in range(min(valid, 64))] + [0.0])
+                    c = np.float32(256.0) / np.float32(mx) if mx > 1e-30 else np.float32(1.0)
+                    S_wg = []
+                    for wg in range(2):
+                        Sl = np.zeros((64, 32), np.float32)
+                        for k in range(16):
+                            koff = (k >> 2) * KB + (k & 3) * 32
+                            Sl += e4m3_vals(read_kmajor(smem, koff, 64, 32, 1)) @ \
+                                e4m3_vals(read_kmajor(smem, st + wg * 4096 + koff, 32, 32, 1)).T
+                        Sr = np.zeros((64, 32), np.float32)
+                        for k in range(4):
+                            A = bf16_vals(read_kmajor(smem, M_QROPE + k * 32, 64, 32, 2).reshape(-1)).reshape(64, 16)
+                            Bm = bf16_vals(read_kmajor(smem, st + 32768 + wg * 4096 + k * 32, 32, 32, 2).reshape(-1)).reshape(32, 16)
+                            Sr += A @ Bm.T
+                        S_wg.append((Sl, Sr))
+                    s = np.zeros((256, 16), np.float32)
                     ks = np.zeros((256, 16), np.float32)
-                    smax = np.zeros((256, 2), np.float32)
                     for tid in range(256):
                         wg, lane, rl, rh = frag(tid)
-                        for k in range(16):
-                            key = frag_key64(lane, 4 * (k >> 1) + (k & 1))
-                            ks[tid, k] = kscale[key] if key0 + key < end else 0.0
-                        for i in range(32):
+                        for i in range(16):
                             h = (i >> 1) & 1
                             r = rh if h else rl
-                            key = frag_key64(lane, i)
-                            kk = ks[tid, key_slot(i)]
-                            if key0 + key < limit[tid, h]:
-                                s[tid, i] = (Sl[r, key] * (qscale[r] * kk) + Sr[r, key]) * scale_log2
-                                smax[tid, h] = max(smax[tid, h], abs(kk))
-                            else:
-                                s[tid, i] = -np.inf
-                    c = np.zeros((256, 2), np.float32)
-                    m_use = np.zeros((256, 2), np.float32)
-                    for tid in range(256):  # tile_probs_all_keys: the quad holds a row's 64 keys
+                            col = 8 * (i >> 2) + 2 * (lane & 3) + (i & 1)
+                            valid_k = key0 + 32 * wg + col < limit[tid, h]
+                            v = S_wg[wg][0][r, col] * (qscale[r] * kscale[32 * wg + col]) + S_wg[wg][1][r, col]
+                            s[tid, i] = v * scale_log2 if valid_k else -np.inf
+                            ks[tid, i] = kscale[32 * wg + col] if valid_k else 0.0
+                    red_max = np.full(128, -np.inf, np.float32)
+                    for tid in range(256):
                         wg, lane, rl, rh = frag(tid)
-                        quad = range(tid - tid % 4, tid - tid % 4 + 4)
-                        alpha = [0.0, 0.0]
-                        for h in range(2):
-                            mx = max(smax[t2, h] for t2 in quad)
-                            c[tid, h] = np.float32(256.0) / mx if mx > 1e-30 else np.float32(1.0)
-                            row_max = max(s[t2, i] for t2 in quad for i in range(32) if ((i >> 1) & 1) == h)
-                            m_new = max(m_run[tid, h], row_max)
-                            m_use[tid, h] = 0.0 if m_new == -np.inf else m_new
-                            alpha[h] = np.exp2(m_run[tid, h] - m_use[tid, h])
+                        for h, r in enumerate((rl, rh)):
+                            vals = [s[t2, i] for t2 in range(tid - tid % 4, tid - tid % 4 + 4) for i in range(16) if ((i >> 1) & 1) == h]
+                            red_max[wg * 64 + r] = max(red_max[wg * 64 + r], max(vals))
+                    for tid in range(256):  # tile_probs_e4m3
+                        wg, lane, rl, rh = frag(tid)
+                        m_use, alpha = [0, 0], [0, 0]
+                        for h, r in enumerate((rl, rh)):
+                            mxh = max(red_max[r], red_max[64 + r])
+                            m_new = max(m_run[tid, h], mxh)
+                            m_use[h] = 0.0 if m_new == -np.inf else m_new
+                            alpha[h] = np.exp2(m_run[tid, h] - m_use[h])
                             m_run[tid, h] = m_new
+                        pv, psum = np.zeros(16, np.float32), [0.0, 0.0]
+                        for i in range(16):
+                            h = (i >> 1) & 1
+                            pr = np.exp2(s[tid, i] - m_use[h])
+                            psum[h] += pr
+                            pv[i] = pr * ks[tid, i] * c
                         q4 = lane & 3
-                        psum = [0.0, 0.0]
                         for h in range(2):
-                            for gg in range(4):
-                                pv = [0.0] * 4
-                                for e in range(2):
-                                    for jj in range(2):
-                                        i = 8 * gg + 4 * jj + 2 * h + e
-                                        pr = np.exp2(s[tid, i] - m_use[tid, h])
-                                        psum[h] += pr
-                                        pv[2 * e + jj] = pr * ks[tid, key_slot(i)] * c[tid, h]
-                                o = M_P + wg * 4096 + so64(rh if h else rl, 16 * gg + 4 * q4)
-                                smem[o:o + 4] = e4m3_bytes(np.array(pv, np.float32))
+                            for gg in (0, 2):
+                                four = [pv[4 * gg + 2 * h], pv[4 * gg + 4 + 2 * h], pv[4 * gg + 2 * h + 1], pv[4 * gg + 5 + 2 * h]]
+                                o = M_P + so64(rh if h else rl, 32 * wg + 8 * gg + 4 * q4)
+                                smem[o:o + 4] = e4m3_bytes(np.array(four, np.float32))
                         for h in range(2):
                             l_run[tid, h] = l_run[tid, h] * alpha[h] + psum[h]
+                        ratio = c / c_prev
                         for i in range(128):
-                            h = (i >> 1) & 1
-                            acc[tid, i] *= alpha[h] * (c[tid, h] / c_prev[tid, h])
+                            acc[tid, i] *= alpha[(i >> 1) & 1] * ratio
                     c_prev = c
-                    check_p(smem, s, ks, c, m_use)
-                    for wg in range(2):  # issue_pv_e4m3 on the warpgroup's own P tile
+                    check_p(smem, s, ks, c, red_max, m_run)
+                    for wg in range(2):  # tile_pv_e4m3
                         o_tile = np.zeros((64, 256), np.float32)
                         for k in range(2):
-                            A = e4m3_vals(read_kmajor64(smem, M_P + wg * 4096 + k * 32, 64, 32))
+                            A = e4m3_vals(read_kmajor64(smem, M_P + k * 32, 64, 32))
                             Bv = e4m3_vals(read_kmajor64(smem, vt + 256 * wg * 64 + k * 32, 256, 32))
                             o_tile += A @ Bv.T
                         for t in range(128):
@@ -616,15 +604,21 @@ def emulate_fp8mma(page_size, lens, q_len, H, num_splits, seed=0):
                                 r = rh if (i >> 1) & 1 else rl
                                 n = 8 * (i >> 2) + 2 * (lane & 3) + (i & 1)
                                 acc[tid, i] += o_tile[r, n]
-                for tid in range(256):  # write_out<true, true>: a quad's l is the whole row's
+                red_sum = np.zeros(128, np.float32)
+                for tid in range(256):
                     wg, lane, rl, rh = frag(tid)
-                    quad = range(tid - tid % 4, tid - tid % 4 + 4)
+                    if lane % 4 == 0:
+                        for h, r in enumerate((rl, rh)):
+                            red_sum[wg * 64 + r] = sum(l_run[t2, h] for t2 in range(tid, tid + 4))
+                out_mul = np.float32(1.0) / c_prev
+                for tid in range(256):  # write_out<true>
+                    wg, lane, rl, rh = frag(tid)
                     for h, r in enumerate((rl, rh)):
                         row = row0 + r
                         if row >= rows_total:
                             continue
-                        lsum = sum(l_run[t2, h] for t2 in quad)
-                        inv = (np.float32(1.0) / c_prev[tid, h]) / lsum if lsum > 0 else 0
+                        lsum = red_sum[r] + red_sum[64 + r]
+                        inv = out_mul / lsum if lsum > 0 else 0
                         lse2 = m_run[tid, h] + np.log2(lsum) if lsum > 0 else -np.inf
                         tok, head = q_start + row // H, row % H
                         col0 = 256 * wg + 2 * (lane & 3)

@@ -93,13 +93,10 @@ struct Fp8Layout {
 
 // Shared memory of the FP8-MMA kernel (both products on e4m3 wgmma): each consumer warpgroup transposes its
 // 256 latent columns of a landed tile into V^T (e4m3 wgmma reads K-major operands only, and V's K is the key)
-// and reads only those rows in its P V. Each also computes S over all 64 keys of the tile and its own softmax
-// into its own P tile: the S MMAs are done twice (they are ~1/4 of the tile's MMA cycles), and in exchange the
-// warpgroups never exchange row maxima, scales or sums, so neither waits for the other within a tile. Two V^T buffers: the
-// consumers transpose tile i + 1 while P V of tile i runs (software pipelining, see the kernel). Two stages
-// are enough: a stage is released after S and the transposition, long before its refill is needed (H100,
-// 2026-12-06: with three the consumers waited for tiles 2% of their time;
-// bench/results/mla_sm90_fp8mma_consumer_transpose_2026-12-06_0529_h100/).
+// and reads only those rows in its P V. Two V^T buffers: the consumers transpose tile i + 1 while P V of tile
+// i runs (software pipelining, see the kernel). Two stages are enough: a stage is released after S and the
+// transposition, long before its refill is needed (H100, 2026-12-06: with three the consumers waited for
+// tiles 2% of their time; bench/results/mla_sm90_fp8mma_consumer_transpose_2026-12-06_0529_h100/).
 namespace fp8mma {
 constexpr int kRing = 2;                       // latent stages
 constexpr int kVtBufs = 2;                     // V^T buffers
@@ -110,18 +107,20 @@ constexpr int kLatBytes = 4 * kBlockBytes, kStageBytes = kLatBytes + kBlockBytes
 constexpr int kTxBytes = kStageBytes + kKeys * 4;  // + the tile's fp32 scales
 constexpr int kVtBytes = 512 * kKeys;              // e4m3 V^T [512 N-rows, 64 key slots], 64B-swizzled
 constexpr int kVt = kStage0 + kRing * kStageBytes;
-constexpr int kPBytes = kRows * kKeys;             // e4m3 P [64 rows, 64 key slots], 64B-swizzled: one a warpgroup
-constexpr int kP = kVt + kVtBufs * kVtBytes;
-constexpr int kScales = kP + 2 * kPBytes;          // float [kRing stages][64]
-constexpr int kQScale = kScales + kRing * kKeys * 4;  // float [64]
+constexpr int kP = kVt + kVtBufs * kVtBytes;       // e4m3 P [64 rows, 64 key slots], 64B-swizzled
+constexpr int kScales = kP + kRows * kKeys;        // float [kRing stages][64]
+constexpr int kRedScale = kScales + kRing * kKeys * 4;  // float [8 consumer warps]: their largest k_scale
+constexpr int kRedMax = kRedScale + 32;
+constexpr int kRedSum = kRedMax + 2 * kRows * 4;
+constexpr int kQScale = kRedSum + 2 * kRows * 4;   // float [64]
 constexpr int kBar = kQScale + kRows * 4;          // uint64 full[kRing], empty[kRing]
 constexpr int kSmemBytes = kBar + 2 * kRing * 8 + 1024;
 // Registers: the producer warpgroup only issues loads from one lane; the consumers hold P V's accumulator
-// (128) and S's (64) in flight while they transpose. setmaxnreg.inc only hands out what the CTA's other
-// warps released of its launch share (168 x 384), so 32 / 240 hung the kernel.
+// (128) and S's (48) in flight while they transpose, which spilled at 232. setmaxnreg.inc only hands out
+// what the CTA's other warps released of its launch share (168 x 384), so 32 / 240 hung the kernel.
 constexpr int kLoaderRegs = 24, kMmaRegs = 240;
 static_assert(128 * kLoaderRegs + kConsumerThreads * kMmaRegs <= kLaunchRegs * kThreads, "the CTA's registers");
-static_assert(kVt % 1024 == 0 && kP % 1024 == 0 && kPBytes % 1024 == 0, "64B-swizzled tiles need 512-byte aligned bases");
+static_assert(kVt % 1024 == 0 && kP % 1024 == 0, "64B-swizzled tiles need 512-byte aligned bases");
 static_assert(kSmemBytes <= 227 * 1024, "over the sm_90 shared memory per block");
 }  // namespace fp8mma
 
@@ -373,29 +372,25 @@ __device__ __forceinline__ int vt_col(int n) {
 }
 
 // The output (one split) or this split's normalised partial and its log2-LSE. kVtCols: the accumulator's
-// columns are in vt_col order (the FP8-MMA kernel). kWholeRows: each warpgroup's row sums cover all the keys
-// (the FP8-MMA kernel), else each covers its half and the two are summed through red_sum. out_mul_lo / _hi: a
-// factor the accumulator's rows carry (1 / c in the FP8-MMA kernel).
-template <bool kVtCols = false, bool kWholeRows = false>
+// columns are in vt_col order (the FP8-MMA kernel); out_mul: a factor the accumulator carries (1 / c there).
+template <bool kVtCols = false>
 __device__ __forceinline__ void write_out(const MlaSm90Args& p, const Work& w, const Frag& f, const float (&acc)[128],
                                           const float (&m_run)[2], float (&l_run)[2], float* red_sum,
-                                          float out_mul_lo = 1.f, float out_mul_hi = 1.f) {
+                                          float out_mul = 1.f) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) l_run[h] = warp_sum4(l_run[h]);
-  if constexpr (!kWholeRows) {
-    if ((f.lane & 3) == 0) {
-      red_sum[f.wg * kRows + f.r_lo] = l_run[0];
-      red_sum[f.wg * kRows + f.r_hi] = l_run[1];
-    }
-    named_barrier_sync(1, kConsumerThreads);
+  if ((f.lane & 3) == 0) {
+    red_sum[f.wg * kRows + f.r_lo] = l_run[0];
+    red_sum[f.wg * kRows + f.r_hi] = l_run[1];
   }
+  named_barrier_sync(1, kConsumerThreads);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int r = h ? f.r_hi : f.r_lo;
     const int row = w.row0 + r;
     if (row >= w.rows_total) continue;
-    const float l = kWholeRows ? l_run[h] : red_sum[r] + red_sum[kRows + r];
-    const float inv = l > 0.f ? (h ? out_mul_hi : out_mul_lo) / l : 0.f;
+    const float l = red_sum[r] + red_sum[kRows + r];
+    const float inv = l > 0.f ? out_mul / l : 0.f;
     const float lse2 = l > 0.f ? m_run[h] + log2f(l) : -INFINITY;
     const int64_t tok = w.q_start + row / w.H, head = row % w.H;
     const int col0 = 256 * f.wg + 2 * (f.lane & 3);
@@ -585,8 +580,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 // S_latent of a tile on e4m3 MMAs in two fp32 halves of K (Hopper's e4m3 MMAs accumulate with reduced
-// precision) and S_rope in bf16, this warpgroup's 32 keys (the e4m3-scores kernel): issued and committed as
-// one group, not waited.
+// precision) and S_rope in bf16, this warpgroup's 32 keys: issued and committed as one group, not waited.
 // Q's e4m3 latent at q_base, its bf16 rope at q_rope; the stage's latent at st_base, its rope after it.
 __device__ __forceinline__ void issue_s_e4m3(float (&s_lat0)[16], float (&s_lat1)[16], float (&s_rope)[16],
                                              uint32_t q_base, uint32_t q_rope, uint32_t st_base, int wg) {
@@ -748,18 +742,12 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 // ---- the FP8-MMA kernel: S and P V on e4m3 wgmma ----------------------------------------------------
-// As the e4m3-scores kernel for S (Q quantised per row, S_latent on e4m3 MMAs, S_rope bf16), but each consumer
-// warpgroup computes S for all 64 keys of a tile itself (m64n64): the two compute the same S, the same softmax
-// and the same row statistics, bit for bit, so they never wait for each other (the earlier version split S by
-// keys and paid a row-maximum exchange and a shared P tile, two 256-thread barriers a tile, which left the
-// tensor cores idle most of the tile: bench/results/mla_sm90_fp8mma_pipelined_2026-12-06_0549_h100/). Doing S
-// twice costs tensor time (about 1,800 cycles a tile with P V, ~1.0 us, under an H200 tile's ~1.2 us of HBM
-// time at one CTA an SM), and one warpgroup's softmax now runs beside the other's MMAs.
-// For P V, each warpgroup transposes its half of the landed latent tile into V^T (transpose_latent) while its S
-// MMAs run, writes P' = p * k_scale * c (c = 256 / the row's largest k_scale over the keys it sees this tile)
-// as e4m3 (<= 256: e4m3's range with 2^-17 of headroom below) into its own P tile, and runs
-// O[64, 256] += P'[64, 64] V^T on e4m3 wgmma (m64n256k32), the accumulator's rows kept times their current c
-// (rescaled by alpha * c / c_prev, divided out at the end).
+// As the e4m3-scores kernel for S (Q quantised per row, S_latent in two fp32 halves of K, S_rope bf16).
+// For P V, each consumer warpgroup transposes its half of the landed latent tile into V^T (transpose_latent)
+// while its S MMAs run, the tile's P multiplier c = 256 / its largest k_scale comes out of the row-maximum
+// exchange, and the consumers write P' = p * k_scale * c as e4m3 (<= 256: e4m3's range with 2^-17 of
+// headroom below) and run O[64, 256] += P'[64, 64] V^T on e4m3 wgmma (m64n256k32), the accumulator kept
+// times the current tile's c (rescaled by c / c_prev with the softmax's alpha, divided out at the end).
 
 // Consumer warpgroup `wg`'s 256 latent columns of a stage (e4m3 [64 keys, 512] in 128B-swizzled blocks of
 // 128 columns, as TMA landed it) -> its 256 N-rows of V^T [512 N-rows, 64 key slots] (64B-swizzled,
@@ -775,7 +763,7 @@ __device__ __forceinline__ void transpose_latent(uint32_t lat, uint32_t vt, int 
   // accumulators need (ptxas spilled).
   asm volatile("" : "+r"(lane), "+r"(warp));
   const int m = lane / 8, r = lane % 8;
-#pragma unroll 1  // one unit at a time: more spills beside the in-flight accumulators (P V and S: 192 registers)
+#pragma unroll 2  // two units in flight; more spills beside the in-flight accumulators (P V and S: 176 registers)
   for (int k = 0; k < 8; ++k) {
     const int u = 32 * wg + warp + 4 * k, j = u & 3, g32 = u >> 2;  // 16-key group, 32-column group
     uint32_t d[4];
@@ -789,80 +777,65 @@ __device__ __forceinline__ void transpose_latent(uint32_t lat, uint32_t vt, int 
   }
 }
 
-// Key of element i (0..31) of a thread's all-keys S fragment (m64n64: n8 block i / 4).
-__device__ __forceinline__ int frag_key64(const Frag& f, int i) { return 8 * (i >> 2) + 2 * (f.lane & 3) + (i & 1); }
-// Which of the thread's 16 keys element i is (rows r_lo and r_hi share them).
-__device__ __forceinline__ constexpr int key_slot(int i) { return 2 * (i >> 2) + (i & 1); }
-
-// S[64 rows, all 64 keys] of a tile: S_latent on e4m3 MMAs (16 k-steps of 32 into one fp32 accumulator) and
-// S_rope on bf16 MMAs (4 k-steps of 16), issued and committed as one group, not waited. Q's e4m3 latent at
-// q_base, its bf16 rope at q_rope; the stage's latent at st_base, its rope kLatBytes after it.
-// One accumulator over K = 512, not fp8qk's two halves: Hopper's e4m3 MMAs keep about 14 bits while they
-// accumulate, an error near 2^-14 of |S| here, far under Q's own e4m3 rounding (3 mantissa bits); the second
-// half's 32 registers are what the in-flight S and P V accumulators cannot spare.
-__device__ __forceinline__ void issue_s_all_keys(float (&s_lat)[32], float (&s_rope)[32], uint32_t q_base,
-                                                 uint32_t q_rope, uint32_t st_base) {
-  constexpr int kLatBytes = 4 * kBlockBytes;
-  fence_regs(s_lat);
-  fence_regs(s_rope);
-  wgmma_fence();
+// Part 1 of the tile's P multiplier c: this warp's largest |k_scale| over the keys its rows see (ks is 0
+// past them) into red_scale[warp], read back by tile_multiplier after the consumers' next barrier.
+__device__ __forceinline__ void warp_scale_max(const float (&ks)[16], float* red_scale, const Frag& f) {
+  float mx = 0.f;
 #pragma unroll
-  for (int k = 0; k < 16; ++k) {
-    const uint32_t koff = (k >> 2) * kBlockBytes + (k & 3) * 32;
-    wgmma_m64n64k32_e4m3(s_lat, smem_desc(q_base + koff, 16), smem_desc(st_base + koff, 16), k > 0);
-  }
+  for (int i = 0; i < 16; ++i) mx = fmaxf(mx, fabsf(ks[i]));
 #pragma unroll
-  for (int k = 0; k < 4; ++k)
-    wgmma_m64n64_ss(s_rope, smem_desc(q_rope + k * 32, 16), smem_desc(st_base + kLatBytes + k * 32, 16), k > 0);
-  wgmma_commit();
+  for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, o));
+  if (f.lane == 0) red_scale[f.tid / 32] = mx;
 }
 
-// Online softmax of the FP8-MMA kernel over a whole row's 64 keys of the tile (this thread's 16 a row, the row's
-// other 48 in the three lanes beside it): new running max, P' = p * ks * c[row] as e4m3 into this warpgroup's
-// P tile in transpose_latent's key-slot order, the accumulator (kept times c) rescaled by alpha * c / c_prev.
-// Slots: keys 2q, 2q + 1, 8 + 2q, 9 + 2q of a 16-key group (q = lane % 4) are slots 4q, 4q + 2, 4q + 1, 4q + 3,
-// so each row's four values of a group are one 32-bit store. s: log2-domain scores, -inf where a row does not
-// see the key; ks: the scales of the thread's 16 keys (key_slot), finite wherever some row sees the key.
-__device__ __forceinline__ void tile_probs_all_keys(const float (&s)[32], const float (&ks)[16], const float (&c)[2],
-                                                    const float (&c_prev)[2], float (&m_run)[2], float (&l_run)[2],
-                                                    float (&acc)[128], uint32_t p_tile, const Frag& f) {
-  float mx[2] = {-INFINITY, -INFINITY};
+// Part 2: c = 256 / the tile's largest |k_scale| over the keys some row sees (1 when that is ~0).
+__device__ __forceinline__ float tile_multiplier(const float* red_scale) {
+  float mx = 0.f;
 #pragma unroll
-  for (int i = 0; i < 32; ++i) mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], s[i]);
+  for (int w = 0; w < kConsumerThreads / 32; ++w) mx = fmaxf(mx, red_scale[w]);
+  return mx > 1e-30f ? 256.f / mx : 1.f;
+}
+
+// Online softmax, part 2 of the FP8-MMA kernel: as tile_probs, but P' = p * ks * c goes to the P tile as
+// e4m3 in transpose_latent's key-slot order, and the accumulator (kept times c) is rescaled by
+// alpha * c / c_prev. Slots: this thread's keys 2q, 2q + 1, 8 + 2q, 9 + 2q of a 16-key group (q = lane % 4)
+// are slots 4q, 4q + 2, 4q + 1, 4q + 3, so each row's four values of a group are one 32-bit store.
+__device__ __forceinline__ void tile_probs_e4m3(const float (&s)[16], const float (&ks)[16], float c, float c_prev,
+                                                const float (&mx)[2], float (&m_run)[2], float (&l_run)[2],
+                                                float (&acc)[128], uint8_t* p_tile, const Frag& f) {
   float m_use[2], alpha[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const float m_new = fmaxf(m_run[h], warp_max4(mx[h]));
+    const float m_new = fmaxf(m_run[h], mx[h]);
     m_use[h] = m_new == -INFINITY ? 0.f : m_new;
     alpha[h] = exp2f(m_run[h] - m_use[h]);
     m_run[h] = m_new;
   }
-  // Four values of a row at a time, straight to their store (32 probabilities held at once spilled).
+  float pv[16], psum[2] = {0.f, 0.f};
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    const int h = (i >> 1) & 1;
+    const float pr = exp2f(s[i] - m_use[h]);
+    psum[h] += pr;
+    pv[i] = pr * ks[i] * c;
+  }
   const int q = f.lane & 3;
-  float psum[2] = {0.f, 0.f};
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
 #pragma unroll
-    for (int g = 0; g < 4; ++g) {  // 16-key group g: elements 8g + 2h + e (keys 16g + 2q + e) and 8g + 4 + 2h + e
-      float pv[4];  // slots 4q .. 4q + 3: keys 2q, 8 + 2q, 2q + 1, 9 + 2q of the group
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-#pragma unroll
-        for (int jj = 0; jj < 2; ++jj) {
-          const int i = 8 * g + 4 * jj + 2 * h + e;
-          const float pr = exp2f(s[i] - m_use[h]);
-          psum[h] += pr;
-          pv[2 * e + jj] = pr * ks[key_slot(i)] * c[h];
-        }
-      }
-      const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(pv[0], pv[1]), __NV_SATFINITE, __NV_E4M3);
-      const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(pv[2], pv[3]), __NV_SATFINITE, __NV_E4M3);
-      st_shared_u32(p_tile + swizzled_offset_64b(h ? f.r_hi : f.r_lo, 16 * g + 4 * q), lo | (hi << 16));
+    for (int g = 0; g < 4; g += 2) {  // element i = 4g + 2h + e is key 32wg + 8g + 2q + e
+      const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(pv[4 * g + 2 * h], pv[4 * g + 4 + 2 * h]),
+                                                   __NV_SATFINITE, __NV_E4M3);
+      const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(pv[4 * g + 2 * h + 1], pv[4 * g + 5 + 2 * h]),
+                                                   __NV_SATFINITE, __NV_E4M3);
+      *reinterpret_cast<uint32_t*>(p_tile + swizzled_offset_64b(h ? f.r_hi : f.r_lo, 32 * f.wg + 8 * g + 4 * q)) =
+          lo | (hi << 16);
     }
   }
-  const float a0 = alpha[0] * (c[0] / c_prev[0]), a1 = alpha[1] * (c[1] / c_prev[1]);
   l_run[0] = l_run[0] * alpha[0] + psum[0];
   l_run[1] = l_run[1] * alpha[1] + psum[1];
+  const float ratio = c / c_prev;
+  const float a0 = alpha[0] * ratio, a1 = alpha[1] * ratio;
 #pragma unroll
   for (int i = 0; i < 128; ++i) acc[i] *= (i >> 1) & 1 ? a1 : a0;
 }
@@ -890,7 +863,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ uint8_t smem_raw[];
   uint32_t base;
   uint8_t* smem = aligned_smem(smem_raw, base);
-  // full: the stage landed (TMA bytes); empty: both warpgroups' S and transpositions are done with it.
+  // full: the stage landed (TMA bytes); empty: S and the transposition are done with it.
   const uint32_t full_bar = base + kBar, empty_bar = full_bar + 8 * kRing;
   if (threadIdx.x == 0) {
     for (int st = 0; st < kRing; ++st) {
@@ -917,37 +890,38 @@ __global__ void __launch_bounds__(kThreads, 1)
     return;
   }
 
-  // ---- consumers: two warpgroups, each on its own 256 output columns, in step only through the ring ----
+  // ---- consumers ----
   setmaxnreg_inc<kMmaRegs>();
   const Frag f = make_frag(w);
   float* q_scale = reinterpret_cast<float*>(smem + kQScale);
+  float* red_scale = reinterpret_cast<float*>(smem + kRedScale);
   if (w.n_tiles > 0) {
     quantize_q_latent(p, w, f, smem + kQ, q_scale);
     load_q_tile<8>(p, w, f, smem + kQRope, 512);  // Q's rope stays bf16
     fence_proxy_async();
   }
-  named_barrier_sync(1, kConsumerThreads);  // Q is written by both warpgroups and read by both
+  named_barrier_sync(1, kConsumerThreads);
   stamp(p, kPhaseQLoaded, f.tid == 0);
 
   WaitCycles full_waits, transposing;
   float acc[128];
 #pragma unroll
   for (int i = 0; i < 128; ++i) acc[i] = 0.f;
-  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f}, c_prev[2] = {1.f, 1.f};
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f}, c_prev = 1.f;
+  const float q_mul[2] = {q_scale[f.r_lo], q_scale[f.r_hi]};
   const int warp = (f.tid % 128) / 32;
-  const uint32_t p_tile = base + kP + f.wg * kPBytes;
   // Software pipelined: S of tile i + 1 is issued right behind P V of tile i, so the tensor cores run the
   // two back to back while this warpgroup transposes tile i + 1 (into the other V^T); one wait covers both
   // at the end of the step, so no MMA is in flight across the loop's back edge (ptxas serialises every
   // wgmma of a kernel whose in-flight accumulators it cannot keep in place: C7515).
-  float s_lat[32], s_rope[32];
+  float s_lat0[16], s_lat1[16], s_rope[16];
   auto start_tile = [&](int it) {  // wait for tile it, issue its S, transpose it
     full_waits.start();
     mbar_wait(full_bar + 8 * (it % kRing), (it / kRing) & 1);
     full_waits.stop();
     stamp(p, kPhaseFirstTile, f.tid == 0 && it == 0);
     const uint32_t st_base = base + kStage0 + (it % kRing) * kStageBytes;
-    issue_s_all_keys(s_lat, s_rope, base + kQ, base + kQRope, st_base);
+    issue_s_e4m3(s_lat0, s_lat1, s_rope, base + kQ, base + kQRope, st_base, f.wg);
     transposing.start();  // V^T buffer it % 2 was last read by P V of tile it - 2, waited for
     transpose_latent(st_base, base + kVt + (it % kVtBufs) * kVtBytes, w.end - (w.start + it * kKeys), f.wg, warp,
                      f.lane);
@@ -961,48 +935,36 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int it = 0; it < w.n_tiles; ++it) {
     const int stage = it % kRing;
     const int key0 = w.start + it * kKeys;
-    const uint32_t k_scale = base + kScales + stage * kKeys * 4;
-    fence_regs(s_lat);
+    const float* k_scale = reinterpret_cast<const float*>(smem + kScales) + stage * kKeys;
+    fence_regs(s_lat0);
+    fence_regs(s_lat1);
     fence_regs(s_rope);
     fence_regs(acc);
-    // The scales of this thread's 16 keys (element i's is ks[key_slot(i)]), 0 past the split's end (garbage
-    // past the request: selected away, never multiplied in). A key a row does not see gets p = 0 there.
-    float ks[16], smax[2] = {0.f, 0.f};
-    const float q_mul[2] = {ld_shared_f32(base + kQScale + 4 * f.r_lo), ld_shared_f32(base + kQScale + 4 * f.r_hi)};  // per tile: registers are short
+    float s[16], ks[16];
 #pragma unroll
-    for (int k = 0; k < 16; ++k) {
-      const int key = frag_key64(f, 4 * (k >> 1) + (k & 1));
-      ks[k] = key0 + key < w.end ? ld_shared_f32(k_scale + 4 * key) : 0.f;
-    }
-#pragma unroll
-    for (int i = 0; i < 32; ++i) {  // s_lat becomes the log2-domain scores in place
+    for (int i = 0; i < 16; ++i) {
       const int h = (i >> 1) & 1;
-      const float kscale = ks[key_slot(i)];
-      const bool valid = key0 + frag_key64(f, i) < f.limit[h];
-      s_lat[i] = valid ? (s_lat[i] * (q_mul[h] * kscale) + s_rope[i]) * p.scale_log2 : -INFINITY;
-      smax[h] = valid ? fmaxf(smax[h], fabsf(kscale)) : smax[h];
+      const bool valid = key0 + frag_key(f, i) < f.limit[h];
+      ks[i] = valid ? k_scale[frag_key(f, i)] : 0.f;  // garbage past the request: selected away
+      s[i] = valid ? ((s_lat0[i] + s_lat1[i]) * (q_mul[h] * ks[i]) + s_rope[i]) * p.scale_log2 : -INFINITY;
     }
     mbar_arrive(empty_bar + 8 * stage);  // latent, rope and scales read (S and the transposition)
-    float c[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const float mx = warp_max4(smax[h]);
-      c[h] = mx > 1e-30f ? 256.f / mx : 1.f;
-    }
-    tile_probs_all_keys(s_lat, ks, c, c_prev, m_run, l_run, acc, p_tile, f);
-    c_prev[0] = c[0];
-    c_prev[1] = c[1];
-    fence_proxy_async();  // this warpgroup's P and V^T before its wgmma reads them
-    named_barrier_sync(2 + f.wg, 128);
-    issue_pv_e4m3(acc, p_tile, base + kVt + (it % kVtBufs) * kVtBytes + 256 * f.wg * kKeys);
+
+    float mx[2];
+    warp_scale_max(ks, red_scale, f);
+    tile_row_max(s, reinterpret_cast<float*>(smem + kRedMax), f, mx);  // both P Vs of the last tile are done
+    const float c = tile_multiplier(red_scale);
+    tile_probs_e4m3(s, ks, c, c_prev, mx, m_run, l_run, acc, smem + kP, f);
+    c_prev = c;
+    fence_proxy_async();  // P and this warpgroup's V^T before wgmma reads them
+    named_barrier_sync(1, kConsumerThreads);
+    issue_pv_e4m3(acc, base + kP, base + kVt + (it % kVtBufs) * kVtBytes + 256 * f.wg * kKeys);
     if (it + 1 < w.n_tiles) start_tile(it + 1);
     wgmma_wait_all();  // P V of this tile and S of the next
   }
   fence_regs(acc);
   stamp(p, kPhaseLastPv, f.tid == 0 && w.n_tiles > 0);
-  Work w_out;  // read again rather than held through the tile loop: its registers are the loop's
-  cta_work(p, w_out);
-  write_out<true, true>(p, w_out, f, acc, m_run, l_run, nullptr, 1.f / c_prev[0], 1.f / c_prev[1]);
+  write_out<true>(p, w, f, acc, m_run, l_run, reinterpret_cast<float*>(smem + kRedSum), 1.f / c_prev);
   stamp(p, kPhaseEpilogue, f.tid == 0);
   record(p, kCountClockEpilogue, f.tid == 0);
   record(p, kCountConsumerWaitFull, f.tid == 0, &full_waits);
