@@ -237,6 +237,11 @@ def check_run_inputs(plan: MLADecodePlan, q: torch.Tensor, cache: MLACache, page
                          f"got {q.dtype} {tuple(q.shape)}")
     if out.shape != (T, H, D_LATENT) or out.stride(-1) != 1 or out.dtype != torch.bfloat16:
         raise ValueError(f"{KERNEL_NAME}: out must be bf16 [{T}, {H}, {D_LATENT}], got {out.dtype} {tuple(out.shape)}")
+    rows = [("q", q), ("out", out)] + ([("the workspace", plan.partial_out)] if plan.partial_out is not None else [])
+    for name, t in rows:  # the kernel moves their rows in 16-byte pieces
+        if t.data_ptr() % 16 or t.stride(0) % 8 or t.stride(1) % 8:
+            raise ValueError(f"{KERNEL_NAME}: {name} must be 16-byte aligned with token and head strides a multiple "
+                             f"of 8 elements, got strides {tuple(t.stride())}")
     if lse is not None and (lse.shape != (T, H) or not lse.is_contiguous() or lse.dtype != torch.float32):
         raise ValueError(f"{KERNEL_NAME}: lse must be contiguous fp32 [{T}, {H}]")
     if cache.kind != plan.cache_kind:

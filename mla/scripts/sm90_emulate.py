@@ -622,11 +622,10 @@ def emulate_fp8mma(page_size, lens, q_len, H, num_splits, seed=0):
                         lse2 = m_run[tid, h] + np.log2(lsum) if lsum > 0 else -np.inf
                         tok, head = q_start + row // H, row % H
                         col0 = 256 * wg + 2 * (lane & 3)
-                        for j in range(32):
-                            i = 4 * j + 2 * h
-                            cc = vt_col(col0 + 8 * j)
-                            part_o[tok, head, split, cc] = acc[tid, i] * inv
-                            part_o[tok, head, split, cc + 1] = acc[tid, i + 1] * inv
+                        for m in range(16):  # write_row_vt_cols: n8 blocks 2m and 2m + 1, one 16-byte store
+                            i = 8 * m + 2 * h
+                            cc = vt_col(col0 + 16 * m)
+                            part_o[tok, head, split, cc:cc + 4] = acc[tid, [i, i + 1, i + 4, i + 5]] * inv
                         if wg == 0 and lane % 4 == 0:
                             part_lse[tok, head, split] = lse2
     m = part_lse.max(-1, keepdims=True)

@@ -171,6 +171,8 @@ def test_run_checks_its_inputs_before_building():
         (p, q, cache, table.long(), out, None),
         (p, q, cache, table, out[..., :256], None),
         (p, q, cache, table, out, torch.zeros(2, 16, dtype=torch.float64)),
+        (p, torch.zeros(2, 16, 580, dtype=torch.bfloat16)[..., :576], cache, table, out, None),  # rows 8-byte aligned
+        (p, q, cache, table, torch.zeros(2 * 16 * 512 + 4, dtype=torch.bfloat16)[4:].view(2, 16, 512), None),
     ]
     for args in bad:
         with pytest.raises(ValueError):

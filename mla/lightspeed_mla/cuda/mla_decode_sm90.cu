@@ -252,43 +252,46 @@ __device__ __forceinline__ void load_q_tile(const MlaSm90Args& p, const Work& w,
 }
 
 // Q's latent -> e4m3 in shared memory (128B-swizzled [64, 512]) with one scale a row (amax / 448) into
-// q_scale[64]: four threads a row, 128 columns each. Rows past the request's are zeros.
+// q_scale[64]: four threads a row, 128 columns each. Rows past the request's are zeros. One pass: a thread's
+// 16 loads are all issued before its first use, and the row is quantised from registers (reading Q twice in
+// load-then-store loops chained ~8 memory latencies: the query tile landed ~10 µs after entry, against ~7 µs
+// for the bf16 kernel's batched load_q_tile; bench/results/mla_sm90_fp8mma_independent_wgs_2026-12-06_2041_h100/).
 __device__ __forceinline__ void quantize_q_latent(const MlaSm90Args& p, const Work& w, const Frag& f, uint8_t* dst,
                                                   float* q_scale) {
   const int r = f.tid / 4, quarter = f.tid % 4, row = w.row0 + r;
   const bool live = row < w.rows_total;
   const __nv_bfloat16* qrow = static_cast<const __nv_bfloat16*>(p.q);
   if (live) qrow += (w.q_start + row / w.H) * p.q_stride_t + static_cast<int64_t>(row % w.H) * p.q_stride_h;
-  float amax = 0.f;
-  if (live) {
-    for (int c = 0; c < 16; ++c) {
-      const uint4 v = *reinterpret_cast<const uint4*>(qrow + quarter * 128 + c * 8);
-      const __nv_bfloat162* h2 = reinterpret_cast<const __nv_bfloat162*>(&v);
+  uint4 v[16];
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float2 x = __bfloat1622float2(h2[e]);
-        amax = fmaxf(amax, fmaxf(fabsf(x.x), fabsf(x.y)));
-      }
+  for (int c = 0; c < 16; ++c)
+    v[c] = live ? __ldg(reinterpret_cast<const uint4*>(qrow + quarter * 128 + c * 8)) : make_uint4(0, 0, 0, 0);
+  float amax = 0.f;
+#pragma unroll
+  for (int c = 0; c < 16; ++c) {
+    const __nv_bfloat162* h2 = reinterpret_cast<const __nv_bfloat162*>(&v[c]);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float2 x = __bfloat1622float2(h2[e]);
+      amax = fmaxf(amax, fmaxf(fabsf(x.x), fabsf(x.y)));
     }
   }
   amax = fmaxf(amax, __shfl_xor_sync(0xffffffff, amax, 1));
   amax = fmaxf(amax, __shfl_xor_sync(0xffffffff, amax, 2));
   const float inv = amax > 0.f ? 448.f / amax : 0.f;
   if (quarter == 0) q_scale[r] = amax / 448.f;
-  for (int c = 0; c < 8; ++c) {  // 16 columns a store
-    uint32_t packed[4] = {0, 0, 0, 0};
-    if (live) {
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const uint4 v = *reinterpret_cast<const uint4*>(qrow + quarter * 128 + c * 16 + half * 8);
-        const __nv_bfloat162* h2 = reinterpret_cast<const __nv_bfloat162*>(&v);
+  for (int c = 0; c < 8; ++c) {  // 16 columns a store: chunks 2c and 2c + 1
+    uint32_t packed[4];
 #pragma unroll
-        for (int e = 0; e < 4; e += 2) {
-          const float2 a = __bfloat1622float2(h2[e]), b = __bfloat1622float2(h2[e + 1]);
-          const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(a.x * inv, a.y * inv), __NV_SATFINITE, __NV_E4M3);
-          const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(b.x * inv, b.y * inv), __NV_SATFINITE, __NV_E4M3);
-          packed[half * 2 + e / 2] = lo | (hi << 16);
-        }
+    for (int half = 0; half < 2; ++half) {
+      const __nv_bfloat162* h2 = reinterpret_cast<const __nv_bfloat162*>(&v[2 * c + half]);
+#pragma unroll
+      for (int e = 0; e < 4; e += 2) {
+        const float2 a = __bfloat1622float2(h2[e]), b = __bfloat1622float2(h2[e + 1]);
+        const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(a.x * inv, a.y * inv), __NV_SATFINITE, __NV_E4M3);
+        const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(b.x * inv, b.y * inv), __NV_SATFINITE, __NV_E4M3);
+        packed[half * 2 + e / 2] = lo | (hi << 16);
       }
     }
     *reinterpret_cast<uint4*>(dst + swizzled_offset_8bit(r, quarter * 128 + c * 16)) =
@@ -371,6 +374,39 @@ __device__ __forceinline__ int vt_col(int n) {
   return (n & ~15) | (((n & 7) >> 1) << 2) | (((n >> 3) & 1) << 1) | (n & 1);
 }
 
+// write_out's row h of a thread whose accumulator columns are in vt_col order (the FP8-MMA kernel). Its
+// elements 8m + 2h + {0, 1} and 8m + 4 + 2h + {0, 1} (n8 blocks 2m and 2m + 1) are output columns
+// vt_col(256 wg + 2q + 16m) + {0, 1, 2, 3} = 256 wg + 16m + 4q + {0..3} (q = lane % 4): one 16-byte store (8
+// bytes in bf16) a pair, and a quad writes 64 contiguous bytes; element by element at vt_col, each store
+// covered two half sectors, and the epilogue took ~11 µs instead of ~4 (bench/results/
+// mla_sm90_fp8mma_independent_wgs_2026-12-06_2041_h100/). q and out rows are 16-byte aligned (sm90.py checks).
+__device__ __forceinline__ void write_row_vt_cols(const MlaSm90Args& p, const Work& w, const Frag& f,
+                                                  const float (&acc)[128], int h, float inv, float lse2, int64_t tok,
+                                                  int64_t head) {
+  const int col0 = 256 * f.wg + 2 * (f.lane & 3);  // n8 block 2m's first column is col0 + 16m
+  if (p.num_splits == 1) {
+    __nv_bfloat16* o = static_cast<__nv_bfloat16*>(p.out) + tok * p.out_stride_t + head * p.out_stride_h;
+#pragma unroll
+    for (int m = 0; m < 16; ++m) {
+      const int i = 8 * m + 2 * h;
+      const __nv_bfloat162 lo = __floats2bfloat162_rn(acc[i] * inv, acc[i + 1] * inv);
+      const __nv_bfloat162 hi = __floats2bfloat162_rn(acc[i + 4] * inv, acc[i + 5] * inv);
+      *reinterpret_cast<uint2*>(o + vt_col(col0 + 16 * m)) =
+          make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
+    }
+    if (p.lse != nullptr && f.wg == 0 && (f.lane & 3) == 0) p.lse[tok * w.H + head] = lse2 * 0.6931471805599453f;
+  } else {
+    float* o = p.partial_out + tok * p.po_stride_t + head * p.po_stride_h + w.split * p.po_stride_s;
+#pragma unroll
+    for (int m = 0; m < 16; ++m) {
+      const int i = 8 * m + 2 * h;
+      *reinterpret_cast<float4*>(o + vt_col(col0 + 16 * m)) =
+          make_float4(acc[i] * inv, acc[i + 1] * inv, acc[i + 4] * inv, acc[i + 5] * inv);
+    }
+    if (f.wg == 0 && (f.lane & 3) == 0) p.partial_lse[(tok * w.H + head) * p.num_splits + w.split] = lse2;
+  }
+}
+
 // The output (one split) or this split's normalised partial and its log2-LSE. kVtCols: the accumulator's
 // columns are in vt_col order (the FP8-MMA kernel); out_mul: a factor the accumulator carries (1 / c there).
 template <bool kVtCols = false>
@@ -393,13 +429,17 @@ __device__ __forceinline__ void write_out(const MlaSm90Args& p, const Work& w, c
     const float inv = l > 0.f ? out_mul / l : 0.f;
     const float lse2 = l > 0.f ? m_run[h] + log2f(l) : -INFINITY;
     const int64_t tok = w.q_start + row / w.H, head = row % w.H;
+    if constexpr (kVtCols) {
+      write_row_vt_cols(p, w, f, acc, h, inv, lse2, tok, head);
+      continue;
+    }
     const int col0 = 256 * f.wg + 2 * (f.lane & 3);
     if (p.num_splits == 1) {
       __nv_bfloat16* o = static_cast<__nv_bfloat16*>(p.out) + tok * p.out_stride_t + head * p.out_stride_h;
 #pragma unroll
       for (int j = 0; j < 32; ++j) {
         const int i = 4 * j + 2 * h;
-        __nv_bfloat16* dst = kVtCols ? o + vt_col(col0 + 8 * j) : o + col0 + 8 * j;
+        __nv_bfloat16* dst = o + col0 + 8 * j;
         *reinterpret_cast<__nv_bfloat162*>(dst) = __floats2bfloat162_rn(acc[i] * inv, acc[i + 1] * inv);
       }
       if (p.lse != nullptr && f.wg == 0 && (f.lane & 3) == 0) p.lse[tok * w.H + head] = lse2 * 0.6931471805599453f;
@@ -408,7 +448,7 @@ __device__ __forceinline__ void write_out(const MlaSm90Args& p, const Work& w, c
 #pragma unroll
       for (int j = 0; j < 32; ++j) {
         const int i = 4 * j + 2 * h;
-        float* dst = kVtCols ? o + vt_col(col0 + 8 * j) : o + col0 + 8 * j;
+        float* dst = o + col0 + 8 * j;
         *reinterpret_cast<float2*>(dst) = make_float2(acc[i] * inv, acc[i + 1] * inv);
       }
       if (f.wg == 0 && (f.lane & 3) == 0) p.partial_lse[(tok * w.H + head) * p.num_splits + w.split] = lse2;
