@@ -33,7 +33,7 @@ only) stays above it where installed. The engine builds it before its first step
 failed build falls back to the next kernel with a warning. `mla_decode_sm90_fp8qk` (e4m3 scores) stays
 in the PORTABLE band, opt-in (`LIGHTSPEED_KERNEL_OVERRIDE_MLA_DECODE=mla_decode_sm90_fp8qk`): faster
 than `mla_decode_sm90` on FP8 caches but ~2-4% from the reference. `mla_decode_sm90_fp8mma` (e4m3 scores
-and e4m3 P V) is opt-in the same way, for the same reason: on an H100 it was 1.19-1.31x fp8qk on the seeds'
+and e4m3 P V) is opt-in the same way, for the same reason: on an H100 it was 1.24-1.30x fp8qk on the seeds'
 FP8 case (mla/NOTES.md, "mla_decode_sm90_fp8mma"), at ~2.7% from the reference (Q's and P's e4m3 rounding).
 """
 
