@@ -31,7 +31,7 @@ ABLATIONS = {
     "no_transpose": ("the whole transposition",
                      [("  asm volatile(\"\" : \"+r\"(lane), \"+r\"(warp));\n  const int m = lane / 8, r = lane % 8;\n",
                        "  return;\n  asm volatile(\"\" : \"+r\"(lane), \"+r\"(warp));\n  const int m = lane / 8, r = lane % 8;\n")]),
-    "quarter_s_latent": ("3/4 of S_latent's e4m3 wgmmas (4 of 16 k-steps stay)",
+    "quarter_s_latent": ("3/4 of S_latent's e4m3 wgmmas (4 of 16 k-steps stay; ptxas spills 8 bytes in this copy)",
                          [("  for (int k = 0; k < 8; ++k) {\n    const uint32_t koff = (k >> 2) * kBlockBytes + (k & 3) * 32;\n"
                            "    wgmma_m64n32k32_e4m3(s_lat0",
                            "  for (int k = 0; k < 2; ++k) {\n    const uint32_t koff = (k >> 2) * kBlockBytes + (k & 3) * 32;\n"
