@@ -215,6 +215,8 @@ def plan(workspace: torch.Tensor, query_start_loc, seq_lens, num_heads: int, *, 
     (row = token * H + head), 64-key tiles, splits filling one wave of one CTA per SM.
     `fold` / `tile` overrides of the Triton planner do not apply and are ignored."""
     check_plan_inputs(cache_kind, page_size)
+    if workspace.data_ptr() % 16:  # its split partials are carved at 256-byte offsets and written 16 bytes at a time
+        raise ValueError(f"{KERNEL_NAME}: the workspace must be 16-byte aligned")
     return plan_decode(workspace, query_start_loc, seq_lens, num_heads, page_size=page_size,
                        softmax_scale=softmax_scale, cache_kind=cache_kind, fold=True, num_splits=num_splits,
                        tile=TILE)
@@ -237,8 +239,7 @@ def check_run_inputs(plan: MLADecodePlan, q: torch.Tensor, cache: MLACache, page
                          f"got {q.dtype} {tuple(q.shape)}")
     if out.shape != (T, H, D_LATENT) or out.stride(-1) != 1 or out.dtype != torch.bfloat16:
         raise ValueError(f"{KERNEL_NAME}: out must be bf16 [{T}, {H}, {D_LATENT}], got {out.dtype} {tuple(out.shape)}")
-    rows = [("q", q), ("out", out)] + ([("the workspace", plan.partial_out)] if plan.partial_out is not None else [])
-    for name, t in rows:  # the kernel moves their rows in 16-byte pieces
+    for name, t in (("q", q), ("out", out)):  # the kernel moves their rows in 16-byte pieces
         if t.data_ptr() % 16 or t.stride(0) % 8 or t.stride(1) % 8:
             raise ValueError(f"{KERNEL_NAME}: {name} must be 16-byte aligned with token and head strides a multiple "
                              f"of 8 elements, got strides {tuple(t.stride())}")

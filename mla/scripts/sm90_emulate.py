@@ -622,7 +622,7 @@ def emulate_fp8mma(page_size, lens, q_len, H, num_splits, seed=0):
                         lse2 = m_run[tid, h] + np.log2(lsum) if lsum > 0 else -np.inf
                         tok, head = q_start + row // H, row % H
                         col0 = 256 * wg + 2 * (lane & 3)
-                        for m in range(16):  # write_row_vt_cols: n8 blocks 2m and 2m + 1, one 16-byte store
+                        for m in range(16):  # store_row<true>: n8 blocks 2m and 2m + 1, one 16-byte store
                             i = 8 * m + 2 * h
                             cc = vt_col(col0 + 16 * m)
                             part_o[tok, head, split, cc:cc + 4] = acc[tid, [i, i + 1, i + 4, i + 5]] * inv

@@ -144,6 +144,8 @@ def test_plan_refuses_unknown_caches_and_small_pages():
         sm90.plan(ws, [0, 1], [10], 16, page_size=64, softmax_scale=SCALE, cache_kind="int4")
     with pytest.raises(ValueError, match="page_size"):
         sm90.plan(ws, [0, 1], [10], 16, page_size=4, softmax_scale=SCALE)
+    with pytest.raises(ValueError, match="aligned"):
+        sm90.plan(ws[8:], [0, 1], [10], 16, page_size=64, softmax_scale=SCALE)
 
 
 def test_run_checks_its_inputs_before_building():

@@ -374,36 +374,43 @@ __device__ __forceinline__ int vt_col(int n) {
   return (n & ~15) | (((n & 7) >> 1) << 2) | (((n >> 3) & 1) << 1) | (n & 1);
 }
 
-// write_out's row h of a thread whose accumulator columns are in vt_col order (the FP8-MMA kernel). Its
-// elements 8m + 2h + {0, 1} and 8m + 4 + 2h + {0, 1} (n8 blocks 2m and 2m + 1) are output columns
-// vt_col(256 wg + 2q + 16m) + {0, 1, 2, 3} = 256 wg + 16m + 4q + {0..3} (q = lane % 4): one 16-byte store (8
-// bytes in bf16) a pair, and a quad writes 64 contiguous bytes; element by element at vt_col, each store
-// covered two half sectors, and the epilogue took ~11 µs instead of ~4 (bench/results/
-// mla_sm90_fp8mma_independent_wgs_2026-12-06_2041_h100/). q and out rows are 16-byte aligned (sm90.py checks).
-__device__ __forceinline__ void write_row_vt_cols(const MlaSm90Args& p, const Work& w, const Frag& f,
-                                                  const float (&acc)[128], int h, float inv, float lse2, int64_t tok,
-                                                  int64_t head) {
-  const int col0 = 256 * f.wg + 2 * (f.lane & 3);  // n8 block 2m's first column is col0 + 16m
-  if (p.num_splits == 1) {
-    __nv_bfloat16* o = static_cast<__nv_bfloat16*>(p.out) + tok * p.out_stride_t + head * p.out_stride_h;
+// Two / four adjacent output values: bf16 into the output, fp32 into a split's partial.
+__device__ __forceinline__ void store2(__nv_bfloat16* dst, float a, float b) {
+  *reinterpret_cast<__nv_bfloat162*>(dst) = __floats2bfloat162_rn(a, b);
+}
+__device__ __forceinline__ void store2(float* dst, float a, float b) {
+  *reinterpret_cast<float2*>(dst) = make_float2(a, b);
+}
+__device__ __forceinline__ void store4(__nv_bfloat16* dst, float a, float b, float c, float d) {
+  const __nv_bfloat162 lo = __floats2bfloat162_rn(a, b), hi = __floats2bfloat162_rn(c, d);
+  *reinterpret_cast<uint2*>(dst) =
+      make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
+}
+__device__ __forceinline__ void store4(float* dst, float a, float b, float c, float d) {
+  *reinterpret_cast<float4*>(dst) = make_float4(a, b, c, d);
+}
+
+// Row h of this thread's accumulator, times inv, into the row's 512 outputs at o. In natural column order a
+// thread's n8 block j is columns col0 + 8j + {0, 1}. In vt_col order (kVtCols: the FP8-MMA kernel) its blocks
+// 2m and 2m + 1 are the four adjacent columns vt_col(col0 + 16m) + {0..3}, one 16-byte store (8 in bf16), so a
+// quad writes 64 contiguous bytes; stored block by block at vt_col, each store covered two half sectors and the
+// epilogue took ~11 µs instead of ~4 (bench/results/mla_sm90_fp8mma_independent_wgs_2026-12-06_2041_h100/). Rows
+// are 16-byte aligned (sm90.py checks).
+template <bool kVtCols, typename T>
+__device__ __forceinline__ void store_row(T* o, const float (&acc)[128], int h, float inv, const Frag& f) {
+  const int col0 = 256 * f.wg + 2 * (f.lane & 3);
+  if constexpr (kVtCols) {
 #pragma unroll
     for (int m = 0; m < 16; ++m) {
       const int i = 8 * m + 2 * h;
-      const __nv_bfloat162 lo = __floats2bfloat162_rn(acc[i] * inv, acc[i + 1] * inv);
-      const __nv_bfloat162 hi = __floats2bfloat162_rn(acc[i + 4] * inv, acc[i + 5] * inv);
-      *reinterpret_cast<uint2*>(o + vt_col(col0 + 16 * m)) =
-          make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
+      store4(o + vt_col(col0 + 16 * m), acc[i] * inv, acc[i + 1] * inv, acc[i + 4] * inv, acc[i + 5] * inv);
     }
-    if (p.lse != nullptr && f.wg == 0 && (f.lane & 3) == 0) p.lse[tok * w.H + head] = lse2 * 0.6931471805599453f;
   } else {
-    float* o = p.partial_out + tok * p.po_stride_t + head * p.po_stride_h + w.split * p.po_stride_s;
 #pragma unroll
-    for (int m = 0; m < 16; ++m) {
-      const int i = 8 * m + 2 * h;
-      *reinterpret_cast<float4*>(o + vt_col(col0 + 16 * m)) =
-          make_float4(acc[i] * inv, acc[i + 1] * inv, acc[i + 4] * inv, acc[i + 5] * inv);
+    for (int j = 0; j < 32; ++j) {
+      const int i = 4 * j + 2 * h;
+      store2(o + col0 + 8 * j, acc[i] * inv, acc[i + 1] * inv);
     }
-    if (f.wg == 0 && (f.lane & 3) == 0) p.partial_lse[(tok * w.H + head) * p.num_splits + w.split] = lse2;
   }
 }
 
@@ -429,28 +436,13 @@ __device__ __forceinline__ void write_out(const MlaSm90Args& p, const Work& w, c
     const float inv = l > 0.f ? out_mul / l : 0.f;
     const float lse2 = l > 0.f ? m_run[h] + log2f(l) : -INFINITY;
     const int64_t tok = w.q_start + row / w.H, head = row % w.H;
-    if constexpr (kVtCols) {
-      write_row_vt_cols(p, w, f, acc, h, inv, lse2, tok, head);
-      continue;
-    }
-    const int col0 = 256 * f.wg + 2 * (f.lane & 3);
     if (p.num_splits == 1) {
-      __nv_bfloat16* o = static_cast<__nv_bfloat16*>(p.out) + tok * p.out_stride_t + head * p.out_stride_h;
-#pragma unroll
-      for (int j = 0; j < 32; ++j) {
-        const int i = 4 * j + 2 * h;
-        __nv_bfloat16* dst = o + col0 + 8 * j;
-        *reinterpret_cast<__nv_bfloat162*>(dst) = __floats2bfloat162_rn(acc[i] * inv, acc[i + 1] * inv);
-      }
+      store_row<kVtCols>(static_cast<__nv_bfloat16*>(p.out) + tok * p.out_stride_t + head * p.out_stride_h, acc, h,
+                         inv, f);
       if (p.lse != nullptr && f.wg == 0 && (f.lane & 3) == 0) p.lse[tok * w.H + head] = lse2 * 0.6931471805599453f;
     } else {
-      float* o = p.partial_out + tok * p.po_stride_t + head * p.po_stride_h + w.split * p.po_stride_s;
-#pragma unroll
-      for (int j = 0; j < 32; ++j) {
-        const int i = 4 * j + 2 * h;
-        float* dst = o + col0 + 8 * j;
-        *reinterpret_cast<float2*>(dst) = make_float2(acc[i] * inv, acc[i + 1] * inv);
-      }
+      store_row<kVtCols>(p.partial_out + tok * p.po_stride_t + head * p.po_stride_h + w.split * p.po_stride_s, acc, h,
+                         inv, f);
       if (f.wg == 0 && (f.lane & 3) == 0) p.partial_lse[(tok * w.H + head) * p.num_splits + w.split] = lse2;
     }
   }

@@ -4,8 +4,9 @@
 #   on device:  source .whl/setup_on_device.sh; bash tools/bench/h200/mla_ab.sh run REV OUTDIR [POINTS] [CANDIDATES]
 # Runs tools/bench/mla.py three times, this tree, REV's mla/, this tree again (the repeat shows the run-to-run
 # spread), into OUTDIR/{new,old,new2}; REV's build gets a kernel cache of its own, this tree's is mla_sm90.sh's
-# (the JIT module names hash the sources, so a build left by mla_sm90.sh is reused). POINTS: seeds (default) | small; CANDIDATES default
-# mla_decode_sm90_fp8qk,mla_decode_sm90_fp8mma; MLA_AB_COMMIT names this tree's commit. Prints each run's rows.
+# (the JIT module names hash the sources, so a build left by mla_sm90.sh is reused). POINTS: seeds (default) |
+# small; CANDIDATES default mla_decode_sm90_fp8qk,mla_decode_sm90_fp8mma; MLA_AB_COMMIT names this tree's commit.
+# Prints each run's rows.
 set -uo pipefail
 cmd=${1:?usage: mla_ab.sh pack REV | run REV OUTDIR [POINTS] [CANDIDATES]}
 rev=${2:?a commit}
