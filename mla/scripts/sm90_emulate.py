@@ -419,6 +419,10 @@ def transpose_latent(smem, lat, vt, valid):
                         smem[a:a + 2] = x[m][2 * e:2 * e + 2]
 
 
+def pow2_floor(x):  # tile_multiplier's rounding: keep a float's exponent, clear its mantissa
+    return np.array([x], np.float32).view(np.uint32).__and__(np.uint32(0x7F800000)).view(np.float32)[0]
+
+
 def key_of_slot(slot):  # transpose_latent's key order: slot 16j + 2i + h holds key 16j + i + 8h
     return 16 * (slot // 16) + (slot % 16) // 2 + 8 * (slot % 2)
 
@@ -531,7 +535,7 @@ def emulate_fp8mma(page_size, lens, q_len, H, num_splits, seed=0):
                     check_vt(smem, st, vt, valid)
                     kscale = smem[M_SC + (it % 2) * 256: M_SC + (it % 2) * 256 + 256].copy().view(np.float32)
                     mx = max([abs(kscale[k]) for k in range(min(valid, 64))] + [0.0])
-                    c = np.float32(256.0) / np.float32(mx) if mx > 1e-30 else np.float32(1.0)
+                    c = pow2_floor(np.float32(256.0) / np.float32(mx)) if mx > 1e-30 else np.float32(1.0)
                     S_wg = []
                     for wg in range(2):
                         Sl = np.zeros((64, 32), np.float32)

@@ -820,12 +820,14 @@ __device__ __forceinline__ void warp_scale_max(const float (&ks)[16], float* red
   if (f.lane == 0) red_scale[f.tid / 32] = mx;
 }
 
-// Part 2: c = 256 / the tile's largest |k_scale| over the keys some row sees (1 when that is ~0).
+// Part 2: c = 256 / the tile's largest |k_scale| over the keys some row sees, rounded down to a power of two
+// (1 when that is ~0). A power of two keeps P' <= 256 and makes c / c_prev exact and, tile after tile, mostly
+// 1, so tile_probs_e4m3 can skip the accumulator's rescale whenever no row's max moved either.
 __device__ __forceinline__ float tile_multiplier(const float* red_scale) {
   float mx = 0.f;
 #pragma unroll
   for (int w = 0; w < kConsumerThreads / 32; ++w) mx = fmaxf(mx, red_scale[w]);
-  return mx > 1e-30f ? 256.f / mx : 1.f;
+  return mx > 1e-30f ? __int_as_float(__float_as_int(256.f / mx) & 0x7f800000) : 1.f;
 }
 
 // Online softmax, part 2 of the FP8-MMA kernel: as tile_probs, but P' = p * ks * c goes to the P tile as
@@ -868,6 +870,9 @@ __device__ __forceinline__ void tile_probs_e4m3(const float (&s)[16], const floa
   l_run[1] = l_run[1] * alpha[1] + psum[1];
   const float ratio = c / c_prev;
   const float a0 = alpha[0] * ratio, a1 = alpha[1] * ratio;
+  // 128 multiplies a thread on the path between two tiles' MMAs; skipped (a warp-uniform branch) when every
+  // row of the warp keeps its max and c did not move, which is most tiles once a long context's max settles.
+  if (__all_sync(0xffffffff, a0 == 1.f && a1 == 1.f)) return;
 #pragma unroll
   for (int i = 0; i < 128; ++i) acc[i] *= (i >> 1) & 1 ? a1 : a0;
 }
