@@ -357,7 +357,7 @@ def emulate(kind, page_size, lens, q_len, H, num_splits, seed=0, fp8_scores=Fals
 M_QROPE, M_STAGE0, M_STB = 32768, 40960, 40960
 M_VT = M_STAGE0 + 2 * M_STB
 M_P = M_VT + 2 * 32768
-M_SC = M_P + 4096
+M_SC = M_P + 2 * 4096  # two P tiles: tile i + 1's softmax writes one while P V of tile i reads the other
 
 
 def swz64(off):  # 64B swizzle: address bits 4-5 ^= bits 7-8
@@ -443,9 +443,9 @@ def check_vt(smem, lat, vt, valid):
     assert (got == want).all(), "V^T layout"
 
 
-def check_p(smem, s, ks, c, red_max, m_run):
+def check_p(smem, pb, s, ks, c, red_max, m_run):
     """P as the PV descriptor reads it is e4m3(p * ks * c) of each row's keys in slot order."""
-    got = read_kmajor64(smem, M_P, 64, 64)
+    got = read_kmajor64(smem, pb, 64, 64)
     want = np.zeros((64, 64), np.float32)
     for tid in range(256):
         wg, lane, rl, rh = frag(tid)
@@ -520,6 +520,7 @@ def emulate_fp8mma(page_size, lens, q_len, H, num_splits, seed=0):
                 for it in range(n_tiles):
                     key0 = start + it * 64
                     st = M_STAGE0 + (it % 2) * M_STB
+                    pb = M_P + (it % 2) * 4096
                     vt = M_VT + (it % 2) * 32768  # two V^T buffers: tile i + 1 is transposed beside P V of tile i
                     for j in range(64 // box_rows):  # the loads
                         key = key0 + j * box_rows
@@ -586,7 +587,7 @@ def emulate_fp8mma(page_size, lens, q_len, H, num_splits, seed=0):
                         for h in range(2):
                             for gg in (0, 2):
                                 four = [pv[4 * gg + 2 * h], pv[4 * gg + 4 + 2 * h], pv[4 * gg + 2 * h + 1], pv[4 * gg + 5 + 2 * h]]
-                                o = M_P + so64(rh if h else rl, 32 * wg + 8 * gg + 4 * q4)
+                                o = pb + so64(rh if h else rl, 32 * wg + 8 * gg + 4 * q4)
                                 smem[o:o + 4] = e4m3_bytes(np.array(four, np.float32))
                         for h in range(2):
                             l_run[tid, h] = l_run[tid, h] * alpha[h] + psum[h]
@@ -594,11 +595,11 @@ def emulate_fp8mma(page_size, lens, q_len, H, num_splits, seed=0):
                         for i in range(128):
                             acc[tid, i] *= alpha[(i >> 1) & 1] * ratio
                     c_prev = c
-                    check_p(smem, s, ks, c, red_max, m_run)
+                    check_p(smem, pb, s, ks, c, red_max, m_run)
                     for wg in range(2):  # tile_pv_e4m3
                         o_tile = np.zeros((64, 256), np.float32)
                         for k in range(2):
-                            A = e4m3_vals(read_kmajor64(smem, M_P + k * 32, 64, 32))
+                            A = e4m3_vals(read_kmajor64(smem, pb + k * 32, 64, 32))
                             Bv = e4m3_vals(read_kmajor64(smem, vt + 256 * wg * 64 + k * 32, 256, 32))
                             o_tile += A @ Bv.T
                         for t in range(128):

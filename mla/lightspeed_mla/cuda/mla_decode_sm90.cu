@@ -107,8 +107,10 @@ constexpr int kLatBytes = 4 * kBlockBytes, kStageBytes = kLatBytes + kBlockBytes
 constexpr int kTxBytes = kStageBytes + kKeys * 4;  // + the tile's fp32 scales
 constexpr int kVtBytes = 512 * kKeys;              // e4m3 V^T [512 N-rows, 64 key slots], 64B-swizzled
 constexpr int kVt = kStage0 + kRing * kStageBytes;
+constexpr int kPBufs = 2;                          // P tiles: tile i + 1's is written while P V of tile i reads
+constexpr int kPBytes = kRows * kKeys;
 constexpr int kP = kVt + kVtBufs * kVtBytes;       // e4m3 P [64 rows, 64 key slots], 64B-swizzled
-constexpr int kScales = kP + kRows * kKeys;        // float [kRing stages][64]
+constexpr int kScales = kP + kPBufs * kPBytes;     // float [kRing stages][64]
 constexpr int kRedScale = kScales + kRing * kKeys * 4;  // float [8 consumer warps]: their largest k_scale
 constexpr int kRedMax = kRedScale + 32;
 constexpr int kRedSum = kRedMax + 2 * kRows * 4;
@@ -120,7 +122,7 @@ constexpr int kSmemBytes = kBar + 2 * kRing * 8 + 1024;
 // what the CTA's other warps released of its launch share (168 x 384), so 32 / 240 hung the kernel.
 constexpr int kLoaderRegs = 24, kMmaRegs = 240;
 static_assert(128 * kLoaderRegs + kConsumerThreads * kMmaRegs <= kLaunchRegs * kThreads, "the CTA's registers");
-static_assert(kVt % 1024 == 0 && kP % 1024 == 0, "64B-swizzled tiles need 512-byte aligned bases");
+static_assert(kVt % 1024 == 0 && kP % 1024 == 0 && kPBytes % 1024 == 0, "64B-swizzled tiles: 512-byte aligned bases");
 static_assert(kSmemBytes <= 227 * 1024, "over the sm_90 shared memory per block");
 }  // namespace fp8mma
 
@@ -831,12 +833,12 @@ __device__ __forceinline__ float tile_multiplier(const float* red_scale) {
 }
 
 // Online softmax, part 2 of the FP8-MMA kernel: as tile_probs, but P' = p * ks * c goes to the P tile as
-// e4m3 in transpose_latent's key-slot order, and the accumulator (kept times c) is rescaled by
-// alpha * c / c_prev. Slots: this thread's keys 2q, 2q + 1, 8 + 2q, 9 + 2q of a 16-key group (q = lane % 4)
+// e4m3 in transpose_latent's key-slot order, and the accumulator (kept times c) is to be rescaled by
+// rescale = alpha * c / c_prev once the last tile's P V is done (rescale_acc). Slots: this thread's keys 2q, 2q + 1, 8 + 2q, 9 + 2q of a 16-key group (q = lane % 4)
 // are slots 4q, 4q + 2, 4q + 1, 4q + 3, so each row's four values of a group are one 32-bit store.
 __device__ __forceinline__ void tile_probs_e4m3(const float (&s)[16], const float (&ks)[16], float c, float c_prev,
                                                 const float (&mx)[2], float (&m_run)[2], float (&l_run)[2],
-                                                float (&acc)[128], uint8_t* p_tile, const Frag& f) {
+                                                float (&rescale)[2], uint8_t* p_tile, const Frag& f) {
   float m_use[2], alpha[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -869,12 +871,16 @@ __device__ __forceinline__ void tile_probs_e4m3(const float (&s)[16], const floa
   l_run[0] = l_run[0] * alpha[0] + psum[0];
   l_run[1] = l_run[1] * alpha[1] + psum[1];
   const float ratio = c / c_prev;
-  const float a0 = alpha[0] * ratio, a1 = alpha[1] * ratio;
-  // 128 multiplies a thread on the path between two tiles' MMAs; skipped (a warp-uniform branch) when every
-  // row of the warp keeps its max and c did not move, which is most tiles once a long context's max settles.
-  if (__all_sync(0xffffffff, a0 == 1.f && a1 == 1.f)) return;
+  rescale[0] = alpha[0] * ratio;
+  rescale[1] = alpha[1] * ratio;
+}
+
+// 128 multiplies a thread on the path between two tiles' MMAs; skipped (a warp-uniform branch) when every
+// row of the warp keeps its max and c did not move, which is most tiles once a long context's max settles.
+__device__ __forceinline__ void rescale_acc(float (&acc)[128], const float (&rescale)[2]) {
+  if (__all_sync(0xffffffff, rescale[0] == 1.f && rescale[1] == 1.f)) return;
 #pragma unroll
-  for (int i = 0; i < 128; ++i) acc[i] *= (i >> 1) & 1 ? a1 : a0;
+  for (int i = 0; i < 128; ++i) acc[i] *= rescale[(i >> 1) & 1];
 }
 
 // O[64, this warpgroup's 256 N-rows] += P'[64, 64] V^T: 2 k-steps of 32 key slots, committed, not waited.
@@ -947,36 +953,35 @@ __global__ void __launch_bounds__(kThreads, 1)
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f}, c_prev = 1.f;
   const float q_mul[2] = {q_scale[f.r_lo], q_scale[f.r_hi]};
   const int warp = (f.tid % 128) / 32;
-  // Software pipelined: S of tile i + 1 is issued right behind P V of tile i, so the tensor cores run the
-  // two back to back while this warpgroup transposes tile i + 1 (into the other V^T); one wait covers both
-  // at the end of the step, so no MMA is in flight across the loop's back edge (ptxas serialises every
-  // wgmma of a kernel whose in-flight accumulators it cannot keep in place: C7515).
+  // Software pipelined, FlashAttention-3's intra-warpgroup overlap: a step issues S of tile i + 1, then P V of
+  // tile i; transposes tile i + 1 (into the other V^T) while both run; waits for S only and runs tile i + 1's
+  // softmax (into the other P tile) while P V still runs; then waits for P V and rescales the accumulator.
+  // No MMA is in flight across the loop's back edge (ptxas serialises every wgmma of a kernel whose in-flight
+  // accumulators it cannot keep in place: C7515).
   float s_lat0[16], s_lat1[16], s_rope[16];
-  auto start_tile = [&](int it) {  // wait for tile it, issue its S, transpose it
+  auto issue_tile_s = [&](int it) {  // wait for tile it to land, issue its S
     full_waits.start();
     mbar_wait(full_bar + 8 * (it % kRing), (it / kRing) & 1);
     full_waits.stop();
     stamp(p, kPhaseFirstTile, f.tid == 0 && it == 0);
-    const uint32_t st_base = base + kStage0 + (it % kRing) * kStageBytes;
-    issue_s_e4m3(s_lat0, s_lat1, s_rope, base + kQ, base + kQRope, st_base, f.wg);
-    transposing.start();  // V^T buffer it % 2 was last read by P V of tile it - 2, waited for
-    transpose_latent(st_base, base + kVt + (it % kVtBufs) * kVtBytes, w.end - (w.start + it * kKeys), f.wg, warp,
-                     f.lane);
+    issue_s_e4m3(s_lat0, s_lat1, s_rope, base + kQ, base + kQRope, base + kStage0 + (it % kRing) * kStageBytes, f.wg);
+  };
+  auto transpose_tile = [&](int it) {  // V^T buffer it % 2 was last read by P V of tile it - 2, waited for
+    transposing.start();
+    transpose_latent(base + kStage0 + (it % kRing) * kStageBytes, base + kVt + (it % kVtBufs) * kVtBytes,
+                     w.end - (w.start + it * kKeys), f.wg, warp, f.lane);
     transposing.stop();
     stamp(p, kPhaseLastVt, f.tid == 0 && it == w.n_tiles - 1);
   };
-  if (w.n_tiles > 0) {
-    start_tile(0);
-    wgmma_wait_all();
-  }
-  for (int it = 0; it < w.n_tiles; ++it) {
+  // Tile it's softmax from its S (waited for): its stage released, P' into P tile it % 2 (last read by P V of
+  // tile it - 2, waited for), the running max and sums updated, the accumulator's factor into `rescale`.
+  auto softmax_tile = [&](int it, float (&rescale)[2]) {
     const int stage = it % kRing;
     const int key0 = w.start + it * kKeys;
     const float* k_scale = reinterpret_cast<const float*>(smem + kScales) + stage * kKeys;
     fence_regs(s_lat0);
     fence_regs(s_lat1);
     fence_regs(s_rope);
-    fence_regs(acc);
     float s[16], ks[16];
 #pragma unroll
     for (int i = 0; i < 16; ++i) {
@@ -986,18 +991,42 @@ __global__ void __launch_bounds__(kThreads, 1)
       s[i] = valid ? ((s_lat0[i] + s_lat1[i]) * (q_mul[h] * ks[i]) + s_rope[i]) * p.scale_log2 : -INFINITY;
     }
     mbar_arrive(empty_bar + 8 * stage);  // latent, rope and scales read (S and the transposition)
-
     float mx[2];
     warp_scale_max(ks, red_scale, f);
-    tile_row_max(s, reinterpret_cast<float*>(smem + kRedMax), f, mx);  // both P Vs of the last tile are done
+    tile_row_max(s, reinterpret_cast<float*>(smem + kRedMax), f, mx);
     const float c = tile_multiplier(red_scale);
-    tile_probs_e4m3(s, ks, c, c_prev, mx, m_run, l_run, acc, smem + kP, f);
+    tile_probs_e4m3(s, ks, c, c_prev, mx, m_run, l_run, rescale, smem + kP + (it % kPBufs) * kPBytes, f);
     c_prev = c;
-    fence_proxy_async();  // P and this warpgroup's V^T before wgmma reads them
+  };
+  if (w.n_tiles > 0) {
+    issue_tile_s(0);
+    transpose_tile(0);
+    wgmma_wait_all();
+    float unused[2];  // the accumulator is still zero
+    softmax_tile(0, unused);
+    fence_proxy_async();  // P and V^T before wgmma reads them
     named_barrier_sync(1, kConsumerThreads);
-    issue_pv_e4m3(acc, base + kP, base + kVt + (it % kVtBufs) * kVtBytes + 256 * f.wg * kKeys);
-    if (it + 1 < w.n_tiles) start_tile(it + 1);
-    wgmma_wait_all();  // P V of this tile and S of the next
+  }
+  auto issue_pv = [&](int it) {
+    const uint32_t vt = base + kVt + (it % kVtBufs) * kVtBytes + 256 * f.wg * kKeys;  // this warpgroup's N-rows
+    issue_pv_e4m3(acc, base + kP + (it % kPBufs) * kPBytes, vt);
+  };
+  for (int it = 0; it + 1 < w.n_tiles; ++it) {  // the last tile's P V after the loop: no branch around a wait
+    issue_tile_s(it + 1);
+    issue_pv(it);
+    transpose_tile(it + 1);
+    wgmma_wait<1>();  // S of tile it + 1 (committed first); P V of tile it may still run
+    float rescale[2];
+    softmax_tile(it + 1, rescale);
+    wgmma_wait_all();
+    fence_regs(acc);
+    rescale_acc(acc, rescale);
+    fence_proxy_async();  // P and V^T of tile it + 1 before wgmma reads them
+    named_barrier_sync(1, kConsumerThreads);
+  }
+  if (w.n_tiles > 0) {
+    issue_pv(w.n_tiles - 1);
+    wgmma_wait_all();
   }
   fence_regs(acc);
   stamp(p, kPhaseLastPv, f.tid == 0 && w.n_tiles > 0);

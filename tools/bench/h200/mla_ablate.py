@@ -37,8 +37,8 @@ ABLATIONS = {
                            "  for (int k = 0; k < 2; ++k) {\n    const uint32_t koff = (k >> 2) * kBlockBytes + (k & 3) * 32;\n"
                            "    wgmma_m64n32k32_e4m3(s_lat0"),
                           ("  for (int k = 8; k < 16; ++k) {", "  for (int k = 8; k < 10; ++k) {")]),
-    "no_pv": ("the P V wgmmas",
-              [("    issue_pv_e4m3(acc, base + kP, base + kVt + (it % kVtBufs) * kVtBytes + 256 * f.wg * kKeys);\n", "")]),
+    "no_pv": ("the P V wgmmas (an empty group is committed in their place, so wgmma_wait<1> still waits for S)",
+              [("    issue_pv_e4m3(acc, base + kP + (it % kPBufs) * kPBytes, vt);\n", "    wgmma_commit();\n")]),
 }
 
 
