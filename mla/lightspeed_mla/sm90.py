@@ -1,10 +1,10 @@
 """`mla_decode_sm90`: the absorbed MLA decode as a CUDA kernel for sm_90a (Hopper), JIT-built with nvcc.
 
-The kernel (cuda/mla_decode_sm90.cu, design note at its top) is the plan of mla/NOTES.md: one CTA per
-(request, split, 64 rows of (query token, head) pairs), TMA loads of 64-key page tiles into a 2-stage
-shared-memory ring fed by a producer warpgroup, two consumer warpgroups running wgmma (S = Q K^T split by
-keys, P V split by the 512 latent columns), online softmax, split-KV partials merged by the Triton
-combine of kernels/decode_triton.py. Both cache formats: bf16 (the packed [pages, page_size, 576]
+The kernels (cuda/mla_decode_sm90_*.cu, design note atop cuda/sm90_decode_common.cuh) are the plan of
+mla/NOTES.md: one CTA per (request, split, 64 rows of (query token, head) pairs), TMA loads of 64-key
+page tiles into a 2-stage shared-memory ring fed by a producer warpgroup, two consumer warpgroups running
+wgmma (S = Q K^T split by keys, P V split by the 512 latent columns), online softmax, split-KV partials
+merged by the Triton combine of kernels/decode_triton.py. Both cache formats: bf16 (the packed [pages, page_size, 576]
 tensor) and FP8 (e4m3 latent, one fp32 scale a token, bf16 rope): the latent tile is widened exactly
 to bf16 in shared memory and P V runs in bf16 with the per-token scale folded into P; S_latent runs in
 bf16 on the widened tile (`mla_decode_sm90`: the Triton FP8 path's accuracy) or on e4m3 MMAs with Q
@@ -73,8 +73,9 @@ KERNEL_NAME_FP8_SCORES = "mla_decode_sm90_fp8qk"
 # Both products on e4m3 MMAs (fp8qk's scores, and P V on the transposed latent with P quantised per tile).
 KERNEL_NAME_FP8_MMA = "mla_decode_sm90_fp8mma"
 CUDA_DIR = Path(__file__).parent / "cuda"
-SOURCES = ("binding.cpp", "mla_decode_sm90.cu")
-HEADERS = ("mla_decode_sm90.h", "sm90_ptx.cuh")
+KERNEL_SOURCES = ("mla_decode_sm90.cu", "mla_decode_sm90_bf16.cu", "mla_decode_sm90_fp8mma.cu")  # no torch headers
+SOURCES = ("binding.cpp", *KERNEL_SOURCES)
+HEADERS = ("mla_decode_sm90.h", "sm90_launch.h", "sm90_ptx.cuh", "sm90_decode_common.cuh", "sm90_decode_tile.cuh")
 CACHE_KINDS = ("bf16", "fp8")
 ARCH_FLAG = "-gencode=arch=compute_90a,code=sm_90a"  # wgmma / setmaxnreg need the "a" target
 PAGE_SIZES = (8, 16, 32, 64, 128, 256)  # a TMA box holds min(page_size, 64) tokens, >= 8 swizzle rows

@@ -1,4 +1,4 @@
-"""Emulates launches of mla_decode_sm90 (cuda/mla_decode_sm90.cu) on the CPU at the level of shared-memory
+"""Emulates launches of mla_decode_sm90 (cuda/mla_decode_sm90_*.cu) on the CPU at the level of shared-memory
 bytes, to check its layout arithmetic without a GPU: TMA boxes land 128B-swizzled (address bits 4-6 ^= bits
 7-9), wgmma operands are read through the canonical descriptor layouts (K-major: 8-row groups 1 KB apart;
 MN-major V: 64-column blocks LBO apart, 8-key groups 1 KB apart), accumulators map to threads by the m64nN

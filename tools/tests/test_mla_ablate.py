@@ -15,8 +15,8 @@ import mla_ablate  # noqa: E402
 def test_each_ablation_edits_the_kernel(name, tmp_path):
     _, edits = mla_ablate.ABLATIONS[name]
     src = mla_ablate.make_copy(name, edits, ROOT, base=tmp_path)
-    intact = (ROOT / "mla" / mla_ablate.KERNEL).read_text()
-    cut = (src / mla_ablate.KERNEL).read_text()
+    intact = "".join((ROOT / "mla" / f).read_text() for f in mla_ablate.KERNEL_FILES)
+    cut = "".join((src / f).read_text() for f in mla_ablate.KERNEL_FILES)
     assert cut != intact
     for old, new in edits:
         assert cut.count(old) == 0 or old in new

@@ -5,7 +5,7 @@ tile loop cut out, benched beside the intact kernel (their outputs are wrong by 
 
     python3 tools/bench/h200/mla_ablate.py --out OUT [--ablations all|name,name] [--points seeds]
 
-Each ablation is an exact-text edit of mla/lightspeed_mla/cuda/mla_decode_sm90.cu in a copy of mla/ under
+Each ablation is an exact-text edit of the FP8-MMA kernel (KERNEL_FILES) in a copy of mla/ under
 /tmp (an edit whose text is gone fails loudly rather than timing the intact kernel); the copies build in
 parallel (nvcc, one process each, own kernel cache), then tools/bench/mla.py times
 `mla_decode_sm90_fp8mma` in each, one after another, into OUT/<name>/. Run on the device from the checkout
@@ -22,7 +22,8 @@ import sys
 import time
 from pathlib import Path
 
-KERNEL = "lightspeed_mla/cuda/mla_decode_sm90.cu"
+KERNEL = "lightspeed_mla/cuda/mla_decode_sm90_fp8mma.cu"
+KERNEL_FILES = (KERNEL, "lightspeed_mla/cuda/sm90_decode_tile.cuh")  # an edit's text is in one of them, once
 STORE = "    stmatrix_x4_trans(vt + swizzled_offset_64b(32 * g32 + 8 * m + r, 16 * j), x);\n"
 # name -> (what it cuts, [(old, new), ...])
 ABLATIONS = {
@@ -47,13 +48,15 @@ def make_copy(name: str, edits: list[tuple[str, str]], root: Path, base: Path = 
     dst = base / name
     shutil.rmtree(dst, ignore_errors=True)
     shutil.copytree(root / "mla", dst / "mla", ignore=shutil.ignore_patterns("__pycache__", "tests"))
-    path = dst / "mla" / KERNEL
-    text = path.read_text()
+    texts = {f: (dst / "mla" / f).read_text() for f in KERNEL_FILES}
     for old, new in edits:
-        if text.count(old) != 1:
-            raise SystemExit(f"{name}: the text to cut is not in the kernel once ({text.count(old)} times): {old[:60]!r}")
-        text = text.replace(old, new)
-    path.write_text(text)
+        where = {f: t.count(old) for f, t in texts.items() if old in t}
+        if list(where.values()) != [1]:
+            raise SystemExit(f"{name}: the text to cut is not in the kernel once ({where}): {old[:60]!r}")
+        f = next(iter(where))
+        texts[f] = texts[f].replace(old, new)
+    for f, text in texts.items():
+        (dst / "mla" / f).write_text(text)
     return dst / "mla"
 
 
