@@ -7,6 +7,7 @@ It mirrors the kernel by hand: edit both together.
 
     python mla/scripts/sm90_emulate.py bf16 | fp8 [fp8qk]   (a third argument: the e4m3-scores variant)
     python mla/scripts/sm90_emulate.py fp8mma                (both products on e4m3: mla_decode_sm90_fp8mma)
+    python mla/scripts/sm90_emulate.py afrag                 (the register-operand P V's fragments, mla/NOTES.md)
 """
 import sys
 from pathlib import Path
@@ -458,6 +459,32 @@ def check_p(smem, pb, s, ks, c, red_max, m_run):
     assert (got == e4m3_bytes(want_slots)).all(), "P layout"
 
 
+def check_register_pv_fragments(seed=0):
+    """The register-operand P V of mla/NOTES.md (not built yet): `ldmatrix.x4.trans` on the landed latent tile
+    plus `__byte_perm(x, y, 0x6240 / 0x7351)` must give the e4m3 wgmma A fragment of V^T (a0 / a1: rows lane/4
+    and lane/4 + 8 at K slots 4q..4q + 3; a2 / a3 at 16 + 4q) in transpose_latent's key-slot order, fragment
+    row r being dim 2r and row r + 8 dim 2r + 1 of the warp's 16-dim column group."""
+    def byte_perm(x, y, sel):
+        b = list(x) + list(y)
+        return np.array([b[(sel >> (4 * i)) & 0xF] for i in range(4)], np.uint8)
+
+    smem = np.random.default_rng(seed).integers(0, 256, 64 * 1024, dtype=np.uint8)
+    for g16 in range(32):  # 16-dim column group
+        for ks in range(2):  # k-step: keys 32 ks .. 32 ks + 31, matrices X, Y, Z, W = 8 keys each
+            rows = [smem[so8(32 * ks + lane, 16 * g16):so8(32 * ks + lane, 16 * g16) + 16] for lane in range(32)]
+            for t in range(32):  # .trans: thread t gets element (row 2 (t % 4) + e, column t / 4) of matrix m
+                q, c = t % 4, t // 4
+                d = [np.concatenate([rows[8 * m + 2 * q + e][2 * c:2 * c + 2] for e in range(2)]) for m in range(4)]
+                a = [byte_perm(d[0], d[1], 0x6240), byte_perm(d[0], d[1], 0x7351),
+                     byte_perm(d[2], d[3], 0x6240), byte_perm(d[2], d[3], 0x7351)]
+                for reg in range(4):
+                    frag_row, k0 = c + 8 * (reg & 1), 4 * q + 16 * (reg >> 1)
+                    dim = 16 * g16 + (2 * frag_row if frag_row < 8 else 2 * (frag_row - 8) + 1)
+                    want = [smem[so8(32 * ks + key_of_slot(k0 + b), dim)] for b in range(4)]
+                    assert (a[reg] == want).all(), (g16, ks, t, reg)
+    print("register-operand P V: the A fragments hold V^T in key-slot order")
+
+
 def emulate_fp8mma(page_size, lens, q_len, H, num_splits, seed=0):
     g = torch.Generator().manual_seed(seed)
     cache, table = make_paged_cache("fp8", page_size, lens, generator=g)
@@ -653,6 +680,9 @@ def emulate_fp8mma(page_size, lens, q_len, H, num_splits, seed=0):
 
 if __name__ == "__main__":
     kind = sys.argv[1]
+    if kind == "afrag":
+        check_register_pv_fragments()
+        sys.exit(0)
     if kind == "fp8mma":
         emulate_fp8mma(16, [150], 4, 16, 1)
         emulate_fp8mma(64, [70, 4], 4, 16, 2, seed=1)
