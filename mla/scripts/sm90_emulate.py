@@ -563,7 +563,7 @@ def emulate_fp8mma(page_size, lens, q_len, H, num_splits, seed=0):
                     check_vt(smem, st, vt, valid)
                     kscale = smem[M_SC + (it % 2) * 256: M_SC + (it % 2) * 256 + 256].copy().view(np.float32)
                     mx = max([abs(kscale[k]) for k in range(min(valid, 64))] + [0.0])
-                    c = pow2_floor(np.float32(256.0) / np.float32(mx)) if mx > 1e-30 else np.float32(1.0)
+                    c = pow2_floor(np.float32(448.0) / np.float32(mx)) if mx > 1e-30 else np.float32(1.0)
                     S_wg = []
                     for wg in range(2):
                         Sl = np.zeros((64, 32), np.float32)

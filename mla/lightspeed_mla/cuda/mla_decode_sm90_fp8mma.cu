@@ -2,10 +2,10 @@
 // producer and consumers: sm90_decode_common.cuh).
 // As the e4m3-scores kernel for S (Q quantised per row, S_latent in two fp32 halves of K, S_rope bf16).
 // For P V, each consumer warpgroup transposes its half of the landed latent tile into V^T (transpose_latent)
-// while its S MMAs run, the tile's P multiplier c = 256 / its largest k_scale comes out of the row-maximum
-// exchange, and the consumers write P' = p * k_scale * c as e4m3 (<= 256: e4m3's range with 2^-17 of
-// headroom below) and run O[64, 256] += P'[64, 64] V^T on e4m3 wgmma (m64n256k32), the accumulator kept
-// times the current tile's c (rescaled by c / c_prev with the softmax's alpha, divided out at the end).
+// while its S MMAs run, the tile's P multiplier c (448 / its largest k_scale, rounded down to a power of two)
+// comes out of the row-maximum exchange, and the consumers write P' = p * k_scale * c as e4m3 (in (224, 448] at
+// most: e4m3's top binade) and run O[64, 256] += P'[64, 64] V^T on e4m3 wgmma (m64n256k32), the accumulator
+// kept times the current tile's c (rescaled by c / c_prev with the softmax's alpha, divided out at the end).
 
 #include "sm90_decode_tile.cuh"
 #include "sm90_launch.h"
@@ -88,14 +88,15 @@ __device__ __forceinline__ void warp_scale_max(const float (&ks)[16], float* red
   if (f.lane == 0) red_scale[f.tid / 32] = mx;
 }
 
-// Part 2: c = 256 / the tile's largest |k_scale| over the keys some row sees, rounded down to a power of two
-// (1 when that is ~0). A power of two keeps P' <= 256 and makes c / c_prev exact and, tile after tile, mostly
-// 1, so tile_probs_e4m3 can skip the accumulator's rescale whenever no row's max moved either.
+// Part 2: c = 448 (e4m3's largest finite value) / the tile's largest |k_scale| over the keys some row sees,
+// rounded down to a power of two (1 when that is ~0). A power of two keeps P' <= 448 and makes c / c_prev exact
+// and, tile after tile, mostly 1, so rescale_acc can skip the accumulator's rescale whenever no row's max moved
+// either.
 __device__ __forceinline__ float tile_multiplier(const float* red_scale) {
   float mx = 0.f;
 #pragma unroll
   for (int w = 0; w < kConsumerThreads / 32; ++w) mx = fmaxf(mx, red_scale[w]);
-  return mx > 1e-30f ? __int_as_float(__float_as_int(256.f / mx) & 0x7f800000) : 1.f;
+  return mx > 1e-30f ? __int_as_float(__float_as_int(448.f / mx) & 0x7f800000) : 1.f;
 }
 
 // Online softmax, part 2 of the FP8-MMA kernel: as tile_probs, but P' = p * ks * c goes to the P tile as
