@@ -182,11 +182,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&lat_map)) : "memory");
       asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&rope_map)) : "memory");
       produce(p, w, full_bar, empty_bar, L::kTxBytes, [&](int stage, int j, int box_rows, int row, uint32_t bar) {
-        const uint32_t dst = base + kStage0 + stage * kStageBytes + j * box_rows * 128;
-#pragma unroll
-        for (int c = 0; c < 4; ++c) tma_load_2d(dst + c * kBlockBytes, &lat_map, c * 128, row, bar);
-        tma_load_2d(dst + kLatBytes, &rope_map, 0, row, bar);
-        bulk_load(base + kScales + stage * kKeys * 4 + j * box_rows * 4, p.scale + row, box_rows * 4, bar);
+        load_fp8_box(&lat_map, &rope_map, p.scale, base + kStage0 + stage * kStageBytes,
+                     base + kScales + stage * kKeys * 4, j, box_rows, row, bar);
       });
     }
     return;

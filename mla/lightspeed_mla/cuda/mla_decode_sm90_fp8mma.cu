@@ -107,13 +107,7 @@ __device__ __forceinline__ void tile_probs_e4m3(const float (&s)[16], const floa
                                                 const float (&mx)[2], float (&m_run)[2], float (&l_run)[2],
                                                 float (&rescale)[2], uint8_t* p_tile, const Frag& f) {
   float m_use[2], alpha[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const float m_new = fmaxf(m_run[h], mx[h]);
-    m_use[h] = m_new == -INFINITY ? 0.f : m_new;
-    alpha[h] = exp2f(m_run[h] - m_use[h]);
-    m_run[h] = m_new;
-  }
+  advance_row_max(mx, m_run, m_use, alpha);
   float pv[16], psum[2] = {0.f, 0.f};
 #pragma unroll
   for (int i = 0; i < 16; ++i) {
@@ -175,14 +169,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint8_t* smem = aligned_smem(smem_raw, base);
   // full: the stage landed (TMA bytes); empty: S and the transposition are done with it.
   const uint32_t full_bar = base + kBar, empty_bar = full_bar + 8 * kRing;
-  if (threadIdx.x == 0) {
-    for (int st = 0; st < kRing; ++st) {
-      mbar_init(full_bar + 8 * st, 1);
-      mbar_init(empty_bar + 8 * st, kConsumerThreads);
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
-  __syncthreads();
+  init_barriers<kRing>(full_bar, empty_bar);
 
   if (threadIdx.x >= kConsumerThreads) {  // ---- producer warpgroup: one lane issues the loads ----
     setmaxnreg_dec<kLoaderRegs>();
@@ -190,11 +177,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&lat_map)) : "memory");
       asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&rope_map)) : "memory");
       produce<kRing>(p, w, full_bar, empty_bar, kTxBytes, [&](int stage, int j, int box_rows, int row, uint32_t bar) {
-        const uint32_t dst = base + kStage0 + stage * kStageBytes + j * box_rows * 128;
-#pragma unroll
-        for (int c = 0; c < 4; ++c) tma_load_2d(dst + c * kBlockBytes, &lat_map, c * 128, row, bar);
-        tma_load_2d(dst + kLatBytes, &rope_map, 0, row, bar);
-        bulk_load(base + kScales + stage * kKeys * 4 + j * box_rows * 4, p.scale + row, box_rows * 4, bar);
+        load_fp8_box(&lat_map, &rope_map, p.scale, base + kStage0 + stage * kStageBytes,
+                     base + kScales + stage * kKeys * 4, j, box_rows, row, bar);
       });
     }
     return;

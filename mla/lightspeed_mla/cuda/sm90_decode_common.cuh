@@ -267,15 +267,28 @@ __device__ __forceinline__ void produce(const MlaSm90Args& p, const Work& w, uin
   record(p, kCountProducerWaitEmpty, true, &empty_waits);
 }
 
+template <int kNumStages = kStages>
 __device__ __forceinline__ void init_barriers(uint32_t full_bar, uint32_t empty_bar) {
   if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; ++s) {
+    for (int s = 0; s < kNumStages; ++s) {
       mbar_init(full_bar + 8 * s, 1);
       mbar_init(empty_bar + 8 * s, kConsumerThreads);
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
+}
+
+// One box of an FP8-cache stage (both FP8 layouts): the e4m3 latent's four 128-column blocks at `stage`, the bf16
+// rope block after them, and the box's fp32 scales at `scales`.
+__device__ __forceinline__ void load_fp8_box(const CUtensorMap* lat_map, const CUtensorMap* rope_map, const float* scale,
+                                             uint32_t stage, uint32_t scales, int j, int box_rows, int row,
+                                             uint32_t bar) {
+  const uint32_t dst = stage + j * box_rows * 128;
+#pragma unroll
+  for (int c = 0; c < 4; ++c) tma_load_2d(dst + c * kBlockBytes, lat_map, c * 128, row, bar);
+  tma_load_2d(dst + 4 * kBlockBytes, rope_map, 0, row, bar);
+  bulk_load(scales + j * box_rows * 4, scale + row, box_rows * 4, bar);
 }
 
 __device__ __forceinline__ uint8_t* aligned_smem(uint8_t* raw, uint32_t& base) {

@@ -30,13 +30,10 @@ __device__ __forceinline__ void tile_row_max(const float (&s)[16], float* red_ma
   mx[1] = fmaxf(red_max[f.r_hi], red_max[kRows + f.r_hi]);
 }
 
-// Online softmax, part 2: new running max, rescale the accumulator and the row sums, write
-// P * p_mul (bf16) for this warpgroup's 32 keys into the swizzled [64, 64] P tile.
-template <bool kScaleP>
-__device__ __forceinline__ void tile_probs(const float (&s)[16], const float (&p_mul)[16], const float (&mx)[2],
-                                           float (&m_run)[2], float (&l_run)[2], float (&acc)[128],
-                                           uint8_t* p_tile, const Frag& f) {
-  float m_use[2], alpha[2];
+// Online softmax: the rows' new running max from this tile's mx, the max to subtract (0 for a row that has
+// seen no key yet, so exp2 gives 0, not NaN) and alpha, the factor for what was accumulated before.
+__device__ __forceinline__ void advance_row_max(const float (&mx)[2], float (&m_run)[2], float (&m_use)[2],
+                                                float (&alpha)[2]) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const float m_new = fmaxf(m_run[h], mx[h]);
@@ -44,6 +41,16 @@ __device__ __forceinline__ void tile_probs(const float (&s)[16], const float (&p
     alpha[h] = exp2f(m_run[h] - m_use[h]);
     m_run[h] = m_new;
   }
+}
+
+// Online softmax, part 2: new running max, rescale the accumulator and the row sums, write
+// P * p_mul (bf16) for this warpgroup's 32 keys into the swizzled [64, 64] P tile.
+template <bool kScaleP>
+__device__ __forceinline__ void tile_probs(const float (&s)[16], const float (&p_mul)[16], const float (&mx)[2],
+                                           float (&m_run)[2], float (&l_run)[2], float (&acc)[128],
+                                           uint8_t* p_tile, const Frag& f) {
+  float m_use[2], alpha[2];
+  advance_row_max(mx, m_run, m_use, alpha);
   float psum[2] = {0.f, 0.f};
 #pragma unroll
   for (int i = 0; i < 16; i += 2) {
