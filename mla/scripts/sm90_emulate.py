@@ -421,7 +421,7 @@ def transpose_latent(smem, lat, vt, valid):
 
 
 def pow2_floor(x):  # tile_multiplier's rounding: keep a float's exponent, clear its mantissa
-    return np.array([x], np.float32).view(np.uint32).__and__(np.uint32(0x7F800000)).view(np.float32)[0]
+    return (np.float32(x).view(np.uint32) & np.uint32(0x7F800000)).view(np.float32)
 
 
 def key_of_slot(slot):  # transpose_latent's key order: slot 16j + 2i + h holds key 16j + i + 8h

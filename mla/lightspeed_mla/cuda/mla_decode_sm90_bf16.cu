@@ -75,13 +75,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ uint8_t smem_raw[];
   uint32_t base;
   uint8_t* smem = aligned_smem(smem_raw, base);
-  const uint32_t full_bar = base + kBar, empty_bar = full_bar + kStages * 8;
-  init_barriers(full_bar, empty_bar);
+  const uint32_t full_bar = base + kBar, empty_bar = init_barriers(full_bar);
 
   if (threadIdx.x >= kConsumerThreads) {  // ---- producer warpgroup ----
     setmaxnreg_dec<kProducerRegs>();
     if (threadIdx.x == kConsumerThreads) {
-      asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&kv_map)) : "memory");
+      prefetch_tensormap(&kv_map);
       produce(p, w, full_bar, empty_bar, kTileBytes, [&](int stage, int j, int box_rows, int row, uint32_t bar) {
         const uint32_t dst = base + kKV + stage * kTileBytes + j * box_rows * 128;
 #pragma unroll
@@ -173,14 +172,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ uint8_t smem_raw[];
   uint32_t base;
   uint8_t* smem = aligned_smem(smem_raw, base);
-  const uint32_t full_bar = base + kBar, empty_bar = full_bar + kStages * 8;
-  init_barriers(full_bar, empty_bar);
+  const uint32_t full_bar = base + kBar, empty_bar = init_barriers(full_bar);
 
   if (threadIdx.x >= kConsumerThreads) {  // ---- producer warpgroup ----
     setmaxnreg_dec<kProducerRegs>();
     if (threadIdx.x == kConsumerThreads) {
-      asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&lat_map)) : "memory");
-      asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&rope_map)) : "memory");
+      prefetch_tensormap(&lat_map);
+      prefetch_tensormap(&rope_map);
       produce(p, w, full_bar, empty_bar, L::kTxBytes, [&](int stage, int j, int box_rows, int row, uint32_t bar) {
         load_fp8_box(&lat_map, &rope_map, p.scale, base + kStage0 + stage * kStageBytes,
                      base + kScales + stage * kKeys * 4, j, box_rows, row, bar);

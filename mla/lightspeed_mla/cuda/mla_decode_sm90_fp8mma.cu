@@ -48,7 +48,6 @@ static_assert(kVt % 1024 == 0 && kP % 1024 == 0 && kPBytes % 1024 == 0, "64B-swi
 static_assert(kSmemBytes <= 227 * 1024, "over the sm_90 shared memory per block");
 }  // namespace fp8mma
 
-
 // Consumer warpgroup `wg`'s 256 latent columns of a stage (e4m3 [64 keys, 512] in 128B-swizzled blocks of
 // 128 columns, as TMA landed it) -> its 256 N-rows of V^T [512 N-rows, 64 key slots] (64B-swizzled,
 // K-major), keys at or past `valid` zeroed (a page's tail past the request may hold NaN bytes, and 0 * NaN
@@ -168,14 +167,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint32_t base;
   uint8_t* smem = aligned_smem(smem_raw, base);
   // full: the stage landed (TMA bytes); empty: S and the transposition are done with it.
-  const uint32_t full_bar = base + kBar, empty_bar = full_bar + 8 * kRing;
-  init_barriers<kRing>(full_bar, empty_bar);
+  const uint32_t full_bar = base + kBar, empty_bar = init_barriers<kRing>(full_bar);
 
   if (threadIdx.x >= kConsumerThreads) {  // ---- producer warpgroup: one lane issues the loads ----
     setmaxnreg_dec<kLoaderRegs>();
     if (threadIdx.x == kConsumerThreads) {
-      asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&lat_map)) : "memory");
-      asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&rope_map)) : "memory");
+      prefetch_tensormap(&lat_map);
+      prefetch_tensormap(&rope_map);
       produce<kRing>(p, w, full_bar, empty_bar, kTxBytes, [&](int stage, int j, int box_rows, int row, uint32_t bar) {
         load_fp8_box(&lat_map, &rope_map, p.scale, base + kStage0 + stage * kStageBytes,
                      base + kScales + stage * kKeys * 4, j, box_rows, row, bar);
@@ -210,17 +208,18 @@ __global__ void __launch_bounds__(kThreads, 1)
   // No MMA is in flight across the loop's back edge (ptxas serialises every wgmma of a kernel whose in-flight
   // accumulators it cannot keep in place: C7515).
   float s_lat0[16], s_lat1[16], s_rope[16];
+  auto stage_base = [&](int it) { return base + kStage0 + (it % kRing) * kStageBytes; };
   auto issue_tile_s = [&](int it) {  // wait for tile it to land, issue its S
     full_waits.start();
     mbar_wait(full_bar + 8 * (it % kRing), (it / kRing) & 1);
     full_waits.stop();
     stamp(p, kPhaseFirstTile, f.tid == 0 && it == 0);
-    issue_s_e4m3(s_lat0, s_lat1, s_rope, base + kQ, base + kQRope, base + kStage0 + (it % kRing) * kStageBytes, f.wg);
+    issue_s_e4m3(s_lat0, s_lat1, s_rope, base + kQ, base + kQRope, stage_base(it), f.wg);
   };
   auto transpose_tile = [&](int it) {  // V^T buffer it % 2 was last read by P V of tile it - 2, waited for
     transposing.start();
-    transpose_latent(base + kStage0 + (it % kRing) * kStageBytes, base + kVt + (it % kVtBufs) * kVtBytes,
-                     w.end - (w.start + it * kKeys), f.wg, warp, f.lane);
+    transpose_latent(stage_base(it), base + kVt + (it % kVtBufs) * kVtBytes, w.end - (w.start + it * kKeys), f.wg,
+                     warp, f.lane);
     transposing.stop();
     stamp(p, kPhaseLastVt, f.tid == 0 && it == w.n_tiles - 1);
   };

@@ -16,7 +16,6 @@
 // Phase timers: built with -DLIGHTSPEED_MLA_PHASE_TIMERS, each CTA stamps %globaltimer at the boundaries
 // of mla_decode_sm90.h's MlaPhase into MlaSm90Args::phase_ns (tools/bench/mla_phases.py reads them);
 // without the define stamp() is empty and the kernels compile to the production code exactly.
-
 //
 // This header holds what every kernel shares: the CTA's shape and register budget, its work, the phase
 // timers, the query tiles, the producer lane's loop. The kernels: mla_decode_sm90_bf16.cu (bf16 cache; FP8
@@ -267,8 +266,11 @@ __device__ __forceinline__ void produce(const MlaSm90Args& p, const Work& w, uin
   record(p, kCountProducerWaitEmpty, true, &empty_waits);
 }
 
+// The ring's mbarriers: kNumStages full ones at full_bar (one arrival: the producer's, plus the TMA bytes),
+// then kNumStages empty ones (every consumer thread arrives). Returns the first empty barrier's address.
 template <int kNumStages = kStages>
-__device__ __forceinline__ void init_barriers(uint32_t full_bar, uint32_t empty_bar) {
+__device__ __forceinline__ uint32_t init_barriers(uint32_t full_bar) {
+  const uint32_t empty_bar = full_bar + 8 * kNumStages;
   if (threadIdx.x == 0) {
     for (int s = 0; s < kNumStages; ++s) {
       mbar_init(full_bar + 8 * s, 1);
@@ -277,6 +279,7 @@ __device__ __forceinline__ void init_barriers(uint32_t full_bar, uint32_t empty_
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
+  return empty_bar;
 }
 
 // One box of an FP8-cache stage (both FP8 layouts): the e4m3 latent's four 128-column blocks at `stage`, the bf16
