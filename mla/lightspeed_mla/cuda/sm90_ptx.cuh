@@ -55,6 +55,14 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map
       : "memory");
 }
 
+// Programmatic dependent launch: wait until the kernel before this one in the stream has finished and its
+// writes are visible, then let the kernel after this one be scheduled (it waits here in turn for this one's
+// writes). Both are no-ops in a launch without the programmatic-serialization attribute.
+__device__ __forceinline__ void grid_dependency_enter() {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
