@@ -8,35 +8,24 @@ from lightspeed_kernel.triton import _common
 from lightspeed_mla import pdl
 
 
-@pytest.fixture
-def kernel_pdl(monkeypatch):
-    def set_env(value: str | None, capable: bool = True):
+@pytest.mark.parametrize("switch,capable,interpret,on", [
+    (None, True, None, True),    # default: on where the GPU and Triton can
+    ("0", True, None, False),    # turned off
+    ("1", False, None, False),   # pre-Hopper, ROCm, or a Triton without launch_pdl
+    ("1", True, "1", False),     # the CPU interpreter
+])
+def test_mla_launches_with_pdl_exactly_when_the_kernel_package_would(monkeypatch, switch, capable, interpret, on):
+    for name, value in (("LIGHTSPEED_KERNEL_PDL", switch), ("TRITON_INTERPRET", interpret)):
         if value is None:
-            monkeypatch.delenv("LIGHTSPEED_KERNEL_PDL", raising=False)
+            monkeypatch.delenv(name, raising=False)
         else:
-            monkeypatch.setenv("LIGHTSPEED_KERNEL_PDL", value)
-        monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-        monkeypatch.setattr(_common, "_pdl_capable", lambda index: capable)
+            monkeypatch.setenv(name, value)
+    monkeypatch.setattr(_common, "_pdl_capable", lambda index: capable)
+    lk.refresh()
+    try:
+        gpu, cpu = torch.device("cuda", 0), torch.device("cpu")
+        assert pdl.pdl_enabled(gpu) is on and not pdl.pdl_enabled(cpu)
+        assert pdl.pdl_launch_args(gpu) == ({"USE_PDL": True, "launch_pdl": True} if on else {"USE_PDL": False})
+    finally:
+        monkeypatch.undo()
         lk.refresh()
-
-    yield set_env
-    monkeypatch.undo()
-    lk.refresh()
-
-
-def test_follows_the_kernel_packages_switch_and_capability(kernel_pdl):
-    gpu = torch.device("cuda", 0)
-    kernel_pdl(None)
-    assert pdl.pdl_launch_args(gpu) == {"USE_PDL": True, "launch_pdl": True} and pdl.pdl_enabled(gpu)
-    assert not pdl.pdl_enabled(torch.device("cpu"))
-    kernel_pdl("0")
-    assert pdl.pdl_launch_args(gpu) == {"USE_PDL": False} and not pdl.pdl_enabled(gpu)
-    kernel_pdl("1", capable=False)
-    assert not pdl.pdl_enabled(gpu)
-
-
-def test_the_interpreter_runs_the_kernels_without_pdl(kernel_pdl, monkeypatch):
-    kernel_pdl("1")
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    lk.refresh()
-    assert not pdl.pdl_enabled(torch.device("cuda", 0))
