@@ -69,7 +69,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   using namespace bf16l;
   stamp(p, kPhaseEntry, threadIdx.x == 0);
   record(p, kCountClockEntry, threadIdx.x == 0);
-  grid_dependency_enter();  // under PDL: every global read below sees the kernel before
+  grid_dependency_wait();  // under PDL: every global read below sees the kernel before
   Work w;
   if (!cta_work(p, w)) return;  // the whole CTA, before any barrier
   stamp(p, kPhaseWork, threadIdx.x == 0);
@@ -149,6 +149,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     stamp(p, kPhaseLastPv, f.tid == 0 && it == w.n_tiles - 1);
     mbar_arrive(empty_bar + 8 * stage);
   }
+  launch_dependents();
   write_out(p, w, f, acc, m_run, l_run, reinterpret_cast<float*>(smem + kRedSum));
   stamp(p, kPhaseEpilogue, f.tid == 0);
   record(p, kCountClockEpilogue, f.tid == 0);
@@ -167,7 +168,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr int kRedMax = L::kRedMax, kRedSum = L::kRedSum, kQScale = L::kQScale, kBar = L::kBar;
   stamp(p, kPhaseEntry, threadIdx.x == 0);
   record(p, kCountClockEntry, threadIdx.x == 0);
-  grid_dependency_enter();  // under PDL: every global read below sees the kernel before
+  grid_dependency_wait();  // under PDL: every global read below sees the kernel before
   Work w;
   if (!cta_work(p, w)) return;
   stamp(p, kPhaseWork, threadIdx.x == 0);
@@ -281,6 +282,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     tile_pv(acc, base + kP, base + kV + 4 * f.wg * kBlockBytes);
     stamp(p, kPhaseLastPv, f.tid == 0 && it == w.n_tiles - 1);
   }
+  launch_dependents();
   write_out(p, w, f, acc, m_run, l_run, reinterpret_cast<float*>(smem + kRedSum));
   stamp(p, kPhaseEpilogue, f.tid == 0);
   record(p, kCountClockEpilogue, f.tid == 0);

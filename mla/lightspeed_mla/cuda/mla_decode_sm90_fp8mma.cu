@@ -160,7 +160,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   using namespace fp8mma;
   stamp(p, kPhaseEntry, threadIdx.x == 0);
   record(p, kCountClockEntry, threadIdx.x == 0);
-  grid_dependency_enter();  // under PDL: every global read below sees the kernel before
+  grid_dependency_wait();  // under PDL: every global read below sees the kernel before
   Work w;
   if (!cta_work(p, w)) return;
   stamp(p, kPhaseWork, threadIdx.x == 0);
@@ -281,6 +281,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   fence_regs(acc);
   stamp(p, kPhaseLastPv, f.tid == 0 && w.n_tiles > 0);
+  launch_dependents();
   write_out<true>(p, w, f, acc, m_run, l_run, reinterpret_cast<float*>(smem + kRedSum), 1.f / c_prev);
   stamp(p, kPhaseEpilogue, f.tid == 0);
   record(p, kCountClockEpilogue, f.tid == 0);
