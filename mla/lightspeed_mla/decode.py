@@ -19,7 +19,6 @@ from ._triton import interpreting, require_triton, tl
 from .cache import D_LATENT, D_PACKED, MLACache
 from .device import device_info
 from .kernels import decode_triton as _k
-from .pdl import pdl_launch_args
 from .tuning import MMA_M, DecodeTile, decode_tile
 
 LOG2E = 1.4426950408889634
@@ -211,7 +210,7 @@ def run_decode(
         PAGE_SIZE=plan.page_size, DIRECT_OUT=S == 1, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, SWAP_AB=tile.swap_ab,
         IS_FP8=is_fp8, WRITE_LSE=lse is not None,
         DOT_DTYPE=tl.float32 if interpreting() else tl.bfloat16,
-        num_warps=tile.num_warps, num_stages=tile.num_stages, **pdl_launch_args(q.device),
+        num_warps=tile.num_warps, num_stages=tile.num_stages,
     )
     if S > 1:
         combine_splits(plan, out, lse)
@@ -236,7 +235,6 @@ def combine_splits(plan: MLADecodePlan, out: torch.Tensor, lse: torch.Tensor | N
     lse_arg = lse if lse is not None else out
     strides = (*plan.partial_out.stride()[:3], out.stride(0), out.stride(1))
     variant = COMBINE_VARIANT
-    pdl = pdl_launch_args(out.device)
     if variant == "auto":
         variant = "blocked" if S >= BLOCKED_COMBINE_MIN_SPLITS else "serial"
     if variant == "blocked":
@@ -244,12 +242,12 @@ def combine_splits(plan: MLADecodePlan, out: torch.Tensor, lse: torch.Tensor | N
         _k._combine_blocked_kernel[(T, H, D_LATENT // block_d)](
             plan.partial_out, plan.partial_lse, out, lse_arg, *strides, H, S,
             SPLITS_POW2=triton_next_pow2(S), BLOCK_S=min(16, triton_next_pow2(S)), BLOCK_D=block_d,
-            WRITE_LSE=lse is not None, num_warps=4, **pdl,
+            WRITE_LSE=lse is not None, num_warps=4,
         )
     elif variant == "serial":
         _k._combine_kernel[(T, H)](
             plan.partial_out, plan.partial_lse, out, lse_arg, *strides, H, S,
-            SPLITS_POW2=triton_next_pow2(S), WRITE_LSE=lse is not None, num_warps=4, **pdl,
+            SPLITS_POW2=triton_next_pow2(S), WRITE_LSE=lse is not None, num_warps=4,
         )
     else:
         raise ValueError(f"LIGHTSPEED_MLA_COMBINE must be auto or one of {COMBINE_VARIANTS}, got {variant!r}")

@@ -63,7 +63,6 @@ from .decode import (
     plan_decode,
 )
 from .device import device_info
-from .pdl import pdl_enabled
 from .tuning import DecodeTile
 
 log = logging.getLogger("lightspeed.mla")
@@ -274,15 +273,14 @@ def launch(plan: MLADecodePlan, q: torch.Tensor, cache: MLACache, page_table: to
            phase_ns: torch.Tensor | None = None) -> None:
     """The CUDA kernel alone: out (and lse) when unsplit, else the plan's split partials, which
     `combine_splits` merges. Inputs as `run`, checked there. phase_ns (`phase_timer_buffer`): run the
-    timer build and stamp into it, launched without PDL (its entry stamp precedes the wait for the kernel
-    before, so under PDL the phases would count that kernel's tail). Otherwise PDL as `pdl.pdl_enabled`."""
+    timer build and stamp into it."""
     ext = load_extension(phase_timers=phase_ns is not None)
     S, fp8 = plan.num_splits, cache.kind == "fp8"
     ext.decode(q, cache.latent if fp8 else cache.packed, cache.rope if fp8 else None, cache.scale if fp8 else None,
                page_table, plan.seq_lens, plan.query_start_loc, out,
                lse if S == 1 else None, plan.partial_out if S > 1 else None, plan.partial_lse if S > 1 else None,
                plan.batch_size, plan.row_tiles, S, plan.softmax_scale * LOG2E, bool(fp8_scores and fp8),
-               bool(fp8_pv and fp8), phase_ns, phase_ns is None and pdl_enabled(q.device))
+               bool(fp8_pv and fp8), phase_ns)
 
 
 def run(plan: MLADecodePlan, q: torch.Tensor, cache: MLACache, page_table: torch.Tensor, out: torch.Tensor,

@@ -375,12 +375,10 @@ class _KernelStandIn:
         self.calls = []
 
     def decode(self, q, kv, rope, scale, page_table, seq_lens, query_start, out, lse, partial_out, partial_lse,
-               batch, row_tiles, num_splits, scale_log2, fp8_scores, fp8_pv, phase_ns, pdl):
-        self.calls.append({"fp8": rope is not None, "fp8_scores": fp8_scores, "fp8_pv": fp8_pv, "splits": num_splits,
-                           "pdl": pdl})
+               batch, row_tiles, num_splits, scale_log2, fp8_scores, fp8_pv, phase_ns):
+        self.calls.append({"fp8": rope is not None, "fp8_scores": fp8_scores, "fp8_pv": fp8_pv, "splits": num_splits})
         self.phase_ns = phase_ns
         assert isinstance(fp8_scores, bool) and isinstance(fp8_pv, bool) and isinstance(num_splits, int)
-        assert isinstance(pdl, bool) and not (pdl and phase_ns is not None)  # the timer build runs without PDL
         assert (rope is None) == (scale is None) and (not fp8_pv or fp8_scores)
         H = q.shape[1]
         if rope is None:
@@ -440,7 +438,7 @@ def test_run_plumbing_against_the_reference(monkeypatch, kind, fp8_scores, fp8_p
     out, lse = sm90.mla_decode_sm90(q, cache, table, torch.tensor(lens), qsl, SCALE, return_lse=True,
                                     num_splits=num_splits, fp8_scores=fp8_scores, fp8_pv=fp8_pv)
     assert stand_in.calls == [{"fp8": kind == "fp8", "fp8_scores": fp8_scores, "fp8_pv": fp8_pv,
-                               "splits": num_splits, "pdl": False}]  # CPU tensors: never PDL
+                               "splits": num_splits}]
     assert stand_in.phase_ns is None  # the production build
     q_ref = q.float()
     if fp8_scores:  # the reference with Q as the kernel quantises it

@@ -12,7 +12,6 @@ Every case prints its max abs / rel error (run with -s, or see the summary of a 
 
 import pytest
 import torch
-from lightspeed_mla import decode as decode_mod
 from lightspeed_mla import decode_workspace_bytes, mla_decode_reference, sm90
 from lightspeed_mla.reference import quantize_q_latent_e4m3
 from mla_helpers import make_paged_cache, query_start, rel_err
@@ -306,50 +305,3 @@ def test_fp8mma_plan_run_under_cuda_graph():
 
 def test_fp8mma_agrees_with_the_triton_kernel_on_the_seeds_case():
     _triton_case("fp8mma")
-
-
-# ---- programmatic dependent launch (lightspeed_mla/pdl.py): the same bits with and without it ----
-
-@pytest.mark.parametrize("kind", ["bf16", "fp8mma"])
-def test_pdl_gives_the_same_bits_when_a_layer_reads_the_one_before(kind, monkeypatch):
-    """Two layers in one CUDA graph, the second's query tile being the first's output (out1 is a view of q2's
-    latent columns): layer 2's decode is scheduled while layer 1's combine runs and must wait for it
-    (griddepcontrol.wait before its first global read). With PDL on and off the bits must agree, and match
-    two separate decodes."""
-    torch.manual_seed(3)
-    H, q_len, lens = 16, 4, [5000, 700, 20000]
-    cache, table = make_paged_cache(_cache_kind(kind), 64, lens, device=DEV)
-    B, qsl = len(lens), query_start([q_len] * len(lens))
-    T = B * q_len
-    ws = torch.empty(decode_workspace_bytes(B, T, H, 16), dtype=torch.uint8, device=DEV)
-    plan = sm90.plan(ws, qsl, lens, H, page_size=64, softmax_scale=SCALE, num_splits=16, cache_kind=cache.kind)
-    q1 = torch.randn(T, H, 576, device=DEV).to(torch.bfloat16)
-    q2 = torch.randn(T, H, 576, device=DEV).to(torch.bfloat16)
-
-    def two_layers(pdl: bool):
-        monkeypatch.setattr(sm90, "pdl_enabled", lambda device: pdl)
-        monkeypatch.setattr(decode_mod, "pdl_launch_args", lambda device: (
-            {"USE_PDL": True, "launch_pdl": True} if pdl else {"USE_PDL": False}))
-        a, b = q1.clone(), q2.clone()
-        out2 = torch.empty(T, H, 512, device=DEV, dtype=torch.bfloat16)
-        sm90.run(plan, a, cache, table, b[:, :, :512], **_variant(kind))  # compiled outside the capture
-        b.copy_(q2)
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            sm90.run(plan, a, cache, table, b[:, :, :512], **_variant(kind))
-            sm90.run(plan, b, cache, table, out2, **_variant(kind))
-        for _ in range(3):
-            b.copy_(q2)
-            graph.replay()
-        torch.cuda.synchronize()
-        return b[:, :, :512].clone(), out2
-
-    mid_off, out_off = two_layers(False)
-    mid_on, out_on = two_layers(True)
-    assert torch.equal(mid_on, mid_off) and torch.equal(out_on, out_off)
-    one_shot = {"num_splits": 16, **_variant(kind)}  # the same split layout: the same bits
-    want = q2.clone()
-    want[:, :, :512] = sm90.mla_decode_sm90(q1, cache, table, torch.tensor(lens), qsl, SCALE, **one_shot)
-    assert torch.equal(mid_on, want[:, :, :512])
-    assert torch.equal(out_on, sm90.mla_decode_sm90(want, cache, table, torch.tensor(lens), qsl, SCALE, **one_shot))

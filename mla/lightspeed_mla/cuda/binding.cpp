@@ -19,13 +19,12 @@ void check_cuda(const at::Tensor& t, const char* name, at::ScalarType dtype) {
 // e4m3 latent [pages, page_size, 512]; rope: bf16 [pages, page_size, 64]; scale: fp32 [pages, page_size, 1].
 // phase_ns: int64 [batch * row_tiles * num_splits, kTimerSlots] for the phase stamps and cycle counters, zero-filled by the
 // caller; accepted by the build with LIGHTSPEED_MLA_PHASE_TIMERS only (the production one refuses it), so
-// both builds keep one signature. pdl: launch with programmatic dependent launch (sm90.py decides, as the
-// kernel package's decode-path kernels do).
+// both builds keep one signature.
 void decode(const at::Tensor& q, const at::Tensor& kv, c10::optional<at::Tensor> rope, c10::optional<at::Tensor> scale,
             const at::Tensor& page_table, const at::Tensor& seq_lens, const at::Tensor& query_start, at::Tensor out,
             c10::optional<at::Tensor> lse, c10::optional<at::Tensor> partial_out,
             c10::optional<at::Tensor> partial_lse, int64_t batch, int64_t row_tiles, int64_t num_splits,
-            double scale_log2, bool fp8_scores, bool fp8_pv, c10::optional<at::Tensor> phase_ns, bool pdl) {
+            double scale_log2, bool fp8_scores, bool fp8_pv, c10::optional<at::Tensor> phase_ns) {
   check_cuda(q, "q", at::kBFloat16);
   const bool fp8 = rope.has_value();
   TORCH_CHECK(fp8 == scale.has_value(), "mla_decode_sm90: rope and scale come together (the FP8 cache)");
@@ -88,7 +87,6 @@ void decode(const at::Tensor& q, const at::Tensor& kv, c10::optional<at::Tensor>
   a.num_splits = static_cast<int>(num_splits);
   a.page_size = static_cast<int>(kv.size(1));
   a.scale_log2 = static_cast<float>(scale_log2);
-  a.pdl = pdl;
   if (lse.has_value()) {
     check_cuda(*lse, "lse", at::kFloat);
     TORCH_CHECK(lse->is_contiguous() && lse->numel() == q.size(0) * q.size(1), "mla_decode_sm90: lse must be [T, H]");

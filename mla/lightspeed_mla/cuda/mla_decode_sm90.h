@@ -39,8 +39,6 @@ struct MlaSm90Args {
   float* partial_lse;        // [T, H, S] fp32 contiguous, log2 domain
   int batch, num_heads, row_tiles, num_splits, page_size;
   float scale_log2;          // softmax_scale * log2(e)
-  bool pdl;                  // launch with programmatic dependent launch: the CTAs may be scheduled while the
-                             // kernel before runs and wait for it (griddepcontrol) before their first global read
 #ifdef LIGHTSPEED_MLA_PHASE_TIMERS
   // [CTAs, kTimerSlots]: %globaltimer ns of each MlaPhase, then the MlaCounter cycles; or nullptr; CTA = (blockIdx.z * row_tiles + blockIdx.y) * num_splits
   // + blockIdx.x. Only in the instrumented build, so the production kernel's parameters stay as they were

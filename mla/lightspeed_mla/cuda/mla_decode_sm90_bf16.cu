@@ -69,7 +69,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   using namespace bf16l;
   stamp(p, kPhaseEntry, threadIdx.x == 0);
   record(p, kCountClockEntry, threadIdx.x == 0);
-  grid_dependency_wait();  // under PDL: every global read below sees the kernel before
   Work w;
   if (!cta_work(p, w)) return;  // the whole CTA, before any barrier
   stamp(p, kPhaseWork, threadIdx.x == 0);
@@ -149,7 +148,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     stamp(p, kPhaseLastPv, f.tid == 0 && it == w.n_tiles - 1);
     mbar_arrive(empty_bar + 8 * stage);
   }
-  launch_dependents();
   write_out(p, w, f, acc, m_run, l_run, reinterpret_cast<float*>(smem + kRedSum));
   stamp(p, kPhaseEpilogue, f.tid == 0);
   record(p, kCountClockEpilogue, f.tid == 0);
@@ -168,7 +166,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr int kRedMax = L::kRedMax, kRedSum = L::kRedSum, kQScale = L::kQScale, kBar = L::kBar;
   stamp(p, kPhaseEntry, threadIdx.x == 0);
   record(p, kCountClockEntry, threadIdx.x == 0);
-  grid_dependency_wait();  // under PDL: every global read below sees the kernel before
   Work w;
   if (!cta_work(p, w)) return;
   stamp(p, kPhaseWork, threadIdx.x == 0);
@@ -282,7 +279,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     tile_pv(acc, base + kP, base + kV + 4 * f.wg * kBlockBytes);
     stamp(p, kPhaseLastPv, f.tid == 0 && it == w.n_tiles - 1);
   }
-  launch_dependents();
   write_out(p, w, f, acc, m_run, l_run, reinterpret_cast<float*>(smem + kRedSum));
   stamp(p, kPhaseEpilogue, f.tid == 0);
   record(p, kCountClockEpilogue, f.tid == 0);
@@ -298,8 +294,8 @@ int bf16(const CUtensorMap& kv, const MlaSm90Args& a, dim3 grid, cudaStream_t st
   static unsigned long long opted = 0;
   if (const int rc = opt_in_smem(mla_decode_sm90_bf16_kernel, bf16l::kSmemBytes, opted, err, errlen)) return rc;
   if (a.batch == 0 || a.row_tiles == 0) return 0;
-  return launch_kernel(mla_decode_sm90_bf16_kernel, grid, kThreads, bf16l::kSmemBytes, stream, a.pdl, err, errlen, kv,
-                       a);
+  mla_decode_sm90_bf16_kernel<<<grid, kThreads, bf16l::kSmemBytes, stream>>>(kv, a);
+  return 0;
 }
 
 int fp8(const CUtensorMap& lat, const CUtensorMap& rope, const MlaSm90Args& a, dim3 grid, cudaStream_t stream,
@@ -309,13 +305,14 @@ int fp8(const CUtensorMap& lat, const CUtensorMap& rope, const MlaSm90Args& a, d
     constexpr int bytes = Fp8Layout<true>::kSmemBytes;
     if (const int rc = opt_in_smem(mla_decode_sm90_fp8_kernel<true>, bytes, opted_fp8_scores, err, errlen)) return rc;
     if (a.batch == 0 || a.row_tiles == 0) return 0;
-    return launch_kernel(mla_decode_sm90_fp8_kernel<true>, grid, kThreads, bytes, stream, a.pdl, err, errlen, lat, rope,
-                         a);
+    mla_decode_sm90_fp8_kernel<true><<<grid, kThreads, bytes, stream>>>(lat, rope, a);
+  } else {
+    constexpr int bytes = Fp8Layout<false>::kSmemBytes;
+    if (const int rc = opt_in_smem(mla_decode_sm90_fp8_kernel<false>, bytes, opted_fp8, err, errlen)) return rc;
+    if (a.batch == 0 || a.row_tiles == 0) return 0;
+    mla_decode_sm90_fp8_kernel<false><<<grid, kThreads, bytes, stream>>>(lat, rope, a);
   }
-  constexpr int bytes = Fp8Layout<false>::kSmemBytes;
-  if (const int rc = opt_in_smem(mla_decode_sm90_fp8_kernel<false>, bytes, opted_fp8, err, errlen)) return rc;
-  if (a.batch == 0 || a.row_tiles == 0) return 0;
-  return launch_kernel(mla_decode_sm90_fp8_kernel<false>, grid, kThreads, bytes, stream, a.pdl, err, errlen, lat, rope, a);
+  return 0;
 }
 
 int bf16_smem_bytes() { return bf16l::kSmemBytes; }

@@ -160,7 +160,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   using namespace fp8mma;
   stamp(p, kPhaseEntry, threadIdx.x == 0);
   record(p, kCountClockEntry, threadIdx.x == 0);
-  grid_dependency_wait();  // under PDL: every global read below sees the kernel before
   Work w;
   if (!cta_work(p, w)) return;
   stamp(p, kPhaseWork, threadIdx.x == 0);
@@ -281,7 +280,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   fence_regs(acc);
   stamp(p, kPhaseLastPv, f.tid == 0 && w.n_tiles > 0);
-  launch_dependents();
   write_out<true>(p, w, f, acc, m_run, l_run, reinterpret_cast<float*>(smem + kRedSum), 1.f / c_prev);
   stamp(p, kPhaseEpilogue, f.tid == 0);
   record(p, kCountClockEpilogue, f.tid == 0);
@@ -299,8 +297,8 @@ int fp8mma(const CUtensorMap& lat, const CUtensorMap& rope, const MlaSm90Args& a
   static unsigned long long opted = 0;
   if (const int rc = opt_in_smem(mla_decode_sm90_fp8mma_kernel, fp8mma::kSmemBytes, opted, err, errlen)) return rc;
   if (a.batch == 0 || a.row_tiles == 0) return 0;
-  return launch_kernel(mla_decode_sm90_fp8mma_kernel, grid, kThreads, fp8mma::kSmemBytes, stream, a.pdl, err, errlen,
-                       lat, rope, a);
+  mla_decode_sm90_fp8mma_kernel<<<grid, kThreads, fp8mma::kSmemBytes, stream>>>(lat, rope, a);
+  return 0;
 }
 
 int fp8mma_smem_bytes() { return fp8mma::kSmemBytes; }

@@ -5,7 +5,6 @@
 #include <cudaTypedefs.h>
 
 #include <cstdio>
-#include <utility>
 
 #include "mla_decode_sm90.h"
 
@@ -31,28 +30,8 @@ int opt_in_smem(Kernel kernel, int bytes, unsigned long long& done, char* err, i
   return 0;
 }
 
-// `kernel` over `grid` on `stream`, with the programmatic-stream-serialization attribute when `pdl` (the kernel
-// then starts with grid_dependency_enter); 0 or the launch's error, with a message in err.
-template <typename... Params, typename... Args>
-int launch_kernel(void (*kernel)(Params...), dim3 grid, int threads, int smem_bytes, cudaStream_t stream, bool pdl,
-                  char* err, int errlen, Args&&... args) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = dim3(threads);
-  cfg.dynamicSmemBytes = smem_bytes;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr = {};
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = &attr;
-  cfg.numAttrs = pdl ? 1 : 0;
-  const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
-  if (e != cudaSuccess) set_err(err, errlen, cudaGetErrorString(e), static_cast<int>(e));
-  return static_cast<int>(e);
-}
-
-// Each launches over `grid` after the opt-in (nothing when the batch or its row tiles are empty), with PDL
-// when a.pdl, and returns 0 or the opt-in's or the launch's error.
+// Each launches over `grid` after the opt-in (nothing when the batch or its row tiles are empty) and
+// returns 0 or the opt-in's error; the dispatcher checks the launch itself.
 int bf16(const CUtensorMap& kv, const MlaSm90Args& a, dim3 grid, cudaStream_t stream, char* err, int errlen);
 // a.fp8_scores: S_latent on e4m3 MMAs (Q quantised), else bf16 on the widened latent.
 int fp8(const CUtensorMap& lat, const CUtensorMap& rope, const MlaSm90Args& a, dim3 grid, cudaStream_t stream,

@@ -55,14 +55,6 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map
       : "memory");
 }
 
-// Programmatic dependent launch: wait until the kernel before this one in the stream has finished and its
-// writes are visible. A no-op in a launch without the programmatic-serialization attribute.
-__device__ __forceinline__ void grid_dependency_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
-// Let the kernel after this one be scheduled once every CTA got here (or exited); it waits in turn for this
-// one's writes. Called late on purpose: dependents launched at a decode's start pile onto the few idle SMs and
-// straggle there (the batch-1 combine, bench/results/mla_pdl_2026-12-07_0330_h100/).
-__device__ __forceinline__ void launch_dependents() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
-
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }

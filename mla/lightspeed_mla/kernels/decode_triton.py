@@ -24,15 +24,6 @@ if HAS_TRITON:
     from .._triton import tl, triton
 
     @triton.jit
-    def _pdl_enter(USE_PDL: tl.constexpr):
-        # Programmatic dependent launch (lightspeed_mla/pdl.py; the kernel package's pdl_enter, not imported:
-        # this package imports without the registry): wait for the kernel before (the split decode, whose
-        # partials are read next), then let the one after be scheduled. No-ops in a launch without PDL.
-        if USE_PDL:
-            tl.extra.cuda.gdc_wait()
-            tl.extra.cuda.gdc_launch_dependents()
-
-    @triton.jit
     def _mla_attn_split_kernel(
         Q, CLat, CRope, CScale, PageTable, SeqLens, QStart,
         Out, LseOut, PartO, PartLse,
@@ -50,12 +41,10 @@ if HAS_TRITON:
         IS_FP8: tl.constexpr,
         WRITE_LSE: tl.constexpr,
         DOT_DTYPE: tl.constexpr,
-        USE_PDL: tl.constexpr,
     ):
         # DOT_DTYPE is bf16 on GPUs; fp32 under TRITON_INTERPRET, whose bf16 dot is wrong (3.9).
         D_LAT: tl.constexpr = 512
         D_ROPE: tl.constexpr = 64
-        _pdl_enter(USE_PDL)
         b = tl.program_id(0)
         pid_m = tl.program_id(1)
         pid_s = tl.program_id(2)
@@ -170,10 +159,8 @@ if HAS_TRITON:
         num_heads, num_splits,
         SPLITS_POW2: tl.constexpr,
         WRITE_LSE: tl.constexpr,
-        USE_PDL: tl.constexpr,
     ):
         # One program per (token, head): merge the splits' partial outputs by their LSE weights.
-        _pdl_enter(USE_PDL)
         t = tl.program_id(0).to(tl.int64)
         h = tl.program_id(1)
         s_idx = tl.arange(0, SPLITS_POW2)
@@ -205,12 +192,10 @@ if HAS_TRITON:
         BLOCK_S: tl.constexpr,
         BLOCK_D: tl.constexpr,
         WRITE_LSE: tl.constexpr,
-        USE_PDL: tl.constexpr,
     ):
         # One program per (token, head, BLOCK_D output columns); BLOCK_S splits' partials per load, so the
         # loads of many splits are in flight at once (the serial loop above waits on one 2 KB load a split:
         # at 128 splits, the common batch-1 plan, that latency chain is the combine's whole time).
-        _pdl_enter(USE_PDL)
         t = tl.program_id(0).to(tl.int64)
         h = tl.program_id(1)
         d = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)
