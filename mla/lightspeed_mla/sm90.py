@@ -5,8 +5,9 @@ mla/NOTES.md: one CTA per (request, split, 64 rows of (query token, head) pairs)
 page tiles into a 2-stage shared-memory ring fed by a producer warpgroup, two consumer warpgroups running
 wgmma (S = Q K^T split by keys, P V split by the 512 latent columns), online softmax, split-KV partials
 merged by the Triton combine of kernels/decode_triton.py. Both cache formats: bf16 (the packed
-[pages, page_size, 576] tensor) and FP8 (e4m3 latent, one fp32 scale a token, bf16 rope): the latent tile is widened exactly
-to bf16 in shared memory and P V runs in bf16 with the per-token scale folded into P; S_latent runs in
+[pages, page_size, 576] tensor) and FP8 (e4m3 latent, one fp32 scale a token, bf16 rope): the latent
+tile is widened exactly to bf16 in shared memory and P V runs in bf16 with the per-token scale folded
+into P; S_latent runs in
 bf16 on the widened tile (`mla_decode_sm90`: the Triton FP8 path's accuracy) or on e4m3 MMAs with Q
 quantised per row (`mla_decode_sm90_fp8qk`: fewer MMA cycles, ~2-4% from the reference on random data),
 or both products on e4m3 MMAs (`mla_decode_sm90_fp8mma`: each consumer warpgroup transposes its half of
