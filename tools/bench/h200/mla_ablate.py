@@ -38,6 +38,15 @@ ABLATIONS = {
                            "  for (int k = 0; k < 2; ++k) {\n    const uint32_t koff = (k >> 2) * kBlockBytes + (k & 3) * 32;\n"
                            "    wgmma_m64n32k32_e4m3(s_lat0"),
                           ("  for (int k = 8; k < 16; ++k) {", "  for (int k = 8; k < 10; ++k) {")]),
+    "no_row_max_barrier": ("the consumers' barrier inside the row-max exchange (each warpgroup then reads the other's "
+                           "maximum from whenever it was last written)",
+                           [("  named_barrier_sync(1, kConsumerThreads);\n  mx[0] = fmaxf(red_max[f.r_lo]",
+                             "  mx[0] = fmaxf(red_max[f.r_lo]")]),
+    "no_step_barrier": ("the consumers' barrier at the end of each tile step (P and V^T of the next tile are then read "
+                        "without waiting for the other warpgroup's writes)",
+                        [("    fence_proxy_async();  // P and V^T of tile it + 1 before wgmma reads them\n"
+                          "    named_barrier_sync(1, kConsumerThreads);\n",
+                          "    fence_proxy_async();  // P and V^T of tile it + 1 before wgmma reads them\n")]),
     "no_pv": ("the P V wgmmas (an empty group is committed in their place, so wgmma_wait<1> still waits for S)",
               [("    issue_pv_e4m3(acc, base + kP + (it % kPBufs) * kPBytes, vt);\n", "    wgmma_commit();\n")]),
 }
