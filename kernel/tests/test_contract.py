@@ -36,6 +36,7 @@ OPS = {
     ("sampling", "penalties"): ops.apply_penalties,
     ("sampling", "sample"): ops.sample,
     ("sampling", "logprobs"): ops.compute_logprobs,
+    ("sampling", "greedy"): ops.greedy,
     ("spec", "ngram_lookup"): ops.ngram_lookup,
     ("spec", "ngram_record"): ops.ngram_record,
     ("spec", "verify"): ops.spec_verify,

@@ -190,6 +190,7 @@ def test_every_op_family_has_a_cpu_reference():
         ("sampling", "penalties"),
         ("sampling", "sample"),
         ("sampling", "logprobs"),
+        ("sampling", "greedy"),
     }
     assert expected <= families
     # bf16 on the CPU: the references, except prefill (torch's fused attention), the quantised

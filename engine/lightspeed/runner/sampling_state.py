@@ -179,9 +179,10 @@ class SamplingState:
         """Token ids int64 [S]: argmax when every row is greedy, else the batched seeded sampler.
         A speculative row's position j draws with RNG counter (outputs so far + j): the draw the
         engine would make there without speculation."""
-        if self.h_greedy[h_slots].all():
-            return logits.argmax(dim=-1)
         from lightspeed_kernel import ops
+
+        if self.h_greedy[h_slots].all():
+            return ops.greedy(logits)
 
         offsets = self.offsets[slots] if sample_pos is None else self.offsets[slots] + sample_pos
         return ops.sample(logits, self.temperature[slots], self.top_k[slots], self.top_p[slots],

@@ -22,7 +22,7 @@ from .moe import fused_experts, fused_experts_fp8, moe_topk
 from .norm import fused_add_rms_norm, rms_norm, rms_norm_linear
 from .quantize import quant_fp8_per_block, quant_fp8_per_token, quant_fp8_per_token_head
 from .rope import apply_rope, rope_cos_sin_cache, yarn_get_mscale
-from .sampling import apply_penalties, compute_logprobs, sample
+from .sampling import apply_penalties, compute_logprobs, greedy, sample
 from .spec import ngram_lookup, ngram_record, spec_fill_drafts, spec_shift_rows, spec_verify
 
 __all__ = [
@@ -41,6 +41,7 @@ __all__ = [
     "fused_experts",
     "fused_experts_fp8",
     "gelu_and_mul",
+    "greedy",
     "linear",
     "linear_quantized",
     "linear_w4",

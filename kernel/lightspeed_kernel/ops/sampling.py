@@ -45,6 +45,15 @@ def sample(
     return impl_for("sampling", "sample", logits)(logits, temperature, top_k, top_p, min_p, seeds, offsets)
 
 
+def greedy(logits: torch.Tensor) -> torch.Tensor:
+    """Each row's first index of its largest logit (sampling/greedy): ``logits.argmax(dim=-1)``,
+    NaN counting as the largest and -0.0 equal to 0.0, as torch has it.
+
+    logits: [S, V] fp32, bf16 or fp16. Returns [S] int64.
+    """
+    return impl_for("sampling", "greedy", logits)(logits)
+
+
 def compute_logprobs(
     logits: torch.Tensor, token_ids: torch.Tensor, top_n: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -89,6 +89,12 @@ def sample(
     return torch.where(greedy, logits.argmax(dim=-1), sampled)
 
 
+@reference("sampling", "greedy")
+def greedy(logits: torch.Tensor) -> torch.Tensor:
+    # logits: [S, V] -> [S] int64, the first index of each row's maximum (NaN the largest)
+    return logits.argmax(dim=-1)
+
+
 @reference("sampling", "logprobs")
 def compute_logprobs(
     logits: torch.Tensor, token_ids: torch.Tensor, top_n: int

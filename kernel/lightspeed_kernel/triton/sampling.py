@@ -241,6 +241,74 @@ def sample(logits, temperature, top_k, top_p, min_p, seeds, offsets):
     return out
 
 
+# Greedy decoding reads a whole logits row for one index. torch's argmax reduces a row in one block
+# (27 us a step for a 128K vocabulary at batch 1 on the H200, bench/results/h200_pdl_2026-12-03_1800/
+# trace_pdl0/), so the row is cut into chunks, one program each, and a second launch picks among
+# the chunks' winners.
+GREEDY_CHUNK = 4096
+
+
+@triton.jit
+def _greedy_key(x):
+    """torch.argmax's order as an int64: NaN above every number (2^32), -0.0 equal to 0.0."""
+    return tl.where(x != x, 4294967296, _ordered_key(tl.where(x == 0.0, 0.0, x)))
+
+
+@triton.jit
+def _greedy_chunk_kernel(logits_ptr, key_ptr, idx_ptr, out_ptr, vocab, stride_l, chunks,
+                         BLOCK: tl.constexpr, ONE_CHUNK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
+    cols = chunk * BLOCK + tl.arange(0, BLOCK)
+    valid = cols < vocab
+    x = tl.load(logits_ptr + row * stride_l + cols, mask=valid, other=0.0).to(tl.float32)
+    key = tl.where(valid, _greedy_key(x), -1)
+    best = tl.max(key, axis=0)
+    first = tl.min(tl.where(key == best, cols, vocab), axis=0)
+    if ONE_CHUNK:
+        tl.store(out_ptr + row, first.to(tl.int64))
+    else:
+        tl.store(key_ptr + row * chunks + chunk, best)
+        tl.store(idx_ptr + row * chunks + chunk, first)
+
+
+@triton.jit
+def _greedy_pick_kernel(key_ptr, idx_ptr, out_ptr, chunks, BLOCK_C: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    c = tl.arange(0, BLOCK_C)
+    valid = c < chunks
+    key = tl.load(key_ptr + row * chunks + c, mask=valid, other=-1)
+    idx = tl.load(idx_ptr + row * chunks + c, mask=valid, other=2147483647)
+    best = tl.max(key, axis=0)
+    # chunks are in column order, so the smallest index among the tied winners is the row's first
+    tl.store(out_ptr + row, tl.min(tl.where(key == best, idx, 2147483647), axis=0).to(tl.int64))
+
+
+@register("sampling", "greedy", "triton_greedy", FLOAT_DTYPES)
+def greedy(logits):
+    """logits: [S, V] -> [S] int64, each row's first index of its maximum (torch.argmax's answer)."""
+    check(logits.dim() == 2, "logits must be [S, V]")
+    s, v = logits.shape
+    out = torch.empty(s, dtype=torch.int64, device=logits.device)
+    if s == 0:
+        return out
+    check(v > 0, "empty vocabulary")
+    if logits.stride(1) != 1:
+        logits = logits.contiguous()
+    chunks = triton.cdiv(v, GREEDY_CHUNK)
+    block = min(GREEDY_CHUNK, triton.next_power_of_2(v))
+    if chunks == 1:  # the chunk kernel writes the answer; no winners to keep
+        keys, idx = out, out
+    else:
+        keys = torch.empty((s, chunks), dtype=torch.int64, device=logits.device)
+        idx = torch.empty((s, chunks), dtype=torch.int32, device=logits.device)
+    _greedy_chunk_kernel[(s, chunks)](logits, keys, idx, out, v, logits.stride(0), chunks,
+                                      BLOCK=block, ONE_CHUNK=chunks == 1, num_warps=8)
+    if chunks > 1:
+        _greedy_pick_kernel[(s,)](keys, idx, out, chunks, BLOCK_C=triton.next_power_of_2(chunks), num_warps=1)
+    return out
+
+
 @triton.jit
 def _logsumexp_kernel(logits_ptr, ids_ptr, lse_ptr, token_lp_ptr, vocab, stride_l, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)

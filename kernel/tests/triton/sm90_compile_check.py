@@ -266,6 +266,7 @@ def cases():
         ),
     )
     yield "logprobs", lambda: sampling.compute_logprobs(lg, torch.zeros(4, dtype=torch.int64), 5)
+    yield "greedy", lambda: sampling.greedy(torch.zeros(4, 9000))
     history = torch.zeros(8, 4096, dtype=torch.int32)
     yield (
         "ngram lookup",

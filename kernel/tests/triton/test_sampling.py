@@ -87,6 +87,33 @@ def test_logprobs(device, s, v, top_n, dtype):
     torch.testing.assert_close(got[2], want[2], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("s,v", [(0, 10), (1, 1), (3, 37), (2, 4096), (3, 4097), (2, 9000)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_greedy_matches_argmax(device, s, v, dtype):
+    logits = (torch.randn(s, v, device=device) * 3).to(dtype)
+    assert torch.equal(sampling.greedy(logits), logits.argmax(dim=-1))
+
+
+def test_greedy_ties_nan_and_signed_zero(device):
+    v = 9000  # three chunks
+    logits = torch.full((6, v), -5.0, device=device)
+    logits[0, [7000, 100, 4500]] = 3.0  # a tie across chunks: the first index wins
+    logits[1, [8000, 5000]] = float("nan")  # NaN is the largest, first NaN wins
+    logits[1, 10] = float("inf")
+    logits[2, :] = float("-inf")  # all -inf: index 0
+    logits[3, :] = 0.0
+    logits[3, 6000] = -0.0  # -0.0 ties with 0.0
+    logits[3, :5000] = -1.0  # the first 0.0 / -0.0 is at 5000
+    logits[4, 4095:4097] = 9.0  # the tie straddles a chunk boundary
+    logits[5, v - 1] = 1.0  # the last column
+    logits[5, 3] = -float("nan")  # a negative NaN is a NaN too
+    got = sampling.greedy(logits)
+    assert torch.equal(got, logits.argmax(dim=-1)), (got, logits.argmax(dim=-1))
+    assert got.tolist() == [100, 5000, 0, 5000, 4095, 3]
+    strided = torch.randn(8, 2 * v, device=device)[:, ::2]
+    assert torch.equal(sampling.greedy(strided), strided.argmax(dim=-1))
+
+
 @pytest.mark.gpu
 def test_sampling_gpu_vocab_sizes():
     s, v = 64, 151936
@@ -101,6 +128,7 @@ def test_sampling_gpu_vocab_sizes():
     p = torch.rand(s, device="cuda")
     want = ref.apply_penalties(logits.clone(), counts, prompt, p, p, 1 + p)
     torch.testing.assert_close(sampling.apply_penalties(logits, counts, prompt, p, p, 1 + p), want)
+    assert torch.equal(sampling.greedy(logits), logits.argmax(dim=-1))
     tokens = torch.randint(0, v, (s,), device="cuda")
     got, want = sampling.compute_logprobs(logits, tokens, 20), ref.compute_logprobs(logits, tokens, 20)
     torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-4)
