@@ -41,6 +41,24 @@ def test_logprobs_rows(tiny_model_dir):
     assert len(seen) == 4
 
 
+def test_plain_greedy_only_when_nothing_edits_the_logits():
+    """Rows whose token may be the decode graph's argmax of the raw logits: greedy, and no penalty,
+    logit bias or min_tokens mask in the batch."""
+    import torch
+    from lightspeed.runner.sampling_state import SamplingState
+
+    state = SamplingState(6, 10, torch.device("cpu"))
+    state.bind(0, 1, SamplingSpec(max_tokens=8, temperature=0.0), [5], [])
+    state.bind(1, 2, SamplingSpec(max_tokens=8, temperature=0.0), [5], [])
+    state.bind(2, 3, SamplingSpec(max_tokens=8, temperature=0.8), [5], [])
+    state.bind(3, 4, SamplingSpec(max_tokens=8, temperature=0.0, presence_penalty=0.5), [5], [])
+    state.bind(4, 5, SamplingSpec(max_tokens=8, temperature=0.0, logit_bias={3: 1.0}), [5], [])
+    state.bind(5, 6, SamplingSpec(max_tokens=8, temperature=0.0, min_tokens=2, eos_token_ids=[2]), [5], [])
+    assert state.plain_greedy(np.array([0, 1]))
+    for other in (2, 3, 4, 5):
+        assert not state.plain_greedy(np.array([0, other])), other
+
+
 def test_min_tokens_mask_bans_exactly_the_stop_ids():
     """Rows under min_tokens lose their stop/EOS ids (token 0 and padded rows included), others keep all."""
     import torch

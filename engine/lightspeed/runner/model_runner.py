@@ -95,6 +95,7 @@ class ModelRunner:
         self._slot_of: dict[int, int] = {}
         self._output_tokens_of = output_tokens_of
         self._prev_sampled: torch.Tensor | None = None
+        self._graph_greedy: torch.Tensor | None = None  # the decode graph's argmax rows of this step's logits
         self.graphs: CudaGraphRunner | None = None  # decode steps it can run are replayed, the rest eager
         self.piecewise: PiecewiseGraphRunner | None = None  # prefill / mixed steps it can run, piece by piece
         self.expert_load = ExpertLoad(model, device)
@@ -230,8 +231,10 @@ class ModelRunner:
 
     def forward(self, plan, t: StepTensors) -> torch.Tensor:
         """Logits fp32 [S, V] at the plan's sampled positions."""
+        self._graph_greedy = None
         if self.graphs is not None and self.graphs.can_run(plan):
             logits = self.graphs.forward(plan, t)
+            self._graph_greedy = self.graphs.last_greedy
             if self.spec is not None and self.spec.needs_hidden:
                 self._hidden = self.graphs.last_hidden
             return logits
@@ -265,14 +268,18 @@ class ModelRunner:
         logprob_rows = np.nonzero(asked >= 0)[0]
         raw = logits[upload(logprob_rows, self.device)] if logprob_rows.size else None
         sample_pos = step.sample_pos if step is not None else None
-        draft_counts = None
-        if step is not None and s.h_penalties[h_slots].any():
-            draft_counts = step.draft_counts(plan, t.input_ids, logits.shape[0], logits.shape[1])
-        logits = s.process_logits(logits, slots, h_slots, sample_pos, draft_counts)
         structured_rows = np.nonzero(s.h_structured[h_slots])[0]
-        if structured_rows.size:
-            self.structured.apply(logits, t.h_sample_req_ids, structured_rows)
-        tokens = s.sample(logits, slots, h_slots, sample_pos)
+        graph_greedy, self._graph_greedy = self._graph_greedy, None
+        if graph_greedy is not None and not structured_rows.size and s.plain_greedy(h_slots):
+            tokens = graph_greedy  # the graph's argmax of these very logits, which nothing changes
+        else:
+            draft_counts = None
+            if step is not None and s.h_penalties[h_slots].any():
+                draft_counts = step.draft_counts(plan, t.input_ids, logits.shape[0], logits.shape[1])
+            logits = s.process_logits(logits, slots, h_slots, sample_pos, draft_counts)
+            if structured_rows.size:
+                self.structured.apply(logits, t.h_sample_req_ids, structured_rows)
+            tokens = s.sample(logits, slots, h_slots, sample_pos)
         accepted = keep = None
         if step is not None:
             accepted, keep = step.verify(tokens, t.input_ids)

@@ -174,6 +174,12 @@ class SamplingState:
             logits[rows] = logits[rows].scatter_reduce_(1, ids.clamp(min=0), ban, reduce="amin")
         return logits
 
+    def plain_greedy(self, h_slots: np.ndarray) -> bool:
+        """Every row greedy with nothing that edits its logits (penalties, logit bias, min_tokens): its
+        token is the argmax of the raw logits."""
+        return bool(self.h_greedy[h_slots].all() and not self.h_penalties[h_slots].any()
+                    and not self.h_bias[h_slots].any() and not (self.h_min_tokens[h_slots] > 0).any())
+
     def sample(self, logits: torch.Tensor, slots: torch.Tensor, h_slots: np.ndarray,
                sample_pos: torch.Tensor | None = None) -> torch.Tensor:
         """Token ids int64 [S]: argmax when every row is greedy, else the batched seeded sampler.
