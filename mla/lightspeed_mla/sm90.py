@@ -10,9 +10,10 @@ tile is widened exactly to bf16 in shared memory and P V runs in bf16 with the p
 into P; S_latent runs in
 bf16 on the widened tile (`mla_decode_sm90`: the Triton FP8 path's accuracy) or on e4m3 MMAs with Q
 quantised per row (`mla_decode_sm90_fp8qk`: fewer MMA cycles, ~2-4% from the reference on random data),
-or both products on e4m3 MMAs (`mla_decode_sm90_fp8mma`: each consumer warpgroup transposes its half of
-the latent tile into V^T while its S MMAs run, P is quantised per tile, and P V of tile i runs beside S of
-tile i + 1; the fastest FP8 kernel from batch 4, ~2.7% from the reference).
+or both products on e4m3 MMAs (`mla_decode_sm90_fp8mma`: P V runs as O^T = V^T P^T with V^T the register
+operand, which each consumer warp builds from the landed latent tile while its S MMAs run; P is quantised per
+tile, and P V of tile i runs beside S of tile i + 1; ~2.7% from the reference; the form before, which
+transposed the latent in shared memory, was the fastest FP8 kernel from batch 4).
 
 Plan / run follow `plan_decode` / `run_decode` exactly (the same `MLADecodePlan`, fold layout with
 64-row tiles, splits filling one wave of one CTA per SM): planned once from shapes, the true lengths
@@ -71,7 +72,7 @@ KERNEL_NAME = "mla_decode_sm90"
 # The FP8 cache with S_latent on e4m3 MMAs (Q quantised per row): the fast variant the issue's FP8 target
 # needs, ~2-4% from the reference on random data (Q's 3 mantissa bits), so a name of its own.
 KERNEL_NAME_FP8_SCORES = "mla_decode_sm90_fp8qk"
-# Both products on e4m3 MMAs (fp8qk's scores, and P V on the transposed latent with P quantised per tile).
+# Both products on e4m3 MMAs (fp8qk's scores, P V with the latent its register operand, P quantised per tile).
 KERNEL_NAME_FP8_MMA = "mla_decode_sm90_fp8mma"
 CUDA_DIR = Path(__file__).parent / "cuda"
 KERNEL_SOURCES = ("mla_decode_sm90.cu", "mla_decode_sm90_bf16.cu", "mla_decode_sm90_fp8mma.cu")  # no torch headers
@@ -84,8 +85,9 @@ FEATURES = ("paged", "bf16_kv", "fp8_kv", "lse", "spec_decode", "causal", "fold_
 # The phase stamps of the timer build, in the order of cuda/mla_decode_sm90.h's MlaPhase (which says who
 # stamps each and when; a CPU test keeps the two in step).
 PHASES = ("entry", "work", "first_tma", "last_tma", "q_loaded", "first_tile", "last_vt", "last_pv", "epilogue")
-# The cycle counters after the stamps in each CTA's row (MlaCounter: a role's summed wait (or transposing) cycles, and thread 0's
-# %clock64 at entry and after the epilogue, which with the entry / epilogue stamps give the cycles' rate).
+# The cycle counters after the stamps in each CTA's row (MlaCounter: a role's summed wait (or fp8mma's
+# fragment building) cycles, and thread 0's %clock64 at entry and after the epilogue, which with the entry /
+# epilogue stamps give the cycles' rate).
 COUNTERS = ("consumer_wait_full", "consumer_transpose", "producer_wait_empty", "clock_entry", "clock_epilogue")
 TIMERS_DEFINE = "-DLIGHTSPEED_MLA_PHASE_TIMERS"
 # 64 rows x 64 keys; 12 warps (2 consumer warpgroups + the producer warpgroup), 2 stages, 1 CTA / SM.

@@ -7,7 +7,7 @@ It mirrors the kernel by hand: edit both together.
 
     python mla/scripts/sm90_emulate.py bf16 | fp8 [fp8qk]   (a third argument: the e4m3-scores variant)
     python mla/scripts/sm90_emulate.py fp8mma                (both products on e4m3: mla_decode_sm90_fp8mma)
-    python mla/scripts/sm90_emulate.py afrag                 (the register-operand P V's fragments, mla/NOTES.md)
+    python mla/scripts/sm90_emulate.py afrag                 (fp8mma's P V A fragments, load_v_frags, alone)
 """
 import sys
 from pathlib import Path
@@ -352,12 +352,12 @@ def emulate(kind, page_size, lens, q_len, H, num_splits, seed=0, fp8_scores=Fals
 
 
 # ---- mla_decode_sm90_fp8mma: both products on e4m3 wgmma --------------------------------------------
-# Shared memory as fp8mma:: has it; the consumers' transposition through ldmatrix / stmatrix.trans, the
-# 64B-swizzled K-major P and V^T tiles, the key-slot order and the vt_col output order are the kernel's.
+# Shared memory as fp8mma:: has it; the 64B-swizzled K-major P tile, the key-slot order, P V's A fragments
+# built lane by lane through ldmatrix.trans and byte permutes, the O^T accumulator and its write-out are the
+# kernel's.
 
-M_QROPE, M_STAGE0, M_STB = 32768, 40960, 40960
-M_VT = M_STAGE0 + 2 * M_STB
-M_P = M_VT + 2 * 32768
+M_QROPE, M_STAGE0, M_STB, M_RING = 32768, 40960, 40960, 3
+M_P = M_STAGE0 + M_RING * M_STB
 M_SC = M_P + 2 * 4096  # two P tiles: tile i + 1's softmax writes one while P V of tile i reads the other
 
 
@@ -367,10 +367,6 @@ def swz64(off):  # 64B swizzle: address bits 4-5 ^= bits 7-8
 
 def so64(row, byte):  # swizzled_offset_64b
     return row * 64 + ((((byte >> 4) ^ (row >> 1)) & 3) << 4) + (byte & 15)
-
-
-def vt_col(n):
-    return (n & ~15) | (((n & 7) >> 1) << 2) | (((n >> 3) & 1) << 1) | (n & 1)
 
 
 def read_kmajor64(smem, start, rows, kbytes):  # the 64B-swizzle descriptor: 8-row groups 512 B apart
@@ -386,62 +382,86 @@ def e4m3_bytes(x):  # cvt.rn.satfinite.e4m3
     return t.to(torch.float8_e4m3fn).view(torch.uint8).numpy()
 
 
-def transpose_latent(smem, lat, vt, valid):
-    """transpose_latent of the kernel, lane by lane: consumer warpgroup wg's warp w takes units
-    u = 32 wg + w + 4 k, k = 0..7 (its warpgroup's 256 latent columns)."""
+def byte_perm(x, y, sel):  # __byte_perm on 4-byte arrays
+    b = list(x) + list(y)
+    return np.array([b[(sel >> (4 * i)) & 0xF] for i in range(4)], np.uint8)
+
+
+def load_v_frags(smem, lat, valid):
+    """load_v_frags of the kernel, lane by lane: frags[tid][c][ks][reg] = the 4 bytes of A register reg of
+    M-chunk c and k-step ks. ldmatrix.trans: lane 8m + r addresses row r of matrix m (key 32 ks + 8m + r, the
+    warp's 16 dims of chunk c); thread t gets rows 2 (t % 4) and 2 (t % 4) + 1, 16-bit element t / 4, of each
+    matrix."""
+    frags = np.zeros((256, 4, 2, 4, 4), np.uint8)
     for wg in range(2):
-        for u in [32 * wg + warp + 4 * k for warp in range(4) for k in range(8)]:
-            j, g32 = u & 3, u >> 2
-            rows = {}
-            for lane in range(32):  # ldmatrix: lane 8m + r addresses row r of matrix m
-                m, r = lane // 8, lane % 8
-                a = lat + so8(16 * j + 8 * (m & 1) + r, 32 * g32 + 16 * (m >> 1))
-                rows[(m, r)] = smem[a:a + 16].copy()
-            addr = {}
-            for lane in range(32):
-                m, r = lane // 8, lane % 8
-                addr[(m, r)] = vt + so64(32 * g32 + 8 * m + r, 16 * j)
-            for t in range(32):
-                d = [rows[(m, t // 4)][4 * (t % 4):4 * (t % 4) + 4].copy() for m in range(4)]
-                key = 16 * j + t // 4
-                if key >= valid:
-                    d[0][:] = 0
-                    d[2][:] = 0
-                if key + 8 >= valid:
-                    d[1][:] = 0
-                    d[3][:] = 0
-                x = [np.array([d[0][0], d[1][0], d[0][1], d[1][1]], np.uint8),  # __byte_perm 0x5140
-                     np.array([d[0][2], d[1][2], d[0][3], d[1][3]], np.uint8),  # 0x7362
-                     np.array([d[2][0], d[3][0], d[2][1], d[3][1]], np.uint8),
-                     np.array([d[2][2], d[3][2], d[2][3], d[3][3]], np.uint8)]
-                for m in range(4):  # stmatrix.trans: element (t / 4, 2 (t % 4) + e) -> row 2 (t % 4) + e, column t / 4
-                    for e in range(2):
-                        a = addr[(m, 2 * (t % 4) + e)] + 2 * (t // 4)
-                        smem[a:a + 2] = x[m][2 * e:2 * e + 2]
+        for warp in range(4):
+            for c in range(4):
+                for ks in range(2):
+                    col = 256 * wg + 64 * c + 16 * warp
+                    rows = [smem[lat + so8(32 * ks + lane, col):][:16] for lane in range(32)]
+                    for t in range(32):
+                        q, e = t % 4, t // 4
+                        d = [np.concatenate([rows[8 * m + 2 * q + h][2 * e:2 * e + 2] for h in range(2)])
+                             for m in range(4)]
+                        tid = 128 * wg + 32 * warp + t
+                        frags[tid, c, ks] = [byte_perm(d[0], d[1], 0x6240), byte_perm(d[0], d[1], 0x7351),
+                                             byte_perm(d[2], d[3], 0x6240), byte_perm(d[2], d[3], 0x7351)]
+    if valid < 64:  # the split's last tile: keys 16 k16 + 2q, + 8, + 1, + 9 of registers 2 (k16 % 2) ..
+        for tid in range(256):
+            for k16 in range(4):
+                key = 16 * k16 + 2 * (tid % 4)
+                keep = np.array([key < valid, key + 8 < valid, key + 1 < valid, key + 9 < valid])
+                for c in range(4):
+                    for reg in (2 * (k16 % 2), 2 * (k16 % 2) + 1):
+                        frags[tid, c, k16 // 2, reg] *= keep
+    return frags
 
 
 def pow2_floor(x):  # tile_multiplier's rounding: keep a float's exponent, clear its mantissa
     return (np.float32(x).view(np.uint32) & np.uint32(0x7F800000)).view(np.float32)
 
 
-def key_of_slot(slot):  # transpose_latent's key order: slot 16j + 2i + h holds key 16j + i + 8h
+def key_of_slot(slot):  # the P V key order: slot 16j + 2i + h holds key 16j + i + 8h
     return 16 * (slot // 16) + (slot % 16) // 2 + 8 * (slot % 2)
 
 
-def check_vt(smem, lat, vt, valid):
-    """V^T as the PV descriptor reads it is exactly the latent tile, keys in slot order, columns in vt_col
-    order, keys past `valid` zero."""
-    v = np.zeros((64, 512), np.uint8)
-    for key in range(64):
-        for col in range(0, 512, 16):
-            v[key, col:col + 16] = smem[lat + so8(key, col): lat + so8(key, col) + 16]
-    got = read_kmajor64(smem, vt, 512, 64)
-    want = np.zeros((512, 64), np.uint8)
-    for n in range(512):
-        for slot in range(64):
-            key = key_of_slot(slot)
-            want[n, slot] = v[key, vt_col(n)] if key < valid else 0
-    assert (got == want).all(), "V^T layout"
+def check_frags(frags, smem, lat, valid):
+    """Every thread's A fragments are V^T of the wgmma register layout (a warp's rows 16w + lane / 4 and + 8,
+    K 4 (lane % 4) .. + 3 and + 16), keys in slot order, fragment row r = dim 2r and row r + 8 = dim 2r + 1 of
+    the warp's 16 in its chunk, keys past `valid` zero."""
+    for tid in range(256):
+        wg, warp, lane = tid // 128, (tid % 128) // 32, tid % 32
+        for c in range(4):
+            for ks in range(2):
+                for reg in range(4):
+                    frag_row, k0 = lane // 4 + 8 * (reg & 1), 4 * (lane % 4) + 16 * (reg >> 1)
+                    dim = 256 * wg + 64 * c + 16 * warp + 2 * (frag_row % 8) + frag_row // 8
+                    keys = [32 * ks + key_of_slot(k0 + b) for b in range(4)]
+                    want = [smem[lat + so8(k, dim)] if k < valid else 0 for k in keys]
+                    assert (frags[tid, c, ks, reg] == want).all(), (tid, c, ks, reg)
+
+
+def issue_pv_e4m3(acc, frags, smem, pb):
+    """acc (O^T, [256 threads, 4 chunks x 32]) += V^T P'^T: per warpgroup and M-chunk two wgmma m64n64k32
+    e4m3, A assembled from the threads' fragments by the register layout, B = the P tile read by its K-major
+    descriptor; the [64 dims, 64 rows] product back to the threads by the accumulator layout (element i:
+    fragment row 16 warp + lane / 4 + 8 ((i >> 1) & 1), query row 8 (i >> 2) + 2 (lane % 4) + (i & 1))."""
+    for wg in range(2):
+        for c in range(4):
+            d = np.zeros((64, 64), np.float32)
+            for ks in range(2):
+                a = np.zeros((64, 32), np.uint8)
+                for t in range(128):
+                    warp, lane = t // 32, t % 32
+                    for reg in range(4):
+                        m, k0 = 16 * warp + lane // 4 + 8 * (reg & 1), 4 * (lane % 4) + 16 * (reg >> 1)
+                        a[m, k0:k0 + 4] = frags[128 * wg + t, c, ks, reg]
+                d += e4m3_vals(a) @ e4m3_vals(read_kmajor64(smem, pb + 32 * ks, 64, 32)).T
+            for t in range(128):
+                warp, lane = t // 32, t % 32
+                for i in range(32):
+                    m, n = 16 * warp + lane // 4 + 8 * ((i >> 1) & 1), 8 * (i >> 2) + 2 * (lane % 4) + (i & 1)
+                    acc[128 * wg + t, 32 * c + i] += d[m, n]
 
 
 def check_p(smem, pb, s, ks, c, red_max, m_run):
@@ -460,28 +480,13 @@ def check_p(smem, pb, s, ks, c, red_max, m_run):
 
 
 def check_register_pv_fragments(seed=0):
-    """The register-operand P V of mla/NOTES.md (not built yet): `ldmatrix.x4.trans` on the landed latent tile
-    plus `__byte_perm(x, y, 0x6240 / 0x7351)` must give the e4m3 wgmma A fragment of V^T (a0 / a1: rows lane/4
-    and lane/4 + 8 at K slots 4q..4q + 3; a2 / a3 at 16 + 4q) in transpose_latent's key-slot order, fragment
-    row r being dim 2r and row r + 8 dim 2r + 1 of the warp's 16-dim column group."""
-    def byte_perm(x, y, sel):
-        b = list(x) + list(y)
-        return np.array([b[(sel >> (4 * i)) & 0xF] for i in range(4)], np.uint8)
-
+    """The register-operand P V's fragments (load_v_frags): `ldmatrix.x4.trans` on a random latent tile plus
+    `__byte_perm(x, y, 0x6240 / 0x7351)` give every thread's e4m3 wgmma A fragments of V^T in the key-slot
+    order, fragment row r being dim 2r and row r + 8 dim 2r + 1 of the warp's 16-dim column group; on a whole
+    tile and on a last tile of 37 keys (the rest zeroed)."""
     smem = np.random.default_rng(seed).integers(0, 256, 64 * 1024, dtype=np.uint8)
-    for g16 in range(32):  # 16-dim column group
-        for ks in range(2):  # k-step: keys 32 ks .. 32 ks + 31, matrices X, Y, Z, W = 8 keys each
-            rows = [smem[so8(32 * ks + lane, 16 * g16):so8(32 * ks + lane, 16 * g16) + 16] for lane in range(32)]
-            for t in range(32):  # .trans: thread t gets element (row 2 (t % 4) + e, column t / 4) of matrix m
-                q, c = t % 4, t // 4
-                d = [np.concatenate([rows[8 * m + 2 * q + e][2 * c:2 * c + 2] for e in range(2)]) for m in range(4)]
-                a = [byte_perm(d[0], d[1], 0x6240), byte_perm(d[0], d[1], 0x7351),
-                     byte_perm(d[2], d[3], 0x6240), byte_perm(d[2], d[3], 0x7351)]
-                for reg in range(4):
-                    frag_row, k0 = c + 8 * (reg & 1), 4 * q + 16 * (reg >> 1)
-                    dim = 16 * g16 + (2 * frag_row if frag_row < 8 else 2 * (frag_row - 8) + 1)
-                    want = [smem[so8(32 * ks + key_of_slot(k0 + b), dim)] for b in range(4)]
-                    assert (a[reg] == want).all(), (g16, ks, t, reg)
+    for valid in (64, 37):
+        check_frags(load_v_frags(smem, 0, valid), smem, 0, valid)
     print("register-operand P V: the A fragments hold V^T in key-slot order")
 
 
@@ -537,6 +542,7 @@ def emulate_fp8mma(page_size, lens, q_len, H, num_splits, seed=0):
                 m_run = np.full((256, 2), -np.inf, np.float32)
                 l_run = np.zeros((256, 2), np.float32)
                 c_prev = np.float32(1.0)
+                red_rescale, moved = np.ones(64, np.float32), np.zeros(4, bool)
                 limit = np.zeros((256, 2), np.int64)
                 for tid in range(256):
                     wg, lane, rl, rh = frag(tid)
@@ -546,9 +552,9 @@ def emulate_fp8mma(page_size, lens, q_len, H, num_splits, seed=0):
                 last_page = (kv_len - 1) // page_size
                 for it in range(n_tiles):
                     key0 = start + it * 64
-                    st = M_STAGE0 + (it % 2) * M_STB
+                    st = M_STAGE0 + (it % M_RING) * M_STB
+                    sc = M_SC + (it % M_RING) * 256
                     pb = M_P + (it % 2) * 4096
-                    vt = M_VT + (it % 2) * 32768  # two V^T buffers: tile i + 1 is transposed beside P V of tile i
                     for j in range(64 // box_rows):  # the loads
                         key = key0 + j * box_rows
                         page = pt[b, min(key // page_size, last_page)]
@@ -556,12 +562,12 @@ def emulate_fp8mma(page_size, lens, q_len, H, num_splits, seed=0):
                         for c in range(4):
                             tma_box(smem, st + c * KB + j * box_rows * 128, lat_bytes[row:row + box_rows, c * 128:(c + 1) * 128])
                         tma_box(smem, st + 32768 + j * box_rows * 128, rope_bytes[row:row + box_rows])
-                        so_ = M_SC + (it % 2) * 256 + j * box_rows * 4
+                        so_ = sc + j * box_rows * 4
                         smem[so_:so_ + box_rows * 4] = kscale_all[row:row + box_rows].view(np.uint8)
                     valid = end - key0
-                    transpose_latent(smem, st, vt, valid)
-                    check_vt(smem, st, vt, valid)
-                    kscale = smem[M_SC + (it % 2) * 256: M_SC + (it % 2) * 256 + 256].copy().view(np.float32)
+                    frags = load_v_frags(smem, st, valid)
+                    check_frags(frags, smem, st, valid)
+                    kscale = smem[sc:sc + 256].copy().view(np.float32)
                     mx = max([abs(kscale[k]) for k in range(min(valid, 64))] + [0.0])
                     c = pow2_floor(np.float32(448.0) / np.float32(mx)) if mx > 1e-30 else np.float32(1.0)
                     S_wg = []
@@ -619,23 +625,18 @@ def emulate_fp8mma(page_size, lens, q_len, H, num_splits, seed=0):
                         for h in range(2):
                             l_run[tid, h] = l_run[tid, h] * alpha[h] + psum[h]
                         ratio = c / c_prev
-                        for i in range(128):
-                            acc[tid, i] *= alpha[(i >> 1) & 1] * ratio
+                        if wg == 0:  # publish_rescale
+                            for h, r in enumerate((rl, rh)):
+                                red_rescale[r] = alpha[h] * ratio
+                    for w4 in range(4):
+                        moved[w4] = any(red_rescale[16 * w4:16 * w4 + 16] != 1)
                     c_prev = c
                     check_p(smem, pb, s, ks, c, red_max, m_run)
-                    for wg in range(2):  # tile_pv_e4m3
-                        o_tile = np.zeros((64, 256), np.float32)
-                        for k in range(2):
-                            A = e4m3_vals(read_kmajor64(smem, pb + k * 32, 64, 32))
-                            Bv = e4m3_vals(read_kmajor64(smem, vt + 256 * wg * 64 + k * 32, 256, 32))
-                            o_tile += A @ Bv.T
-                        for t in range(128):
-                            tid = wg * 128 + t
-                            _, lane, rl, rh = frag(tid)
+                    if it > 0 and moved.any():  # rescale_acc: a chunk's element 4j + e (+ 2): row 8j + 2q + e
+                        for tid in range(256):
                             for i in range(128):
-                                r = rh if (i >> 1) & 1 else rl
-                                n = 8 * (i >> 2) + 2 * (lane & 3) + (i & 1)
-                                acc[tid, i] += o_tile[r, n]
+                                acc[tid, i] *= red_rescale[8 * ((i % 32) >> 2) + 2 * (tid % 4) + (i & 1)]
+                    issue_pv_e4m3(acc, frags, smem, pb)
                 red_sum = np.zeros(128, np.float32)
                 for tid in range(256):
                     wg, lane, rl, rh = frag(tid)
@@ -643,23 +644,30 @@ def emulate_fp8mma(page_size, lens, q_len, H, num_splits, seed=0):
                         for h, r in enumerate((rl, rh)):
                             red_sum[wg * 64 + r] = sum(l_run[t2, h] for t2 in range(tid, tid + 4))
                 out_mul = np.float32(1.0) / c_prev
-                for tid in range(256):  # write_out<true>
+                for tid in range(256):  # write_out_t: the LSE from the softmax's rows
                     wg, lane, rl, rh = frag(tid)
-                    for h, r in enumerate((rl, rh)):
-                        row = row0 + r
-                        if row >= rows_total:
-                            continue
-                        lsum = red_sum[r] + red_sum[64 + r]
-                        inv = out_mul / lsum if lsum > 0 else 0
-                        lse2 = m_run[tid, h] + np.log2(lsum) if lsum > 0 else -np.inf
-                        tok, head = q_start + row // H, row % H
-                        col0 = 256 * wg + 2 * (lane & 3)
-                        for m in range(16):  # store_row<true>: n8 blocks 2m and 2m + 1, one 16-byte store
-                            i = 8 * m + 2 * h
-                            cc = vt_col(col0 + 16 * m)
-                            part_o[tok, head, split, cc:cc + 4] = acc[tid, [i, i + 1, i + 4, i + 5]] * inv
-                        if wg == 0 and lane % 4 == 0:
-                            part_lse[tok, head, split] = lse2
+                    if wg == 0 and lane % 4 == 0:
+                        for h, r in enumerate((rl, rh)):
+                            row = row0 + r
+                            lsum = red_sum[r] + red_sum[64 + r]
+                            if row < rows_total:
+                                part_lse[q_start + row // H, row % H, split] = (m_run[tid, h] + np.log2(lsum)
+                                                                                if lsum > 0 else -np.inf)
+                for tid in range(256):  # ... and O^T's dim pairs of 16 rows a thread
+                    wg, warp, lane = tid // 128, (tid % 128) // 32, tid % 32
+                    dim0 = 256 * wg + 16 * warp + 2 * (lane // 4)
+                    for i in range(0, 32, 4):
+                        for e in range(2):
+                            r = i // 4 * 8 + 2 * (lane % 4) + e
+                            row = row0 + r
+                            if row >= rows_total:
+                                continue
+                            lsum = red_sum[r] + red_sum[64 + r]
+                            inv = out_mul / lsum if lsum > 0 else 0
+                            dst = part_o[q_start + row // H, row % H, split]
+                            for c4 in range(4):
+                                pair = acc[tid, [32 * c4 + i + e, 32 * c4 + i + 2 + e]]
+                                dst[dim0 + 64 * c4:dim0 + 64 * c4 + 2] = pair * inv
     m = part_lse.max(-1, keepdims=True)
     m = np.where(np.isinf(m), 0, m)
     w = np.exp2(part_lse - m)

@@ -25,8 +25,8 @@ struct MlaSm90Args {
   const float* scale;        // fp8 only: fp32 [pages * page_size] (latent = e4m3 * scale), contiguous
   bool fp8_scores;           // fp8 only: S_latent on e4m3 MMAs with Q quantised per row (faster, ~3% error
                              // on random data) instead of bf16 MMAs on the widened latent
-  bool fp8_pv;               // with fp8_scores: P V on e4m3 MMAs too (P quantised per tile, the latent
-                             // transposed in shared memory) instead of bf16 MMAs on the widened latent
+  bool fp8_pv;               // with fp8_scores: P V on e4m3 MMAs too (P quantised per tile, V^T as the
+                             // register operand) instead of bf16 MMAs on the widened latent
   const int32_t* page_table; // [B, max_pages]
   int64_t page_table_stride;
   const int32_t* seq_lens;   // [B] keys per request (device: the true lengths of this step)
@@ -58,20 +58,20 @@ enum MlaPhase : int {
   kPhaseLastTma,     // producer lane: the last tile's boxes issued
   kPhaseQLoaded,     // consumer thread 0: the query tile in shared memory (past the consumers' barrier)
   kPhaseFirstTile,   // consumer thread 0: tile 0 landed (its full barrier's wait returned)
-  kPhaseLastVt,      // fp8mma only: consumer thread 0: its part of the last tile's V^T written
+  kPhaseLastVt,      // fp8mma only: consumer thread 0: its V^T fragments of the last tile built (P V's A)
   kPhaseLastPv,      // consumer thread 0: the last tile's P V done (warpgroup 0's wgmma wait)
   kPhaseEpilogue,    // consumer thread 0: write_out's stores issued
   kNumPhases
 };
 
 // Cycle counters of the timer build, after the stamps in each CTA's row of phase_ns (column kNumPhases +
-// counter): one thread of a role sums the %clock64 cycles it spent in a wait (or in the fp8mma
-// transposition), so the per-tile rate shows which side of the ring is short; thread 0's %clock64 at
+// counter): one thread of a role sums the %clock64 cycles it spent in a wait (or building the fp8mma
+// P V fragments), so the per-tile rate shows which side of the ring is short; thread 0's %clock64 at
 // entry and after the epilogue give, with kPhaseEntry / kPhaseEpilogue's ns, the cycles' rate. Counters of
 // a role a kernel lacks stay 0. sm90.COUNTERS names them in this order.
 enum MlaCounter : int {
   kCountConsumerWaitFull,    // consumer thread 0: waiting for tiles to land (full barriers)
-  kCountConsumerTranspose,   // fp8mma, consumer thread 0: transposing its latent columns into V^T
+  kCountConsumerTranspose,   // fp8mma, consumer thread 0: building its P V fragments of V^T
   kCountProducerWaitEmpty,   // producer lane: waiting for a free stage (empty barriers)
   kCountClockEntry,          // thread 0: %clock64 at entry
   kCountClockEpilogue,       // consumer thread 0: %clock64 after write_out

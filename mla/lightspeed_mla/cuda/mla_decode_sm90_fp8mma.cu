@@ -1,11 +1,13 @@
 // The sm_90a MLA decode kernel for the FP8 cache with both products on e4m3 wgmma (the CTA's shape, its
 // producer and consumers: sm90_decode_common.cuh).
 // As the e4m3-scores kernel for S (Q quantised per row, S_latent in two fp32 halves of K, S_rope bf16).
-// For P V, each consumer warpgroup transposes its half of the landed latent tile into V^T (transpose_latent)
-// while its S MMAs run, the tile's P multiplier c (448 / its largest k_scale, rounded down to a power of two)
-// comes out of the row-maximum exchange, and the consumers write P' = p * k_scale * c as e4m3 (in (224, 448] at
-// most: e4m3's top binade) and run O[64, 256] += P'[64, 64] V^T on e4m3 wgmma (m64n256k32), the accumulator
-// kept times the current tile's c (rescaled by c / c_prev with the softmax's alpha, divided out at the end).
+// P V runs transposed, O^T[256 latent dims, 64 rows] += V^T P'^T a warpgroup, on e4m3 wgmma (m64n64k32) with V^T
+// as the register operand: each consumer warp builds its fragments straight from the landed latent tile
+// (load_v_frags: ldmatrix.trans and byte permutes), and P'^T is the P tile as the softmax writes it. The tile's P
+// multiplier c (448 / its largest k_scale, rounded down to a power of two) comes out of the row-maximum exchange,
+// the consumers write P' = p * k_scale * c as e4m3 (in (224, 448] at most: e4m3's top binade), and the
+// accumulator is kept times the current tile's c (rescaled by c / c_prev with the softmax's alpha, divided out at
+// the end).
 
 #include "sm90_decode_tile.cuh"
 #include "sm90_launch.h"
@@ -13,66 +15,72 @@
 namespace lightspeed_mla {
 namespace {
 
-// Shared memory of the FP8-MMA kernel (both products on e4m3 wgmma): each consumer warpgroup transposes its
-// 256 latent columns of a landed tile into V^T (e4m3 wgmma reads K-major operands only, and V's K is the key)
-// and reads only those rows in its P V. Two V^T buffers: the consumers transpose tile i + 1 while P V of tile
-// i runs (software pipelining, see the kernel). Two stages are enough: a stage is released after S and the
-// transposition, long before its refill is needed (H100, 2026-12-06: with three the consumers waited for
-// tiles 2% of their time; bench/results/mla_sm90_fp8mma_consumer_transpose_2026-12-06_0529_h100/).
+// Shared memory of the FP8-MMA kernel (both products on e4m3 wgmma). P V reads V from the landed stage into
+// registers, so a stage is held until the consumers' fragments of it are built, in the step after its S: three
+// stages keep two tiles' loads in flight behind that.
 namespace fp8mma {
-constexpr int kRing = 2;                       // latent stages
-constexpr int kVtBufs = 2;                     // V^T buffers
+constexpr int kRing = 3;                       // latent stages
 constexpr int kQ = 0;                          // e4m3 [64, 512]: 4 blocks, 128B-swizzled
 constexpr int kQRope = 4 * kBlockBytes;        // bf16 [64, 64]: 1 block
 constexpr int kStage0 = kQRope + kBlockBytes;  // a stage: e4m3 latent (4 blocks), bf16 rope (1 block)
 constexpr int kLatBytes = 4 * kBlockBytes, kStageBytes = kLatBytes + kBlockBytes;
 constexpr int kTxBytes = kStageBytes + kKeys * 4;  // + the tile's fp32 scales
-constexpr int kVtBytes = 512 * kKeys;              // e4m3 V^T [512 N-rows, 64 key slots], 64B-swizzled
-constexpr int kVt = kStage0 + kRing * kStageBytes;
 constexpr int kPBufs = 2;                          // P tiles: tile i + 1's is written while P V of tile i reads
 constexpr int kPBytes = kRows * kKeys;
-constexpr int kP = kVt + kVtBufs * kVtBytes;       // e4m3 P [64 rows, 64 key slots], 64B-swizzled
+constexpr int kP = kStage0 + kRing * kStageBytes;  // e4m3 P [64 rows, 64 key slots], 64B-swizzled
 constexpr int kScales = kP + kPBufs * kPBytes;     // float [kRing stages][64]
 constexpr int kRedScale = kScales + kRing * kKeys * 4;  // float [8 consumer warps]: their largest k_scale
 constexpr int kRedMax = kRedScale + 32;
 constexpr int kRedSum = kRedMax + 2 * kRows * 4;
-constexpr int kQScale = kRedSum + 2 * kRows * 4;   // float [64]
+constexpr int kRescale = kRedSum + 2 * kRows * 4;  // float [64]: each row's factor for the accumulator
+constexpr int kMoved = kRescale + kRows * 4;       // uint32 [4]: whether a factor of warpgroup 0's warp w moved
+constexpr int kQScale = kMoved + 16;               // float [64]
 constexpr int kBar = kQScale + kRows * 4;          // uint64 full[kRing], empty[kRing]
 constexpr int kSmemBytes = kBar + 2 * kRing * 8 + 1024;
 // Registers: the producer warpgroup only issues loads from one lane; the consumers hold P V's accumulator
-// (128) and S's (48) in flight while they transpose, which spilled at 232. setmaxnreg.inc only hands out
-// what the CTA's other warps released of its launch share (168 x 384), so 32 / 240 hung the kernel.
+// (128) and its A fragments (32) in flight while the next tile's softmax runs on S (48). setmaxnreg.inc only
+// hands out what the CTA's other warps released of its launch share (168 x 384), so 32 / 240 hung the kernel.
 constexpr int kLoaderRegs = 24, kMmaRegs = 240;
 static_assert(128 * kLoaderRegs + kConsumerThreads * kMmaRegs <= kLaunchRegs * kThreads, "the CTA's registers");
-static_assert(kVt % 1024 == 0 && kP % 1024 == 0 && kPBytes % 1024 == 0, "64B-swizzled tiles: 512-byte aligned bases");
+static_assert(kP % 1024 == 0 && kPBytes % 1024 == 0, "64B-swizzled tiles: 512-byte aligned bases");
+static_assert(kRescale % 8 == 0 && kMoved % 16 == 0, "rescale_acc's vector loads");
 static_assert(kSmemBytes <= 227 * 1024, "over the sm_90 shared memory per block");
 }  // namespace fp8mma
 
-// Consumer warpgroup `wg`'s 256 latent columns of a stage (e4m3 [64 keys, 512] in 128B-swizzled blocks of
-// 128 columns, as TMA landed it) -> its 256 N-rows of V^T [512 N-rows, 64 key slots] (64B-swizzled,
-// K-major), keys at or past `valid` zeroed (a page's tail past the request may hold NaN bytes, and 0 * NaN
-// is NaN). A warp moves 16 keys x 32 columns a unit, 8 units a tile: ldmatrix loads four 8x8 matrices of
-// byte pairs (keys 0-7 and 8-15 of the group, over two 16-column halves), byte permutes pair key k with key
-// k + 8 in one 16-bit element, stmatrix.trans stores the elements transposed. So a V^T row holds the keys of
-// each 16-key group in the order 0, 8, 1, 9, ..., 7, 15 (P is written in the same slot order: the product
-// is unchanged), and the N-rows are the latent columns in vt_col order. Loads and stores are bank-conflict
-// free.
-__device__ __forceinline__ void transpose_latent(uint32_t lat, uint32_t vt, int valid, int wg, int warp, int lane) {
-  // Recomputed per tile: hoisted out of the tile loop, the 16 addresses held registers the in-flight
-  // accumulators need (ptxas spilled).
-  asm volatile("" : "+r"(lane), "+r"(warp));
-  const int m = lane / 8, r = lane % 8;
-#pragma unroll 2  // two units in flight; more spills beside the in-flight accumulators (P V and S: 176 registers)
-  for (int k = 0; k < 8; ++k) {
-    const int u = 32 * wg + warp + 4 * k, j = u & 3, g32 = u >> 2;  // 16-key group, 32-column group
-    uint32_t d[4];
-    ldmatrix_x4(lat + swizzled_offset_8bit(16 * j + 8 * (m & 1) + r, 32 * g32 + 16 * (m >> 1)), d);
-    const int key = 16 * j + lane / 4;  // the key of this thread's d[0] and d[2]; d[1] and d[3]: key + 8
-    if (key >= valid) d[0] = d[2] = 0;
-    if (key + 8 >= valid) d[1] = d[3] = 0;
-    const uint32_t x[4] = {__byte_perm(d[0], d[1], 0x5140), __byte_perm(d[0], d[1], 0x7362),
-                           __byte_perm(d[2], d[3], 0x5140), __byte_perm(d[2], d[3], 0x7362)};
-    stmatrix_x4_trans(vt + swizzled_offset_64b(32 * g32 + 8 * m + r, 16 * j), x);
+// This warp's A fragments of P V from a landed stage (e4m3 [64 keys, 512] in 128B-swizzled blocks of 128 columns,
+// as TMA landed it): in M-chunk c, V^T rows = latent dims 256 wg + 64 c + 16 warp .. + 15, K = the tile's keys in
+// two k-steps of 32, keys at or past `valid` zeroed (a page's tail past the request may hold NaN bytes, and
+// 0 * NaN is NaN). One ldmatrix.trans a chunk and k-step reads the 16 dims of keys 32 ks + 0-7, 8-15, 16-23, 24-31
+// as four 8x8 matrices of byte pairs (bank-conflict free: a matrix's 8 rows are 8 swizzled 16-byte chunks) and
+// gives thread t dims 2 (t / 4), 2 (t / 4) + 1 of keys 2q, 2q + 1 of each (q = t % 4); the byte permutes pair key
+// k with key k + 8, so K 4q .. 4q + 3 of a fragment row hold keys 2q, 8 + 2q, 2q + 1, 9 + 2q (the key-slot order
+// tile_probs_e4m3 writes P in: the product is unchanged) and fragment row r is dim 2r, row r + 8 dim 2r + 1 of the
+// warp's 16 (write_out_t puts them back). mla/scripts/sm90_emulate.py afrag checks the mapping byte for byte.
+__device__ __forceinline__ void load_v_frags(uint32_t lat, int valid, int wg, int warp, int lane,
+                                             uint32_t (&a)[4][2][4]) {
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+#pragma unroll
+    for (int ks = 0; ks < 2; ++ks) {
+      uint32_t d[4];
+      ldmatrix_x4_trans(lat + swizzled_offset_8bit(32 * ks + lane, 256 * wg + 64 * c + 16 * warp), d);
+      a[c][ks][0] = __byte_perm(d[0], d[1], 0x6240);
+      a[c][ks][1] = __byte_perm(d[0], d[1], 0x7351);
+      a[c][ks][2] = __byte_perm(d[2], d[3], 0x6240);
+      a[c][ks][3] = __byte_perm(d[2], d[3], 0x7351);
+    }
+  }
+  if (valid >= kKeys) return;  // all but the split's last tile
+#pragma unroll
+  for (int k16 = 0; k16 < 4; ++k16) {  // a[.][k16 / 2][2 (k16 % 2) ..]: keys 16 k16 + 2q, + 8, + 1, + 9
+    const int key = 16 * k16 + 2 * (lane & 3);
+    const uint32_t keep = (key < valid ? 0xffu : 0u) | (key + 8 < valid ? 0xff00u : 0u) |
+                          (key + 1 < valid ? 0xff0000u : 0u) | (key + 9 < valid ? 0xff000000u : 0u);
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      a[c][k16 / 2][2 * (k16 % 2)] &= keep;
+      a[c][k16 / 2][2 * (k16 % 2) + 1] &= keep;
+    }
   }
 }
 
@@ -99,9 +107,10 @@ __device__ __forceinline__ float tile_multiplier(const float* red_scale) {
 }
 
 // Online softmax, part 2 of the FP8-MMA kernel: as tile_probs, but P' = p * ks * c goes to the P tile as
-// e4m3 in transpose_latent's key-slot order, and the accumulator (kept times c) is to be rescaled by
-// rescale = alpha * c / c_prev once the last tile's P V is done (rescale_acc). Slots: this thread's keys 2q, 2q + 1, 8 + 2q, 9 + 2q of a 16-key group (q = lane % 4)
-// are slots 4q, 4q + 2, 4q + 1, 4q + 3, so each row's four values of a group are one 32-bit store.
+// e4m3 in load_v_frags' key-slot order, and the accumulator (kept times c) is to be rescaled by
+// rescale = alpha * c / c_prev once the last tile's P V is done (publish_rescale, rescale_acc). Slots: this
+// thread's keys 2q, 2q + 1, 8 + 2q, 9 + 2q of a 16-key group (q = lane % 4) are slots 4q, 4q + 2, 4q + 1, 4q + 3,
+// so each row's four values of a group are one 32-bit store.
 __device__ __forceinline__ void tile_probs_e4m3(const float (&s)[16], const float (&ks)[16], float c, float c_prev,
                                                 const float (&mx)[2], float (&m_run)[2], float (&l_run)[2],
                                                 float (&rescale)[2], uint8_t* p_tile, const Frag& f) {
@@ -135,22 +144,105 @@ __device__ __forceinline__ void tile_probs_e4m3(const float (&s)[16], const floa
   rescale[1] = alpha[1] * ratio;
 }
 
-// 128 multiplies a thread on the path between two tiles' MMAs; skipped (a warp-uniform branch) when every
-// row of the warp keeps its max and c did not move, which is most tiles once a long context's max settles.
-__device__ __forceinline__ void rescale_acc(float (&acc)[128], const float (&rescale)[2]) {
-  if (__all_sync(0xffffffff, rescale[0] == 1.f && rescale[1] == 1.f)) return;
-#pragma unroll
-  for (int i = 0; i < 128; ++i) acc[i] *= rescale[(i >> 1) & 1];
+// The rows' accumulator factors for the O^T layout, where a thread holds 16 rows of the 64: warpgroup 0 (whose
+// warps hold the softmax's rows 16w .. 16w + 15) publishes them and, a word a warp, whether any differs from 1.
+// Read by rescale_acc after the consumers' next barrier.
+__device__ __forceinline__ void publish_rescale(const float (&rescale)[2], float* red_rescale, uint32_t* moved,
+                                                const Frag& f) {
+  if (f.wg != 0) return;
+  if ((f.lane & 3) == 0) {
+    red_rescale[f.r_lo] = rescale[0];
+    red_rescale[f.r_hi] = rescale[1];
+  }
+  const bool any = __any_sync(0xffffffff, rescale[0] != 1.f || rescale[1] != 1.f);
+  if (f.lane == 0) moved[f.tid / 32] = any;
 }
 
-// O[64, this warpgroup's 256 N-rows] += P'[64, 64] V^T: 2 k-steps of 32 key slots, committed, not waited.
-__device__ __forceinline__ void issue_pv_e4m3(float (&acc)[128], uint32_t p_base, uint32_t vt_base) {
-  fence_regs(acc);
+// 128 multiplies a thread on the path between two tiles' MMAs, by the factors of its rows 8j + 2q + {0, 1}
+// (q = lane % 4); skipped when no row's max and no c moved, which is most tiles once a long context's max
+// settles (every warp holds all 64 rows, so the skip is uniform).
+__device__ __forceinline__ void rescale_acc(float (&acc)[4][32], const float* red_rescale, const uint32_t* moved,
+                                            int lane) {
+  const uint4 mv = *reinterpret_cast<const uint4*>(moved);
+  if ((mv.x | mv.y | mv.z | mv.w) == 0) return;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const float2 r = *reinterpret_cast<const float2*>(red_rescale + 8 * j + 2 * (lane & 3));
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      acc[c][4 * j] *= r.x;
+      acc[c][4 * j + 1] *= r.y;
+      acc[c][4 * j + 2] *= r.x;
+      acc[c][4 * j + 3] *= r.y;
+    }
+  }
+}
+
+// O^T[this warpgroup's 256 latent dims, 64 rows] += V^T P'^T: per k-step of 32 key slots, the 4 M-chunks of 64
+// dims, A = this warp's fragments (load_v_frags), B = P'^T, which is the P tile [64 rows, 64 slots] read as it is
+// (K-major). Committed, not waited.
+__device__ __forceinline__ void issue_pv_e4m3(float (&acc)[4][32], uint32_t (&a)[4][2][4], uint32_t p_base) {
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    fence_regs(acc[c]);
+    fence_regs(a[c][0]);  // the fragments built before the fence (else ptxas injects one at each wgmma)
+    fence_regs(a[c][1]);
+  }
   wgmma_fence();
 #pragma unroll
-  for (int k = 0; k < kKeys / 32; ++k)
-    wgmma_m64n256k32_e4m3(acc, smem_desc_64b(p_base + k * 32), smem_desc_64b(vt_base + k * 32), 1);
+  for (int ks = 0; ks < kKeys / 32; ++ks)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) wgmma_m64n64k32_e4m3_rs(acc[c], a[c][ks], smem_desc_64b(p_base + 32 * ks), 1);
   wgmma_commit();
+}
+
+// The output (one split) or this split's normalised partial and its log2-LSE, from O^T: element i of chunk c is
+// latent dim 256 wg + 64 c + 16 warp + 2 (lane / 4) + ((i >> 1) & 1) (load_v_frags' fragment rows) of query row
+// 8 (i >> 2) + 2 (lane % 4) + (i & 1). So a thread stores dim pairs of 16 rows, and a warp's 8 lanes of one
+// lane % 4 write 16 dims of a row: 64 contiguous bytes (32 in bf16). out_mul: 1 / c, which the accumulator carries.
+__device__ __forceinline__ void write_out_t(const MlaSm90Args& p, const Work& w, const Frag& f,
+                                            const float (&acc)[4][32], const float (&m_run)[2], float (&l_run)[2],
+                                            float* red_sum, float out_mul) {
+  // The request's first token and row count read again, and the LSE rows' token index divided anew (an empty
+  // asm keeps make_frag's quotient from being reused): carried across the tile loop, they spilled (ptxas).
+  const int q_start = p.query_start[w.b], rows_total = (p.query_start[w.b + 1] - q_start) * w.H;
+  publish_row_sums(f, l_run, red_sum);
+  if (f.wg == 0 && (f.lane & 3) == 0) {  // the LSE of the softmax's rows, whose m_run this thread holds
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      int r = h ? f.r_hi : f.r_lo;
+      asm volatile("" : "+r"(r));
+      const int row = w.row0 + r;
+      if (row >= rows_total) continue;
+      const float l = red_sum[r] + red_sum[kRows + r];
+      const float lse2 = l > 0.f ? m_run[h] + log2f(l) : -INFINITY;
+      const int64_t tok = q_start + row / w.H, head = row % w.H;
+      if (p.num_splits > 1)
+        p.partial_lse[(tok * w.H + head) * p.num_splits + w.split] = lse2;
+      else if (p.lse != nullptr)
+        p.lse[tok * w.H + head] = lse2 * 0.6931471805599453f;
+    }
+  }
+  const int dim0 = 256 * f.wg + 16 * ((f.tid % 128) / 32) + 2 * (f.lane / 4);
+#pragma unroll
+  for (int i = 0; i < 32; i += 4) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int r = i / 4 * 8 + 2 * (f.lane & 3) + e, row = w.row0 + r;
+      if (row >= rows_total) continue;
+      const float l = red_sum[r] + red_sum[kRows + r];
+      const float inv = l > 0.f ? out_mul / l : 0.f;
+      const int64_t tok = q_start + row / w.H, head = row % w.H;
+      auto store = [&](auto* o) {
+#pragma unroll
+        for (int c = 0; c < 4; ++c) store2(o + dim0 + 64 * c, acc[c][i + e] * inv, acc[c][i + 2 + e] * inv);
+      };
+      if (p.num_splits == 1)
+        store(static_cast<__nv_bfloat16*>(p.out) + tok * p.out_stride_t + head * p.out_stride_h);
+      else
+        store(p.partial_out + tok * p.po_stride_t + head * p.po_stride_h + w.split * p.po_stride_s);
+    }
+  }
 }
 
 __global__ void __launch_bounds__(kThreads, 1)
@@ -166,7 +258,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ uint8_t smem_raw[];
   uint32_t base;
   uint8_t* smem = aligned_smem(smem_raw, base);
-  // full: the stage landed (TMA bytes); empty: S and the transposition are done with it.
+  // full: the stage landed (TMA bytes); empty: S and the P V fragments are done with it.
   const uint32_t full_bar = base + kBar, empty_bar = init_barriers<kRing>(full_bar);
 
   if (threadIdx.x >= kConsumerThreads) {  // ---- producer warpgroup: one lane issues the loads ----
@@ -187,6 +279,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const Frag f = make_frag(w);
   float* q_scale = reinterpret_cast<float*>(smem + kQScale);
   float* red_scale = reinterpret_cast<float*>(smem + kRedScale);
+  float* red_rescale = reinterpret_cast<float*>(smem + kRescale);
+  uint32_t* moved = reinterpret_cast<uint32_t*>(smem + kMoved);
   if (w.n_tiles > 0) {
     quantize_q_latent(p, w, f, smem + kQ, q_scale);
     load_q_tile<8>(p, w, f, smem + kQRope, 512);  // Q's rope stays bf16
@@ -195,20 +289,23 @@ __global__ void __launch_bounds__(kThreads, 1)
   named_barrier_sync(1, kConsumerThreads);
   stamp(p, kPhaseQLoaded, f.tid == 0);
 
-  WaitCycles full_waits, transposing;
-  float acc[128];
+  WaitCycles full_waits, building;
+  float acc[4][32];  // O^T: M-chunk c of this warpgroup's 256 latent dims
 #pragma unroll
-  for (int i = 0; i < 128; ++i) acc[i] = 0.f;
+  for (int c = 0; c < 4; ++c)
+#pragma unroll
+    for (int i = 0; i < 32; ++i) acc[c][i] = 0.f;
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f}, c_prev = 1.f;
-  const float q_mul[2] = {q_scale[f.r_lo], q_scale[f.r_hi]};
   const int warp = (f.tid % 128) / 32;
-  // Software pipelined, FlashAttention-3's intra-warpgroup overlap: a step issues S of tile i + 1, then P V of
-  // tile i; transposes tile i + 1 (into the other V^T) while both run; waits for S only and runs tile i + 1's
-  // softmax (into the other P tile) while P V still runs; then waits for P V and rescales the accumulator.
-  // No MMA is in flight across the loop's back edge (ptxas serialises every wgmma of a kernel whose in-flight
-  // accumulators it cannot keep in place: C7515).
+  // Software pipelined, FlashAttention-3's intra-warpgroup overlap: a step issues S of tile i + 1, builds tile i's
+  // P V fragments while S runs and issues P V of tile i; waits for S only and runs tile i + 1's softmax (into the
+  // other P tile) while P V still runs; then waits for P V and, past the barrier that publishes the rows'
+  // factors, rescales the accumulator. No MMA is in flight across the loop's back edge (ptxas serialises every
+  // wgmma of a kernel whose in-flight accumulators it cannot keep in place: C7515).
   float s_lat0[16], s_lat1[16], s_rope[16];
+  uint32_t a[4][2][4];  // this warp's P V fragments of one tile
   auto stage_base = [&](int it) { return base + kStage0 + (it % kRing) * kStageBytes; };
+  auto p_tile = [&](int it) { return kP + (it % kPBufs) * kPBytes; };  // its offset
   auto issue_tile_s = [&](int it) {  // wait for tile it to land, issue its S
     full_waits.start();
     mbar_wait(full_bar + 8 * (it % kRing), (it / kRing) & 1);
@@ -216,22 +313,22 @@ __global__ void __launch_bounds__(kThreads, 1)
     stamp(p, kPhaseFirstTile, f.tid == 0 && it == 0);
     issue_s_e4m3(s_lat0, s_lat1, s_rope, base + kQ, base + kQRope, stage_base(it), f.wg);
   };
-  auto transpose_tile = [&](int it) {  // V^T buffer it % 2 was last read by P V of tile it - 2, waited for
-    transposing.start();
-    transpose_latent(stage_base(it), base + kVt + (it % kVtBufs) * kVtBytes, w.end - (w.start + it * kKeys), f.wg,
-                     warp, f.lane);
-    transposing.stop();
+  auto build_frags = [&](int it) {  // tile it's fragments; its S is done, so then its stage is free
+    building.start();
+    load_v_frags(stage_base(it), w.end - (w.start + it * kKeys), f.wg, warp, f.lane, a);
+    building.stop();
+    mbar_arrive(empty_bar + 8 * (it % kRing));
     stamp(p, kPhaseLastVt, f.tid == 0 && it == w.n_tiles - 1);
   };
-  // Tile it's softmax from its S (waited for): its stage released, P' into P tile it % 2 (last read by P V of
-  // tile it - 2, waited for), the running max and sums updated, the accumulator's factor into `rescale`.
-  auto softmax_tile = [&](int it, float (&rescale)[2]) {
-    const int stage = it % kRing;
+  // Tile it's softmax from its S (waited for): P' into P tile it % 2 (last read by P V of tile it - 2, waited
+  // for), the running max and sums updated, the rows' accumulator factors published.
+  auto softmax_tile = [&](int it) {
     const int key0 = w.start + it * kKeys;
-    const float* k_scale = reinterpret_cast<const float*>(smem + kScales) + stage * kKeys;
+    const float* k_scale = reinterpret_cast<const float*>(smem + kScales) + (it % kRing) * kKeys;
     fence_regs(s_lat0);
     fence_regs(s_lat1);
     fence_regs(s_rope);
+    const float q_mul[2] = {q_scale[f.r_lo], q_scale[f.r_hi]};  // read a tile: two registers less at its peak
     float s[16], ks[16];
 #pragma unroll
     for (int i = 0; i < 16; ++i) {
@@ -240,51 +337,47 @@ __global__ void __launch_bounds__(kThreads, 1)
       ks[i] = valid ? k_scale[frag_key(f, i)] : 0.f;  // garbage past the request: selected away
       s[i] = valid ? ((s_lat0[i] + s_lat1[i]) * (q_mul[h] * ks[i]) + s_rope[i]) * p.scale_log2 : -INFINITY;
     }
-    mbar_arrive(empty_bar + 8 * stage);  // latent, rope and scales read (S and the transposition)
-    float mx[2];
+    float mx[2], rescale[2];
     warp_scale_max(ks, red_scale, f);
     tile_row_max(s, reinterpret_cast<float*>(smem + kRedMax), f, mx);
     const float c = tile_multiplier(red_scale);
-    tile_probs_e4m3(s, ks, c, c_prev, mx, m_run, l_run, rescale, smem + kP + (it % kPBufs) * kPBytes, f);
+    tile_probs_e4m3(s, ks, c, c_prev, mx, m_run, l_run, rescale, smem + p_tile(it), f);
+    publish_rescale(rescale, red_rescale, moved, f);
     c_prev = c;
   };
   if (w.n_tiles > 0) {
     issue_tile_s(0);
-    transpose_tile(0);
     wgmma_wait_all();
-    float unused[2];  // the accumulator is still zero
-    softmax_tile(0, unused);
-    fence_proxy_async();  // P and V^T before wgmma reads them
+    softmax_tile(0);  // its factors are not read: the accumulator is still zero
+    fence_proxy_async();  // P before wgmma reads it
     named_barrier_sync(1, kConsumerThreads);
   }
-  auto issue_pv = [&](int it) {
-    const uint32_t vt = base + kVt + (it % kVtBufs) * kVtBytes + 256 * f.wg * kKeys;  // this warpgroup's N-rows
-    issue_pv_e4m3(acc, base + kP + (it % kPBufs) * kPBytes, vt);
-  };
   for (int it = 0; it + 1 < w.n_tiles; ++it) {  // the last tile's P V after the loop: no branch around a wait
     issue_tile_s(it + 1);
-    issue_pv(it);
-    transpose_tile(it + 1);
+    build_frags(it);
+    issue_pv_e4m3(acc, a, base + p_tile(it));
     wgmma_wait<1>();  // S of tile it + 1 (committed first); P V of tile it may still run
-    float rescale[2];
-    softmax_tile(it + 1, rescale);
+    softmax_tile(it + 1);
     wgmma_wait_all();
-    fence_regs(acc);
-    rescale_acc(acc, rescale);
-    fence_proxy_async();  // P and V^T of tile it + 1 before wgmma reads them
+    fence_proxy_async();  // P of tile it + 1 before wgmma reads it
     named_barrier_sync(1, kConsumerThreads);
+#pragma unroll
+    for (int c = 0; c < 4; ++c) fence_regs(acc[c]);
+    rescale_acc(acc, red_rescale, moved, f.lane);
   }
   if (w.n_tiles > 0) {
-    issue_pv(w.n_tiles - 1);
+    build_frags(w.n_tiles - 1);
+    issue_pv_e4m3(acc, a, base + p_tile(w.n_tiles - 1));
     wgmma_wait_all();
   }
-  fence_regs(acc);
+#pragma unroll
+  for (int c = 0; c < 4; ++c) fence_regs(acc[c]);
   stamp(p, kPhaseLastPv, f.tid == 0 && w.n_tiles > 0);
-  write_out<true>(p, w, f, acc, m_run, l_run, reinterpret_cast<float*>(smem + kRedSum), 1.f / c_prev);
+  write_out_t(p, w, f, acc, m_run, l_run, reinterpret_cast<float*>(smem + kRedSum), 1.f / c_prev);
   stamp(p, kPhaseEpilogue, f.tid == 0);
   record(p, kCountClockEpilogue, f.tid == 0);
   record(p, kCountConsumerWaitFull, f.tid == 0, &full_waits);
-  record(p, kCountConsumerTranspose, f.tid == 0, &transposing);
+  record(p, kCountConsumerTranspose, f.tid == 0, &building);
 #endif  // LIGHTSPEED_SM90A
 }
 

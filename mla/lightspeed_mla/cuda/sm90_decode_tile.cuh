@@ -83,59 +83,29 @@ __device__ __forceinline__ void tile_pv(float (&acc)[128], uint32_t p_base, uint
   fence_regs(acc);
 }
 
-// The latent column of N-row n of the FP8-MMA kernel's transposed V tile (transpose_latent: within a
-// 16-column group the rows hold columns 0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15), so of its
-// accumulator column n. Pairs (2i, 2i + 1) stay adjacent.
-__device__ __forceinline__ int vt_col(int n) {
-  return (n & ~15) | (((n & 7) >> 1) << 2) | (((n >> 3) & 1) << 1) | (n & 1);
-}
-
-// Two / four adjacent output values: bf16 into the output, fp32 into a split's partial.
+// Two adjacent output values: bf16 into the output, fp32 into a split's partial.
 __device__ __forceinline__ void store2(__nv_bfloat16* dst, float a, float b) {
   *reinterpret_cast<__nv_bfloat162*>(dst) = __floats2bfloat162_rn(a, b);
 }
 __device__ __forceinline__ void store2(float* dst, float a, float b) {
   *reinterpret_cast<float2*>(dst) = make_float2(a, b);
 }
-__device__ __forceinline__ void store4(__nv_bfloat16* dst, float a, float b, float c, float d) {
-  const __nv_bfloat162 lo = __floats2bfloat162_rn(a, b), hi = __floats2bfloat162_rn(c, d);
-  *reinterpret_cast<uint2*>(dst) =
-      make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
-}
-__device__ __forceinline__ void store4(float* dst, float a, float b, float c, float d) {
-  *reinterpret_cast<float4*>(dst) = make_float4(a, b, c, d);
-}
 
-// Row h of this thread's accumulator, times inv, into the row's 512 outputs at o. In natural column order a
-// thread's n8 block j is columns col0 + 8j + {0, 1}. In vt_col order (kVtCols: the FP8-MMA kernel) its blocks
-// 2m and 2m + 1 are the four adjacent columns vt_col(col0 + 16m) + {0..3}, one 16-byte store (8 in bf16), so a
-// quad writes 64 contiguous bytes; stored block by block at vt_col, each store covered two half sectors and the
-// epilogue took ~11 µs instead of ~4 (bench/results/mla_sm90_fp8mma_independent_wgs_2026-12-06_2041_h100/). Rows
-// are 16-byte aligned (sm90.py checks).
-template <bool kVtCols, typename T>
+// Row h of this thread's accumulator, times inv, into the row's 512 outputs at o: its n8 block j is columns
+// col0 + 8j + {0, 1}.
+template <typename T>
 __device__ __forceinline__ void store_row(T* o, const float (&acc)[128], int h, float inv, const Frag& f) {
   const int col0 = 256 * f.wg + 2 * (f.lane & 3);
-  if constexpr (kVtCols) {
 #pragma unroll
-    for (int m = 0; m < 16; ++m) {
-      const int i = 8 * m + 2 * h;
-      store4(o + vt_col(col0 + 16 * m), acc[i] * inv, acc[i + 1] * inv, acc[i + 4] * inv, acc[i + 5] * inv);
-    }
-  } else {
-#pragma unroll
-    for (int j = 0; j < 32; ++j) {
-      const int i = 4 * j + 2 * h;
-      store2(o + col0 + 8 * j, acc[i] * inv, acc[i + 1] * inv);
-    }
+  for (int j = 0; j < 32; ++j) {
+    const int i = 4 * j + 2 * h;
+    store2(o + col0 + 8 * j, acc[i] * inv, acc[i + 1] * inv);
   }
 }
 
-// The output (one split) or this split's normalised partial and its log2-LSE. kVtCols: the accumulator's
-// columns are in vt_col order (the FP8-MMA kernel); out_mul: a factor the accumulator carries (1 / c there).
-template <bool kVtCols = false>
-__device__ __forceinline__ void write_out(const MlaSm90Args& p, const Work& w, const Frag& f, const float (&acc)[128],
-                                          const float (&m_run)[2], float (&l_run)[2], float* red_sum,
-                                          float out_mul = 1.f) {
+// Each row's softmax sum over its quad and both warpgroups: red_sum[r] + red_sum[kRows + r] once the consumers'
+// barrier this ends with is passed.
+__device__ __forceinline__ void publish_row_sums(const Frag& f, float (&l_run)[2], float* red_sum) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) l_run[h] = warp_sum4(l_run[h]);
   if ((f.lane & 3) == 0) {
@@ -143,22 +113,26 @@ __device__ __forceinline__ void write_out(const MlaSm90Args& p, const Work& w, c
     red_sum[f.wg * kRows + f.r_hi] = l_run[1];
   }
   named_barrier_sync(1, kConsumerThreads);
+}
+
+// The output (one split) or this split's normalised partial and its log2-LSE.
+__device__ __forceinline__ void write_out(const MlaSm90Args& p, const Work& w, const Frag& f, const float (&acc)[128],
+                                          const float (&m_run)[2], float (&l_run)[2], float* red_sum) {
+  publish_row_sums(f, l_run, red_sum);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int r = h ? f.r_hi : f.r_lo;
     const int row = w.row0 + r;
     if (row >= w.rows_total) continue;
     const float l = red_sum[r] + red_sum[kRows + r];
-    const float inv = l > 0.f ? out_mul / l : 0.f;
+    const float inv = l > 0.f ? 1.f / l : 0.f;
     const float lse2 = l > 0.f ? m_run[h] + log2f(l) : -INFINITY;
     const int64_t tok = w.q_start + row / w.H, head = row % w.H;
     if (p.num_splits == 1) {
-      store_row<kVtCols>(static_cast<__nv_bfloat16*>(p.out) + tok * p.out_stride_t + head * p.out_stride_h, acc, h,
-                         inv, f);
+      store_row(static_cast<__nv_bfloat16*>(p.out) + tok * p.out_stride_t + head * p.out_stride_h, acc, h, inv, f);
       if (p.lse != nullptr && f.wg == 0 && (f.lane & 3) == 0) p.lse[tok * w.H + head] = lse2 * 0.6931471805599453f;
     } else {
-      store_row<kVtCols>(p.partial_out + tok * p.po_stride_t + head * p.po_stride_h + w.split * p.po_stride_s, acc, h,
-                         inv, f);
+      store_row(p.partial_out + tok * p.po_stride_t + head * p.po_stride_h + w.split * p.po_stride_s, acc, h, inv, f);
       if (f.wg == 0 && (f.lane & 3) == 0) p.partial_lse[(tok * w.H + head) * p.num_splits + w.split] = lse2;
     }
   }
