@@ -57,6 +57,13 @@ def test_plain_greedy_only_when_nothing_edits_the_logits():
     assert state.plain_greedy(np.array([0, 1]))
     for other in (2, 3, 4, 5):
         assert not state.plain_greedy(np.array([0, other])), other
+    # min_tokens with nothing to ban (ignore_eos, no stop ids: a benchmark's fixed lengths) masks nothing
+    state.bind(5, 7, SamplingSpec(max_tokens=8, temperature=0.0, min_tokens=8, ignore_eos=True, eos_token_ids=[2]),
+               [5], [])
+    assert state.plain_greedy(np.array([0, 5]))
+    logits = torch.randn(2, 10)
+    slots = np.array([0, 5])
+    assert torch.equal(state.process_logits(logits.clone(), torch.from_numpy(slots), slots), logits)
 
 
 def test_min_tokens_mask_bans_exactly_the_stop_ids():

@@ -129,16 +129,18 @@ class SamplingState:
         self._bias_width = max(self._bias_width, width)
 
     def _bind_min_tokens(self, slot: int, spec: SamplingSpec) -> None:
-        self.h_min_tokens[slot] = spec.min_tokens
-        self.min_tokens[slot].fill_(spec.min_tokens)
-        if spec.min_tokens <= 0:
-            return
         banned = sorted(set(spec.stop_token_ids) | (set() if spec.ignore_eos else set(spec.eos_token_ids)))
+        # With nothing to ban (ignore_eos and no stop ids: how benchmarks fix output lengths) min_tokens masks
+        # nothing, so the row takes no masking work a step and stays plain greedy.
+        active = spec.min_tokens if banned else 0
+        self.h_min_tokens[slot] = active
+        self.min_tokens[slot].fill_(active)
+        if active <= 0:
+            return
         if len(banned) > self.max_stop_ids:
             raise ValueError(f"{len(banned)} stop and EOS token ids; at most {self.max_stop_ids} with min_tokens")
         self.stop_ids[slot].fill_(-1)
-        if banned:
-            self.stop_ids[slot, : len(banned)] = upload(np.asarray(banned, np.int64), self.device)
+        self.stop_ids[slot, : len(banned)] = upload(np.asarray(banned, np.int64), self.device)
 
     # -- per step ------------------------------------------------------------------------------
     def process_logits(self, logits: torch.Tensor, slots: torch.Tensor, h_slots: np.ndarray,
