@@ -237,19 +237,24 @@ class InputBuilder:
         host = packet.host
         dev = host if self.device.type == "cpu" else host[:end].to(self.device, non_blocking=True)
         views = [dev[start:start + size] for start, size in zip(starts.tolist()[:-3], sizes[:-3], strict=True)]
-        input_ids, positions, slot_mapping, qsl, seq_lens, logits_indices, sample_slots = views[:7]
-        page_table = views[-1]
-        input_ids = input_ids.long()
+        qsl, seq_lens, page_table = views[3], views[4], views[-1]
+        # The int64 parts (and the int32 ones between them) widened by one kernel, not one each: a decode
+        # step's small kernels outside its graph are what batch 1 pays beside the graph.
+        parts = (0, 1, 2, 5, 6) + ((7, 8) if packet.deferred else ())
+        first = int(starts[0])
+        wide = dev[first:int(starts[parts[-1]]) + sizes[parts[-1]]].long()
+        input_ids, positions, slot_mapping, logits_indices, sample_slots, *deferred = (
+            wide[int(starts[i]) - first:int(starts[i]) - first + sizes[i]] for i in parts)
         if packet.deferred:
             # Overlap protocol: these positions take the previous step's sample, still on the device.
             if prev_sampled is None:
                 raise RuntimeError("plan has deferred inputs but no previous step was sampled")
-            mask, src = views[7].bool(), views[8].long().clamp_(min=0)
+            mask, src = deferred[0] != 0, deferred[1].clamp_(min=0)
             input_ids = torch.where(mask, prev_sampled[src], input_ids)
         else:
             mask = src = None
         return StepTensors(
-            input_ids=input_ids, positions=positions.long(), slot_mapping=slot_mapping.long(),
+            input_ids=input_ids, positions=positions, slot_mapping=slot_mapping,
             query_start_loc=qsl, seq_lens=seq_lens, page_table=page_table.view(packet.num_rows, -1),
-            logits_indices=logits_indices.long(), sample_slots=sample_slots.long(),
+            logits_indices=logits_indices, sample_slots=sample_slots,
             h_sample_slots=packet.part(6), h_sample_req_ids=None, deferred_mask=mask, deferred_src=src)
