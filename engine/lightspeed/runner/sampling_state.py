@@ -54,6 +54,7 @@ class SamplingState:
         self.min_p = torch.zeros(n, dtype=torch.float32, device=dev)
         self.seeds = torch.zeros(n, dtype=torch.int64, device=dev)
         self.offsets = torch.zeros(n, dtype=torch.int64, device=dev)  # tokens sampled so far (the RNG counter)
+        self._ones_buf = torch.ones(n, dtype=torch.int64, device=dev)  # record()'s weights: no fill kernel a step
         self.presence = torch.zeros(n, dtype=torch.float32, device=dev)
         self.frequency = torch.zeros(n, dtype=torch.float32, device=dev)
         self.repetition = torch.ones(n, dtype=torch.float32, device=dev)
@@ -196,11 +197,16 @@ class SamplingState:
         return ops.sample(logits, self.temperature[slots], self.top_k[slots], self.top_p[slots],
                           self.min_p[slots], self.seeds[slots], offsets)
 
+    def _ones(self, n: int) -> torch.Tensor:
+        if self._ones_buf.shape[0] < n:  # speculative steps sample up to k + 1 rows a request
+            self._ones_buf = torch.ones(2 * n, dtype=torch.int64, device=self._ones_buf.device)
+        return self._ones_buf[:n]
+
     def record(self, tokens: torch.Tensor, slots: torch.Tensor, h_slots: np.ndarray,
                keep: torch.Tensor | None = None) -> None:
         """Advance RNG counters and penalty counts after sampling `tokens` [S] for `slots` [S];
         keep [S] (speculative steps): only the accepted samples count."""
-        weight = torch.ones_like(slots) if keep is None else keep.to(slots.dtype)
+        weight = self._ones(slots.shape[0]) if keep is None else keep.to(slots.dtype)
         self.offsets.index_add_(0, slots, weight)
         if self.h_penalties[h_slots].any():
             self.output_counts.index_put_((slots, tokens), weight.to(torch.int32), accumulate=True)
