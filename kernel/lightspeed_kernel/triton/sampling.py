@@ -211,19 +211,22 @@ def _sample_kernel(
     tl.store(out_ptr + row, result)
 
 
+def _token_output(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The int64 [S] token output for logits [S, V] (checked), and the logits with unit column stride."""
+    check(logits.dim() == 2, "logits must be [S, V]")
+    check(logits.shape[0] == 0 or logits.shape[1] > 0, "empty vocabulary")
+    out = torch.empty(logits.shape[0], dtype=torch.int64, device=logits.device)
+    return out, (logits if logits.stride(1) == 1 else logits.contiguous())
+
+
 @register("sampling", "sample", "triton_sample", FLOAT_DTYPES)
 def sample(logits, temperature, top_k, top_p, min_p, seeds, offsets):
     """logits: [S, V] fp32; temperature, top_p, min_p: [S] fp32; top_k: [S] int32; seeds, offsets:
     [S] int64 -> token ids int64 [S]. temperature <= 0 = greedy; top_k <= 0, top_p = 1, min_p = 0 = off."""
-    check(logits.dim() == 2, "logits must be [S, V]")
+    out, logits = _token_output(logits.float())
     s, v = logits.shape
-    out = torch.empty(s, dtype=torch.int64, device=logits.device)
     if s == 0:
         return out
-    check(v > 0, "empty vocabulary")
-    logits = logits.float()
-    if logits.stride(1) != 1:
-        logits = logits.contiguous()
     keys = row_keys(seeds.to(logits.device), offsets.to(logits.device)).contiguous()  # [S] uint32 in int64
     _sample_kernel[(s,)](
         logits,
@@ -287,14 +290,10 @@ def _greedy_pick_kernel(key_ptr, idx_ptr, out_ptr, chunks, BLOCK_C: tl.constexpr
 @register("sampling", "greedy", "triton_greedy", FLOAT_DTYPES)
 def greedy(logits):
     """logits: [S, V] -> [S] int64, each row's first index of its maximum (torch.argmax's answer)."""
-    check(logits.dim() == 2, "logits must be [S, V]")
+    out, logits = _token_output(logits)
     s, v = logits.shape
-    out = torch.empty(s, dtype=torch.int64, device=logits.device)
     if s == 0:
         return out
-    check(v > 0, "empty vocabulary")
-    if logits.stride(1) != 1:
-        logits = logits.contiguous()
     chunks = triton.cdiv(v, GREEDY_CHUNK)
     block = min(GREEDY_CHUNK, triton.next_power_of_2(v))
     if chunks == 1:  # the chunk kernel writes the answer; no winners to keep
