@@ -102,14 +102,14 @@ def test_greedy_ties_nan_and_signed_zero(device):
     logits[1, 10] = float("inf")
     logits[2, :] = float("-inf")  # all -inf: index 0
     logits[3, :] = 0.0
-    logits[3, 6000] = -0.0  # -0.0 ties with 0.0
-    logits[3, :5000] = -1.0  # the first 0.0 / -0.0 is at 5000
+    logits[3, :5000] = -1.0
+    logits[3, 4999] = -0.0  # -0.0 ties with the 0.0 after it, and comes first
     logits[4, 4095:4097] = 9.0  # the tie straddles a chunk boundary
     logits[5, v - 1] = 1.0  # the last column
     logits[5, 3] = -float("nan")  # a negative NaN is a NaN too
     got = sampling.greedy(logits)
     assert torch.equal(got, logits.argmax(dim=-1)), (got, logits.argmax(dim=-1))
-    assert got.tolist() == [100, 5000, 0, 5000, 4095, 3]
+    assert got.tolist() == [100, 5000, 0, 4999, 4095, 3]
     strided = torch.randn(8, 2 * v, device=device)[:, ::2]
     assert torch.equal(sampling.greedy(strided), strided.argmax(dim=-1))
 
