@@ -90,6 +90,54 @@ def test_replay_bookkeeping_matches_eager_on_cpu(tiny_model_dir, sizes):
     assert worst < 1e-4, worst
 
 
+@pytest.mark.parametrize("penalised", [False, True])
+def test_plain_greedy_steps_take_the_graphs_tokens_on_cpu(tiny_model_dir, monkeypatch, penalised):
+    """Whole steps through ModelRunner.execute: a decode step whose rows are all plain greedy takes the
+    graph's argmax without calling the sampler; one with a penalised row samples eagerly. Either way the
+    tokens are the eager engine's."""
+    from lightspeed_scheduler import RequestSpec
+
+    def run(with_graphs: bool) -> tuple[list[int], int, int]:
+        runner, sched = _engine(tiny_model_dir, max_num_seqs=16, kv_cache_memory="16MiB")
+        if with_graphs:
+            runner.graphs = _ForwardInsteadOfReplay(runner.model, runner.kv_cache, batch_sizes=[1, 2, 4, 8, 16],
+                                                    max_model_len=256, vocab_size=runner.vocab_size,
+                                                    device=torch.device("cpu"))
+            runner.graphs.mark_captured()
+        for i, (prompt, max_tokens) in enumerate(_varied_prompts()):
+            spec = SamplingSpec(max_tokens=max_tokens, temperature=0.0, ignore_eos=True,
+                                presence_penalty=1.5 if penalised and i == 3 else 0.0)
+            rid = sched.submit(RequestSpec(rid=f"r{i}", token_ids=prompt, max_new_tokens=max_tokens, ignore_eos=True))
+            runner.add_request(rid, spec, prompt)
+        sampled = []
+        monkeypatch.setattr(runner.sampling, "sample", _counting(runner.sampling.sample, sampled))
+        tokens = []
+        with torch.inference_mode():
+            while sched.has_unfinished():
+                plan = sched.next_plan()
+                result = runner.execute(plan)
+                tokens += result.tokens.tolist()
+                sched.advance(plan, result.tokens)
+        return tokens, len(sampled), runner.graphs.num_replays if with_graphs else 0
+
+    eager_tokens, eager_samples, _ = run(False)
+    graph_tokens, graph_samples, replays = run(True)
+    assert graph_tokens == eager_tokens
+    assert replays > 20
+    skipped = eager_samples - graph_samples  # steps that took the graph's tokens
+    if penalised:  # replayed steps with request 3 in the batch sample eagerly, the ones after it do not
+        assert 0 < skipped < replays
+    else:
+        assert skipped == replays
+
+
+def _counting(fn, calls: list):
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return fn(*args, **kwargs)
+    return counted
+
+
 def test_speculative_replay_bookkeeping_matches_eager_on_cpu(tiny_model_dir):
     """Rows of 1..k+1 tokens padded to k + 1 per row (fixed k per graph size), provisional rows
     under overlap left aside: the logits of every real token equal the eager forward's."""

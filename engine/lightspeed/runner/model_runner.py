@@ -18,7 +18,8 @@ aborts the request. Copies go first, so a plan whose launch fails still hands it
 The forward is eager, or replayed from CUDA graphs for decode-only steps when a `CudaGraphRunner`
 is plugged in (`graphs`, set by the factory on GPU; see cuda_graph.py); prefill and mixed steps of
 few enough tokens replay piecewise graphs, attention alone eager (`piecewise`, piecewise_graph.py).
-Sampling is always eager.
+Sampling is eager, except a decode graph's step whose rows are all plain greedy (no penalties, bias,
+min_tokens or grammar): its tokens are the argmax the graph computed (`SamplingState.plain_greedy`).
 
 Speculative decoding plugs in as `spec` (a `lightspeed.spec.SpecDecoder`, set by the factory): it
 supplies the plan's drafts, fixes speculative rows' inputs on the device, and its SpecStep
@@ -211,7 +212,9 @@ class ModelRunner:
 
     @property
     def last_sampled(self) -> torch.Tensor | None:
-        """Token ids int64 [S] of the latest launched step, on the device (deferred inputs read them)."""
+        """Token ids int64 [S] of the latest launched step, on the device (deferred inputs read them).
+        After a plain-greedy graph step this is a view of the graph's static buffer: valid until the next
+        forward, so read it (on the stream) before launching another step."""
         return self._prev_sampled
 
     steps_with_others = False  # one engine core; see distributed.DriverRunner
