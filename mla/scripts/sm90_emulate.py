@@ -22,6 +22,7 @@ from lightspeed_mla.reference import quantize_q_latent_e4m3  # noqa: E402
 from mla_helpers import make_paged_cache, query_start, rel_err  # noqa: E402
 
 KB = 8192
+FP8MMA_MAX_REL = 0.03  # the emulated fp8mma against the quantised-Q reference
 
 
 def swz(off):
@@ -668,13 +669,14 @@ def emulate_fp8mma(page_size, lens, q_len, H, num_splits, seed=0):
     qr = q.float()  # the reference on Q as the kernel quantises it (its floor), and on the true Q
     q_quant = quantize_q_latent_e4m3(q)
     out_t = torch.from_numpy(out)
+    errs = {}
     for name, qq in (("quantised-Q", q_quant), ("true", qr)):
         ref, ref_lse = mla_decode_reference(qq, cache, table, torch.tensor(lens), qsl, 192 ** -0.5)
-        err = rel_err(out_t, ref)
+        errs[name] = rel_err(out_t, ref)
         lse_err = (torch.from_numpy(lse) - ref_lse).abs().max().item()
         print(f"fp8mma page {page_size} lens {lens} q_len {q_len} H {H} splits {S} vs {name} reference: "
-              f"rel {err:.3e} lse {lse_err:.3e}")
-    return err
+              f"rel {errs[name]:.3e} lse {lse_err:.3e}")
+    return errs["quantised-Q"]
 
 
 if __name__ == "__main__":
@@ -683,10 +685,10 @@ if __name__ == "__main__":
         check_register_pv_fragments()
         sys.exit(0)
     if kind == "fp8mma":
-        emulate_fp8mma(16, [150], 4, 16, 1)
-        emulate_fp8mma(64, [70, 4], 4, 16, 2, seed=1)
-        emulate_fp8mma(32, [100], 3, 32, 1, seed=2)
-        sys.exit(0)
+        worst = max(emulate_fp8mma(16, [150], 4, 16, 1), emulate_fp8mma(64, [70, 4], 4, 16, 2, seed=1),
+                    emulate_fp8mma(32, [100], 3, 32, 1, seed=2))
+        # P's e4m3 rounding costs 1.4-2.5% against the quantised-Q reference; a layout slip costs 35-100%
+        sys.exit(0 if worst < FP8MMA_MAX_REL else f"fp8mma: rel {worst:.3e} over {FP8MMA_MAX_REL}")
     fs = len(sys.argv) > 2
     emulate(kind, 16, [150], 4, 16, 1, fp8_scores=fs)
     emulate(kind, 64, [70, 4], 4, 16, 2, seed=1, fp8_scores=fs)
