@@ -40,8 +40,9 @@ constexpr int kQScale = kLimit + kRows * 4;             // float [64]
 constexpr int kBar = kQScale + kRows * 4;               // uint64 full[kRing], empty[kRing]
 constexpr int kSmemBytes = kBar + 2 * kRing * 8 + 1024;
 // Registers: the producer warpgroup only issues loads from one lane; a consumer holds P V's accumulator (128)
-// and its A fragments (64), S (48) only while neither is built. setmaxnreg.inc only hands out what the CTA's
-// other warps released of its launch share (168 x 384), so 32 / 240 hung the kernel.
+// always, S (48) until the tile's softmax, then its A fragments (64): 176 or 192 at a time, never all three.
+// setmaxnreg.inc only hands out what the CTA's other warps released of its launch share (168 x 384), so 32 / 240
+// hung the kernel.
 constexpr int kLoaderRegs = 24, kMmaRegs = 240;
 static_assert(128 * kLoaderRegs + kConsumerThreads * kMmaRegs <= kLaunchRegs * kThreads, "the CTA's registers");
 static_assert(kP % 1024 == 0 && kPBytes % 512 == 0, "64B-swizzled tiles: 512-byte aligned bases");

@@ -52,7 +52,8 @@ ABLATIONS = {
                           "    fence_proxy_async();  // P before wgmma reads it\n")]),
     "no_rescale": ("the accumulator's rescale before each P V (its 128 multiplies)",
                    [("    if (moved) {  // skipped", "    if (false) {  // skipped")]),
-    "no_pv": ("the P V wgmmas (an empty group is committed in their place; the fragments' ldmatrix reads stay)",
+    "no_pv": ("the P V wgmmas (an empty group is committed in their place; the fragments' ldmatrix reads stay; "
+              "ptxas adds its own warpgroup.arrive in this copy, C7519)",
               [("    issue_pv_e4m3(acc, a, p_base);\n", "    wgmma_commit();\n")]),
 }
 
