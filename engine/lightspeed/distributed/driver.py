@@ -186,7 +186,7 @@ class DriverRunner:
         self.ranks.send_packet(packet)
         self.runner.model.model.tokens.pad_to = pad_to
         t = inputs.unpack(packet, None)
-        self.runner.forward(packet.view(), t)
+        self.runner.forward_unsampled(packet.view(), t)
 
     def collect(self, launched: LaunchedStep):
         try:

@@ -49,7 +49,7 @@ class WorkerLoop:
             if packet.num_tokens == 0:
                 continue
             tokens.pad_to = packet.pad_to or None
-            runner.forward(packet.view(), runner.inputs.unpack(packet, prev_sampled))
+            runner.forward_unsampled(packet.view(), runner.inputs.unpack(packet, prev_sampled))
             if packet.num_sampled:
                 prev_sampled = ranks.receive_tokens(packet.num_sampled)
             if packet.report_load:

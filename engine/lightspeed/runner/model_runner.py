@@ -243,6 +243,14 @@ class ModelRunner:
             return logits
         return self.forward_eager(plan, t, piecewise=True)
 
+    def forward_unsampled(self, plan, t: StepTensors) -> None:
+        """A forward whose logits nobody samples (a tensor-parallel core's dummy step). The last sampled
+        tokens may be a view of a decode graph's buffer that this replay rewrites: they are copied out first."""
+        if self._prev_sampled is not None:
+            self._prev_sampled = self._prev_sampled.clone()
+        self.forward(plan, t)
+        self._graph_greedy = None
+
     def forward_eager(self, plan, t: StepTensors, *, piecewise: bool = False) -> torch.Tensor:
         """`forward` without the decode graphs; `piecewise`: through the piecewise graphs where they
         hold the step (only its attention eager)."""
