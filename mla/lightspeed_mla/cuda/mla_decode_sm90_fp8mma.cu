@@ -197,18 +197,17 @@ __device__ __forceinline__ bool softmax_tile_t(const float (&s_lat0)[16], const 
   }
   const float c = tile_multiplier(red_scale), ratio = c / c_prev;
   c_prev = c;
+  float m_use[8], alpha[8];
+  advance_row_max(mx, m_run, m_use, alpha);
   uint32_t pk[8];  // row r's e4m3 pair: slots 2m, 2m + 1 of the warp's 16-key group
   bool moved = false;
 #pragma unroll
   for (int r = 0; r < 8; ++r) {
-    const float m_new = fmaxf(m_run[r], mx[r]);
-    const float m_use = m_new == -INFINITY ? 0.f : m_new;  // a row that has seen no key: exp2 gives 0, not NaN
-    const float alpha = exp2f(m_run[r] - m_use);
-    m_run[r] = m_new;
-    const float p0 = exp2f(s[4 * (r >> 1) + (r & 1)] - m_use), p1 = exp2f(s[4 * (r >> 1) + 2 + (r & 1)] - m_use);
-    l_run[r] = l_run[r] * alpha + p0 + p1;
+    const int i = 4 * (r >> 1) + (r & 1);  // row r's keys key_lo, key_lo + 8: elements i, i + 2
+    const float p0 = exp2f(s[i] - m_use[r]), p1 = exp2f(s[i + 2] - m_use[r]);
+    l_run[r] = l_run[r] * alpha[r] + p0 + p1;
     pk[r] = __nv_cvt_float2_to_fp8x2(make_float2(p0 * ks[0] * c, p1 * ks[1] * c), __NV_SATFINITE, __NV_E4M3);
-    rescale[r] = alpha * ratio;
+    rescale[r] = alpha[r] * ratio;
     moved |= rescale[r] != 1.f;
   }
   const int odd = m & 1;  // even m stores its rows e = 0 with lane ^ 4's pairs, odd m its rows e = 1
