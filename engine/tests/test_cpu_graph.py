@@ -26,7 +26,6 @@ def test_replay_matches_eager(tiny_model_dir, quantization):
             logits = eager
             if graphs.can_run(plan):
                 logits = graphs.forward(plan, t).clone()
-                assert torch.equal(graphs.last_greedy, logits.argmax(dim=-1))  # the plain-greedy steps' tokens
                 worst, replays = max(worst, (logits - eager).abs().max().item()), replays + 1
             sched.advance(plan, runner.collect(runner._sample(plan, logits, t)).tokens)
     assert replays >= max(MAX_TOKENS) - 1 and graphs.num_replays == replays

@@ -71,7 +71,7 @@ class CpuGraphRunner(CudaGraphRunner):
         size, _ = key  # one token per row: speculative steps are never recorded (they run eagerly)
         self._graphs[key].replay()
         self.logits[:size].copy_(self._outputs[size])
-        self.greedy[:size].copy_(self.logits[:size].argmax(dim=-1))  # what the CUDA graphs compute inside
+        torch.argmax(self.logits[:size], dim=-1, out=self.greedy[:size])  # what the CUDA graphs compute inside
 
 
 def build_cpu_graph_runner(model: torch.nn.Module, kv_cache: KVCache, *, batch_sizes: list[int],

@@ -118,7 +118,7 @@ class CudaGraphRunner:
             v_scale=pool.v_scale, host_plans=host_plans)
         hidden = self.model(self.input_ids[:n], self.positions[:n], meta)
         self.logits[:n].copy_(self.model.compute_logits(hidden))
-        self.greedy[:n].copy_(ops.greedy(self.logits[:n]))
+        ops.greedy(self.logits[:n], out=self.greedy[:n])
         if self.hidden is not None:
             self.hidden[:n].copy_(hidden)
         if self.aux is not None:

@@ -45,13 +45,14 @@ def sample(
     return impl_for("sampling", "sample", logits)(logits, temperature, top_k, top_p, min_p, seeds, offsets)
 
 
-def greedy(logits: torch.Tensor) -> torch.Tensor:
+def greedy(logits: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """Each row's first index of its largest logit (sampling/greedy): ``logits.argmax(dim=-1)``,
     NaN counting as the largest and -0.0 equal to 0.0, as torch has it.
 
-    logits: [S, V] fp32, bf16 or fp16. Returns [S] int64.
+    logits: [S, V] fp32, bf16 or fp16. Returns [S] int64: ``out`` (contiguous int64 [S]) when given,
+    written in place (a CUDA graph's static buffer).
     """
-    return impl_for("sampling", "greedy", logits)(logits)
+    return impl_for("sampling", "greedy", logits)(logits, out)
 
 
 def compute_logprobs(

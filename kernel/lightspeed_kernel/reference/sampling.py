@@ -90,9 +90,9 @@ def sample(
 
 
 @reference("sampling", "greedy")
-def greedy(logits: torch.Tensor) -> torch.Tensor:
-    # logits: [S, V] -> [S] int64, the first index of each row's maximum (NaN the largest)
-    return logits.argmax(dim=-1)
+def greedy(logits: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    # logits: [S, V] -> [S] int64 (into `out` when given), the first index of each row's maximum (NaN the largest)
+    return logits.argmax(dim=-1) if out is None else torch.argmax(logits, dim=-1, out=out)
 
 
 @reference("sampling", "logprobs")

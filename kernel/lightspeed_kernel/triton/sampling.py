@@ -211,11 +211,15 @@ def _sample_kernel(
     tl.store(out_ptr + row, result)
 
 
-def _token_output(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The int64 [S] token output for logits [S, V] (checked), and the logits with unit column stride."""
+def _token_output(logits: torch.Tensor, out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The int64 [S] token output for logits [S, V] (checked; `out` when given), and the logits with unit column
+    stride."""
     check(logits.dim() == 2, "logits must be [S, V]")
     check(logits.shape[0] == 0 or logits.shape[1] > 0, "empty vocabulary")
-    out = torch.empty(logits.shape[0], dtype=torch.int64, device=logits.device)
+    if out is None:
+        out = torch.empty(logits.shape[0], dtype=torch.int64, device=logits.device)
+    check(out.shape == (logits.shape[0],) and out.dtype == torch.int64 and out.is_contiguous(),
+          "out must be contiguous int64 [S]")
     return out, (logits if logits.stride(1) == 1 else logits.contiguous())
 
 
@@ -288,9 +292,10 @@ def _greedy_pick_kernel(key_ptr, idx_ptr, out_ptr, chunks, BLOCK_C: tl.constexpr
 
 
 @register("sampling", "greedy", "triton_greedy", FLOAT_DTYPES)
-def greedy(logits):
-    """logits: [S, V] -> [S] int64, each row's first index of its maximum (torch.argmax's answer)."""
-    out, logits = _token_output(logits)
+def greedy(logits, out=None):
+    """logits: [S, V] -> [S] int64 (into `out` when given), each row's first index of its maximum (torch.argmax's
+    answer)."""
+    out, logits = _token_output(logits, out)
     s, v = logits.shape
     if s == 0:
         return out

@@ -92,6 +92,10 @@ def test_logprobs(device, s, v, top_n, dtype):
 def test_greedy_matches_argmax(device, s, v, dtype):
     logits = (torch.randn(s, v, device=device) * 3).to(dtype)
     assert torch.equal(sampling.greedy(logits), logits.argmax(dim=-1))
+    buf = torch.full((s + 2,), -7, dtype=torch.int64, device=device)  # into a view of a larger buffer
+    view = buf[:s]
+    assert sampling.greedy(logits, out=view) is view
+    assert torch.equal(buf[:s], logits.argmax(dim=-1)) and (buf[s:] == -7).all()
 
 
 def test_greedy_ties_nan_and_signed_zero(device):
