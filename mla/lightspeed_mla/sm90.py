@@ -10,10 +10,10 @@ tile is widened exactly to bf16 in shared memory and P V runs in bf16 with the p
 into P; S_latent runs in
 bf16 on the widened tile (`mla_decode_sm90`: the Triton FP8 path's accuracy) or on e4m3 MMAs with Q
 quantised per row (`mla_decode_sm90_fp8qk`: fewer MMA cycles, ~2-4% from the reference on random data),
-or both products on e4m3 MMAs (`mla_decode_sm90_fp8mma`: each consumer warpgroup owns 32 of the 64 rows and
-all 512 latent dims, S^T = K Q^T, P quantised per tile, P V as O^T = V^T P^T with V^T the register operand
-built from the landed latent tile; a warpgroup's loop is serial and the two run out of step; a 3-stage ring;
-~2.7% from the reference; its earlier forms were the fastest FP8 kernels from batch 4, mla/NOTES.md).
+or both products on e4m3 MMAs (`mla_decode_sm90_fp8mma`: P V runs as O^T = V^T P^T with V^T the register
+operand, which each consumer warp builds from the landed latent tile while its S MMAs run; P is quantised per
+tile, and P V of tile i runs beside S of tile i + 1; ~2.7% from the reference; the form before, which
+transposed the latent in shared memory, was the fastest FP8 kernel from batch 4).
 
 Plan / run follow `plan_decode` / `run_decode` exactly (the same `MLADecodePlan`, fold layout with
 64-row tiles, splits filling one wave of one CTA per SM): planned once from shapes, the true lengths
@@ -90,8 +90,7 @@ PHASES = ("entry", "work", "first_tma", "last_tma", "q_loaded", "first_tile", "l
 # epilogue stamps give the cycles' rate).
 COUNTERS = ("consumer_wait_full", "consumer_transpose", "producer_wait_empty", "clock_entry", "clock_epilogue")
 TIMERS_DEFINE = "-DLIGHTSPEED_MLA_PHASE_TIMERS"
-# 64 rows x 64 keys; 12 warps (2 consumer warpgroups + the producer warpgroup), 1 CTA / SM; 2 stages is the bf16
-# kernel's ring (fp8mma's has 3).
+# 64 rows x 64 keys; 12 warps (2 consumer warpgroups + the producer warpgroup), 2 stages, 1 CTA / SM.
 TILE = DecodeTile(block_m=64, block_n=64, num_warps=12, num_stages=2, swap_ab=False, ctas_per_sm=1)
 
 

@@ -353,14 +353,13 @@ def emulate(kind, page_size, lens, q_len, H, num_splits, seed=0, fp8_scores=Fals
 
 
 # ---- mla_decode_sm90_fp8mma: both products on e4m3 wgmma --------------------------------------------
-# Shared memory as fp8mma:: has it; the row split (warpgroup g: query rows 32g .. 32g + 31, all 512 dims), S^T's
-# operands read through their descriptors, the 64B-swizzled K-major P tiles, the key-slot order and its paired
-# stores, P V's A fragments built lane by lane through ldmatrix.trans and byte permutes, the O^T accumulator,
-# its rescale and its write-out are the kernel's.
+# Shared memory as fp8mma:: has it; the 64B-swizzled K-major P tile, the key-slot order, P V's A fragments
+# built lane by lane through ldmatrix.trans and byte permutes, the O^T accumulator and its write-out are the
+# kernel's.
 
 M_QROPE, M_STAGE0, M_STB, M_RING = 32768, 40960, 40960, 3
-M_P = M_STAGE0 + M_RING * M_STB  # warpgroup g's P tile [32 rows, 64 slots] at M_P + 2048 g
-M_SC = M_P + 2 * 2048
+M_P = M_STAGE0 + M_RING * M_STB
+M_SC = M_P + 2 * 4096  # two P tiles: tile i + 1's softmax writes one while P V of tile i reads the other
 
 
 def swz64(off):  # 64B swizzle: address bits 4-5 ^= bits 7-8
@@ -391,29 +390,29 @@ def byte_perm(x, y, sel):  # __byte_perm on 4-byte arrays
 
 def load_v_frags(smem, lat, valid):
     """load_v_frags of the kernel, lane by lane: frags[tid][c][ks][reg] = the 4 bytes of A register reg of
-    M-chunk c (of 8: both warpgroups build all 512 dims) and k-step ks. ldmatrix.trans: lane 8m + r addresses
-    row r of matrix m (key 32 ks + 8m + r, the warp's 16 dims of chunk c); thread t gets rows 2 (t % 4) and
-    2 (t % 4) + 1, 16-bit element t / 4, of each matrix."""
-    frags = np.zeros((256, 8, 2, 4, 4), np.uint8)
-    for warp in range(4):
-        for c in range(8):
-            for ks in range(2):
-                col = 64 * c + 16 * warp
-                rows = [smem[lat + so8(32 * ks + lane, col):][:16] for lane in range(32)]
-                for t in range(32):
-                    q, e = t % 4, t // 4
-                    d = [np.concatenate([rows[8 * m + 2 * q + h][2 * e:2 * e + 2] for h in range(2)])
-                         for m in range(4)]
-                    four = [byte_perm(d[0], d[1], 0x6240), byte_perm(d[0], d[1], 0x7351),
-                            byte_perm(d[2], d[3], 0x6240), byte_perm(d[2], d[3], 0x7351)]
-                    for wg in range(2):
-                        frags[128 * wg + 32 * warp + t, c, ks] = four
+    M-chunk c and k-step ks. ldmatrix.trans: lane 8m + r addresses row r of matrix m (key 32 ks + 8m + r, the
+    warp's 16 dims of chunk c); thread t gets rows 2 (t % 4) and 2 (t % 4) + 1, 16-bit element t / 4, of each
+    matrix."""
+    frags = np.zeros((256, 4, 2, 4, 4), np.uint8)
+    for wg in range(2):
+        for warp in range(4):
+            for c in range(4):
+                for ks in range(2):
+                    col = 256 * wg + 64 * c + 16 * warp
+                    rows = [smem[lat + so8(32 * ks + lane, col):][:16] for lane in range(32)]
+                    for t in range(32):
+                        q, e = t % 4, t // 4
+                        d = [np.concatenate([rows[8 * m + 2 * q + h][2 * e:2 * e + 2] for h in range(2)])
+                             for m in range(4)]
+                        tid = 128 * wg + 32 * warp + t
+                        frags[tid, c, ks] = [byte_perm(d[0], d[1], 0x6240), byte_perm(d[0], d[1], 0x7351),
+                                             byte_perm(d[2], d[3], 0x6240), byte_perm(d[2], d[3], 0x7351)]
     if valid < 64:  # the split's last tile: keys 16 k16 + 2q, + 8, + 1, + 9 of registers 2 (k16 % 2) ..
         for tid in range(256):
             for k16 in range(4):
                 key = 16 * k16 + 2 * (tid % 4)
                 keep = np.array([key < valid, key + 8 < valid, key + 1 < valid, key + 9 < valid])
-                for c in range(8):
+                for c in range(4):
                     for reg in (2 * (k16 % 2), 2 * (k16 % 2) + 1):
                         frags[tid, c, k16 // 2, reg] *= keep
     return frags
@@ -432,29 +431,25 @@ def check_frags(frags, smem, lat, valid):
     K 4 (lane % 4) .. + 3 and + 16), keys in slot order, fragment row r = dim 2r and row r + 8 = dim 2r + 1 of
     the warp's 16 in its chunk, keys past `valid` zero."""
     for tid in range(256):
-        warp, lane = (tid % 128) // 32, tid % 32
-        for c in range(8):
+        wg, warp, lane = tid // 128, (tid % 128) // 32, tid % 32
+        for c in range(4):
             for ks in range(2):
                 for reg in range(4):
                     frag_row, k0 = lane // 4 + 8 * (reg & 1), 4 * (lane % 4) + 16 * (reg >> 1)
-                    dim = 64 * c + 16 * warp + 2 * (frag_row % 8) + frag_row // 8
+                    dim = 256 * wg + 64 * c + 16 * warp + 2 * (frag_row % 8) + frag_row // 8
                     keys = [32 * ks + key_of_slot(k0 + b) for b in range(4)]
                     want = [smem[lat + so8(k, dim)] if k < valid else 0 for k in keys]
                     assert (frags[tid, c, ks, reg] == want).all(), (tid, c, ks, reg)
 
 
-def acc_mn(t, i):  # an m64n32 accumulator's element i of warpgroup thread t: (M row, N column)
-    warp, lane = t // 32, t % 32
-    return 16 * warp + lane // 4 + 8 * ((i >> 1) & 1), 8 * (i >> 2) + 2 * (lane % 4) + (i & 1)
-
-
-def issue_pv_e4m3(acc, frags, smem):
-    """acc (O^T, [256 threads, 8 chunks x 16]) += V^T P'^T: per warpgroup and M-chunk two wgmma m64n32k32 e4m3,
-    A assembled from the threads' fragments by the register layout, B = the warpgroup's P tile read by its
-    K-major descriptor; the [64 dims, 32 rows] product back to the threads by the accumulator layout."""
+def issue_pv_e4m3(acc, frags, smem, pb):
+    """acc (O^T, [256 threads, 4 chunks x 32]) += V^T P'^T: per warpgroup and M-chunk two wgmma m64n64k32
+    e4m3, A assembled from the threads' fragments by the register layout, B = the P tile read by its K-major
+    descriptor; the [64 dims, 64 rows] product back to the threads by the accumulator layout (element i:
+    fragment row 16 warp + lane / 4 + 8 ((i >> 1) & 1), query row 8 (i >> 2) + 2 (lane % 4) + (i & 1))."""
     for wg in range(2):
-        for c in range(8):
-            d = np.zeros((64, 32), np.float32)
+        for c in range(4):
+            d = np.zeros((64, 64), np.float32)
             for ks in range(2):
                 a = np.zeros((64, 32), np.uint8)
                 for t in range(128):
@@ -462,10 +457,27 @@ def issue_pv_e4m3(acc, frags, smem):
                     for reg in range(4):
                         m, k0 = 16 * warp + lane // 4 + 8 * (reg & 1), 4 * (lane % 4) + 16 * (reg >> 1)
                         a[m, k0:k0 + 4] = frags[128 * wg + t, c, ks, reg]
-                d += e4m3_vals(a) @ e4m3_vals(read_kmajor64(smem, M_P + 2048 * wg + 32 * ks, 32, 32)).T
+                d += e4m3_vals(a) @ e4m3_vals(read_kmajor64(smem, pb + 32 * ks, 64, 32)).T
             for t in range(128):
-                for i in range(16):
-                    acc[128 * wg + t, 16 * c + i] += d[acc_mn(t, i)]
+                warp, lane = t // 32, t % 32
+                for i in range(32):
+                    m, n = 16 * warp + lane // 4 + 8 * ((i >> 1) & 1), 8 * (i >> 2) + 2 * (lane % 4) + (i & 1)
+                    acc[128 * wg + t, 32 * c + i] += d[m, n]
+
+
+def check_p(smem, pb, s, ks, c, red_max, m_run):
+    """P as the PV descriptor reads it is e4m3(p * ks * c) of each row's keys in slot order."""
+    got = read_kmajor64(smem, pb, 64, 64)
+    want = np.zeros((64, 64), np.float32)
+    for tid in range(256):
+        wg, lane, rl, rh = frag(tid)
+        for i in range(16):
+            h = (i >> 1) & 1
+            key = 32 * wg + 8 * (i >> 2) + 2 * (lane & 3) + (i & 1)
+            m_use = 0.0 if m_run[tid, h] == -np.inf else m_run[tid, h]
+            want[rh if h else rl, key] = np.exp2(s[tid, i] - m_use) * ks[tid, i] * c
+    want_slots = np.stack([want[:, key_of_slot(slot)] for slot in range(64)], 1)
+    assert (got == e4m3_bytes(want_slots)).all(), "P layout"
 
 
 def check_register_pv_fragments(seed=0):
@@ -477,85 +489,6 @@ def check_register_pv_fragments(seed=0):
     for valid in (64, 37):
         check_frags(load_v_frags(smem, 0, valid), smem, 0, valid)
     print("register-operand P V: the A fragments hold V^T in key-slot order")
-
-
-def softmax_tile_t(smem, st, sc, key0, valid, limit, qscale, scale_log2, m_run, l_run, c_prev):
-    """softmax_tile_t of every consumer thread: S^T per warpgroup through its descriptors (A = the stage's keys,
-    B = the warpgroup's 32 rows of Q), the scores, the warpgroup's row maxima and c, P' into its P tile by the
-    paired 32-bit stores, the running max and partial sums; returns each thread's 8 factors and c."""
-    kscale = smem[sc:sc + 256].copy().view(np.float32)
-    s, ks = np.zeros((256, 16), np.float32), np.zeros((256, 2), np.float32)
-    for wg in range(2):
-        st_lat = np.zeros((64, 32), np.float32)
-        for k in range(16):
-            koff = (k >> 2) * KB + (k & 3) * 32
-            st_lat += e4m3_vals(read_kmajor(smem, st + koff, 64, 32, 1)) @ \
-                e4m3_vals(read_kmajor(smem, wg * 4096 + koff, 32, 32, 1)).T
-        st_rope = np.zeros((64, 32), np.float32)
-        for k in range(4):
-            A = bf16_vals(read_kmajor(smem, st + 32768 + k * 32, 64, 32, 2).reshape(-1)).reshape(64, 16)
-            Bm = bf16_vals(read_kmajor(smem, M_QROPE + wg * 4096 + k * 32, 32, 32, 2).reshape(-1)).reshape(32, 16)
-            st_rope += A @ Bm.T
-        for t in range(128):
-            tid = 128 * wg + t
-            for h in range(2):
-                key = 16 * (t // 32) + (t % 32) // 4 + 8 * h
-                ks[tid, h] = kscale[key] if key < valid else 0.0
-            for i in range(16):
-                key, n = acc_mn(t, i)
-                r = 32 * wg + n
-                seen = key0 + key < limit[r]
-                v = st_lat[key, n] * (qscale[r] * ks[tid, (i >> 1) & 1]) + st_rope[key, n]
-                s[tid, i] = v * scale_log2 if seen else -np.inf
-    rescale, cs, pk = np.zeros((256, 8), np.float32), [], np.zeros((256, 8, 2), np.uint8)
-    for wg in range(2):
-        tids = range(128 * wg, 128 * wg + 128)
-        smax = max(np.abs(ks[tid]).max() for tid in tids)
-        c = pow2_floor(np.float32(448.0) / np.float32(smax)) if smax > 1e-30 else np.float32(1.0)
-        cs.append(c)
-        mx = np.full(32, -np.inf, np.float32)  # the warpgroup's row maxima over its 64 keys
-        for tid in tids:
-            for i in range(16):
-                n = acc_mn(tid % 128, i)[1]
-                mx[n] = max(mx[n], s[tid, i])
-        for tid in tids:
-            q = tid % 4
-            for r8 in range(8):
-                j, e = r8 >> 1, r8 & 1
-                n = 8 * j + 2 * q + e
-                m_new = max(m_run[tid, r8], mx[n])
-                m_use = 0.0 if m_new == -np.inf else m_new
-                alpha = np.exp2(m_run[tid, r8] - m_use)
-                m_run[tid, r8] = m_new
-                p0, p1 = np.exp2(s[tid, 4 * j + e] - m_use), np.exp2(s[tid, 4 * j + 2 + e] - m_use)
-                l_run[tid, r8] = l_run[tid, r8] * alpha + p0 + p1
-                pk[tid, r8] = e4m3_bytes(np.array([p0 * ks[tid, 0] * c, p1 * ks[tid, 1] * c], np.float32))
-                rescale[tid, r8] = alpha * (c / c_prev[wg])
-        for tid in tids:  # the paired stores: even lane / 4 its rows e = 0, odd its rows e = 1, with lane ^ 4's
-            warp, lane = (tid % 128) // 32, tid % 32
-            m, q, odd = lane // 4, lane % 4, (lane // 4) & 1
-            for j in range(4):
-                other = pk[tid ^ 4, 2 * j + 1] if odd else pk[tid ^ 4, 2 * j]  # what lane ^ 4 sends
-                word = np.concatenate([other, pk[tid, 2 * j + 1]] if odd else [pk[tid, 2 * j], other])
-                o = M_P + 2048 * wg + so64(8 * j + 2 * q + odd, 16 * warp + 2 * (m - odd))
-                smem[o:o + 4] = word
-        check_p(smem, wg, s, ks, c, m_run)
-    return rescale, cs
-
-
-def check_p(smem, wg, s, ks, c, m_run):
-    """P as the P V descriptor reads it is e4m3(p * ks * c) of each of the warpgroup's rows' keys in slot
-    order."""
-    got = read_kmajor64(smem, M_P + 2048 * wg, 32, 64)
-    want = np.zeros((32, 64), np.float32)
-    for tid in range(128 * wg, 128 * wg + 128):
-        for i in range(16):
-            key, n = acc_mn(tid % 128, i)
-            r8 = 2 * (i >> 2) + (i & 1)
-            m_use = 0.0 if m_run[tid, r8] == -np.inf else m_run[tid, r8]
-            want[n, key] = np.exp2(s[tid, i] - m_use) * ks[tid, (i >> 1) & 1] * c
-    want_slots = np.stack([want[:, key_of_slot(slot)] for slot in range(64)], 1)
-    assert (got == e4m3_bytes(want_slots)).all(), "P layout"
 
 
 def emulate_fp8mma(page_size, lens, q_len, H, num_splits, seed=0):
@@ -606,17 +539,23 @@ def emulate_fp8mma(page_size, lens, q_len, H, num_splits, seed=0):
                     for c8 in range(8):
                         o = M_QROPE + so(r, c8 * 8)
                         smem[o:o + 16] = rb[c8 * 16:c8 * 16 + 16]
-                limit = [min(end, kv_len - ql + (row0 + r) // H + 1) for r in range(64)]
                 acc = np.zeros((256, 128), np.float32)
-                m_run = np.full((256, 8), -np.inf, np.float32)  # a thread's rows 2j + e: N column 8j + 2q + e
-                l_run = np.zeros((256, 8), np.float32)
-                c_prev = [np.float32(1.0), np.float32(1.0)]
+                m_run = np.full((256, 2), -np.inf, np.float32)
+                l_run = np.zeros((256, 2), np.float32)
+                c_prev = np.float32(1.0)
+                red_rescale, moved = np.ones(64, np.float32), np.zeros(4, bool)
+                limit = np.zeros((256, 2), np.int64)
+                for tid in range(256):
+                    wg, lane, rl, rh = frag(tid)
+                    for h, r in enumerate((rl, rh)):
+                        limit[tid, h] = min(end, kv_len - ql + (row0 + r) // H + 1)
                 box_rows = min(page_size, 64)
                 last_page = (kv_len - 1) // page_size
                 for it in range(n_tiles):
                     key0 = start + it * 64
                     st = M_STAGE0 + (it % M_RING) * M_STB
                     sc = M_SC + (it % M_RING) * 256
+                    pb = M_P + (it % 2) * 4096
                     for j in range(64 // box_rows):  # the loads
                         key = key0 + j * box_rows
                         page = pt[b, min(key // page_size, last_page)]
@@ -627,39 +566,109 @@ def emulate_fp8mma(page_size, lens, q_len, H, num_splits, seed=0):
                         so_ = sc + j * box_rows * 4
                         smem[so_:so_ + box_rows * 4] = kscale_all[row:row + box_rows].view(np.uint8)
                     valid = end - key0
-                    rescale, c_prev = softmax_tile_t(smem, st, sc, key0, valid, limit, qscale, scale_log2, m_run,
-                                                     l_run, c_prev)
-                    for w8 in range(8):  # the rescale, skipped by a warp whose factors are all 1
-                        tids = range(32 * w8, 32 * w8 + 32)
-                        if (rescale[tids] != 1).any():
-                            for tid in tids:
-                                for i in range(128):
-                                    acc[tid, i] *= rescale[tid, 2 * ((i % 16) >> 2) + (i & 1)]
                     frags = load_v_frags(smem, st, valid)
                     check_frags(frags, smem, st, valid)
-                    issue_pv_e4m3(acc, frags, smem)
-                red_sum = np.zeros((2, 4, 32), np.float32)  # write_out_t: the rows' sums over lanes and warps
+                    kscale = smem[sc:sc + 256].copy().view(np.float32)
+                    mx = max([abs(kscale[k]) for k in range(min(valid, 64))] + [0.0])
+                    c = pow2_floor(np.float32(448.0) / np.float32(mx)) if mx > 1e-30 else np.float32(1.0)
+                    S_wg = []
+                    for wg in range(2):
+                        Sl = np.zeros((64, 32), np.float32)
+                        for k in range(16):
+                            koff = (k >> 2) * KB + (k & 3) * 32
+                            Sl += e4m3_vals(read_kmajor(smem, koff, 64, 32, 1)) @ \
+                                e4m3_vals(read_kmajor(smem, st + wg * 4096 + koff, 32, 32, 1)).T
+                        Sr = np.zeros((64, 32), np.float32)
+                        for k in range(4):
+                            A = bf16_vals(read_kmajor(smem, M_QROPE + k * 32, 64, 32, 2).reshape(-1)).reshape(64, 16)
+                            Bm = bf16_vals(read_kmajor(smem, st + 32768 + wg * 4096 + k * 32, 32, 32, 2).reshape(-1)).reshape(32, 16)
+                            Sr += A @ Bm.T
+                        S_wg.append((Sl, Sr))
+                    s = np.zeros((256, 16), np.float32)
+                    ks = np.zeros((256, 16), np.float32)
+                    for tid in range(256):
+                        wg, lane, rl, rh = frag(tid)
+                        for i in range(16):
+                            h = (i >> 1) & 1
+                            r = rh if h else rl
+                            col = 8 * (i >> 2) + 2 * (lane & 3) + (i & 1)
+                            valid_k = key0 + 32 * wg + col < limit[tid, h]
+                            v = S_wg[wg][0][r, col] * (qscale[r] * kscale[32 * wg + col]) + S_wg[wg][1][r, col]
+                            s[tid, i] = v * scale_log2 if valid_k else -np.inf
+                            ks[tid, i] = kscale[32 * wg + col] if valid_k else 0.0
+                    red_max = np.full(128, -np.inf, np.float32)
+                    for tid in range(256):
+                        wg, lane, rl, rh = frag(tid)
+                        for h, r in enumerate((rl, rh)):
+                            vals = [s[t2, i] for t2 in range(tid - tid % 4, tid - tid % 4 + 4) for i in range(16) if ((i >> 1) & 1) == h]
+                            red_max[wg * 64 + r] = max(red_max[wg * 64 + r], max(vals))
+                    for tid in range(256):  # tile_probs_e4m3
+                        wg, lane, rl, rh = frag(tid)
+                        m_use, alpha = [0, 0], [0, 0]
+                        for h, r in enumerate((rl, rh)):
+                            mxh = max(red_max[r], red_max[64 + r])
+                            m_new = max(m_run[tid, h], mxh)
+                            m_use[h] = 0.0 if m_new == -np.inf else m_new
+                            alpha[h] = np.exp2(m_run[tid, h] - m_use[h])
+                            m_run[tid, h] = m_new
+                        pv, psum = np.zeros(16, np.float32), [0.0, 0.0]
+                        for i in range(16):
+                            h = (i >> 1) & 1
+                            pr = np.exp2(s[tid, i] - m_use[h])
+                            psum[h] += pr
+                            pv[i] = pr * ks[tid, i] * c
+                        q4 = lane & 3
+                        for h in range(2):
+                            for gg in (0, 2):
+                                four = [pv[4 * gg + 2 * h], pv[4 * gg + 4 + 2 * h], pv[4 * gg + 2 * h + 1], pv[4 * gg + 5 + 2 * h]]
+                                o = pb + so64(rh if h else rl, 32 * wg + 8 * gg + 4 * q4)
+                                smem[o:o + 4] = e4m3_bytes(np.array(four, np.float32))
+                        for h in range(2):
+                            l_run[tid, h] = l_run[tid, h] * alpha[h] + psum[h]
+                        ratio = c / c_prev
+                        if wg == 0:  # publish_rescale
+                            for h, r in enumerate((rl, rh)):
+                                red_rescale[r] = alpha[h] * ratio
+                    for w4 in range(4):
+                        moved[w4] = any(red_rescale[16 * w4:16 * w4 + 16] != 1)
+                    c_prev = c
+                    check_p(smem, pb, s, ks, c, red_max, m_run)
+                    if it > 0 and moved.any():  # rescale_acc: a chunk's element 4j + e (+ 2): row 8j + 2q + e
+                        for tid in range(256):
+                            for i in range(128):
+                                acc[tid, i] *= red_rescale[8 * ((i % 32) >> 2) + 2 * (tid % 4) + (i & 1)]
+                    issue_pv_e4m3(acc, frags, smem, pb)
+                red_sum = np.zeros(128, np.float32)
                 for tid in range(256):
+                    wg, lane, rl, rh = frag(tid)
+                    if lane % 4 == 0:
+                        for h, r in enumerate((rl, rh)):
+                            red_sum[wg * 64 + r] = sum(l_run[t2, h] for t2 in range(tid, tid + 4))
+                out_mul = np.float32(1.0) / c_prev
+                for tid in range(256):  # write_out_t: the LSE from the softmax's rows
+                    wg, lane, rl, rh = frag(tid)
+                    if wg == 0 and lane % 4 == 0:
+                        for h, r in enumerate((rl, rh)):
+                            row = row0 + r
+                            lsum = red_sum[r] + red_sum[64 + r]
+                            if row < rows_total:
+                                part_lse[q_start + row // H, row % H, split] = (m_run[tid, h] + np.log2(lsum)
+                                                                                if lsum > 0 else -np.inf)
+                for tid in range(256):  # ... and O^T's dim pairs of 16 rows a thread
                     wg, warp, lane = tid // 128, (tid % 128) // 32, tid % 32
-                    for r8 in range(8):
-                        red_sum[wg, warp, 8 * (r8 >> 1) + 2 * (lane % 4) + (r8 & 1)] += l_run[tid, r8]
-                for tid in range(256):
-                    wg, warp, lane = tid // 128, (tid % 128) // 32, tid % 32
-                    dim0 = 16 * warp + 2 * (lane // 4)
-                    for r8 in range(8):
-                        n = 8 * (r8 >> 1) + 2 * (lane % 4) + (r8 & 1)
-                        row = row0 + 32 * wg + n
-                        if row >= rows_total:
-                            continue
-                        lsum = red_sum[wg, :, n].sum()
-                        tok, head = q_start + row // H, row % H
-                        if warp == 0 and lane < 4:
-                            part_lse[tok, head, split] = m_run[tid, r8] + np.log2(lsum) if lsum > 0 else -np.inf
-                        inv = np.float32(1.0) / c_prev[wg] / lsum if lsum > 0 else 0
-                        i = 4 * (r8 >> 1) + (r8 & 1)
-                        for c in range(8):
-                            pair = acc[tid, [16 * c + i, 16 * c + i + 2]]
-                            part_o[tok, head, split, dim0 + 64 * c:dim0 + 64 * c + 2] = pair * inv
+                    dim0 = 256 * wg + 16 * warp + 2 * (lane // 4)
+                    for i in range(0, 32, 4):
+                        for e in range(2):
+                            r = i // 4 * 8 + 2 * (lane % 4) + e
+                            row = row0 + r
+                            if row >= rows_total:
+                                continue
+                            lsum = red_sum[r] + red_sum[64 + r]
+                            inv = out_mul / lsum if lsum > 0 else 0
+                            dst = part_o[q_start + row // H, row % H, split]
+                            for c4 in range(4):
+                                pair = acc[tid, [32 * c4 + i + e, 32 * c4 + i + 2 + e]]
+                                dst[dim0 + 64 * c4:dim0 + 64 * c4 + 2] = pair * inv
     m = part_lse.max(-1, keepdims=True)
     m = np.where(np.isinf(m), 0, m)
     w = np.exp2(part_lse - m)

@@ -12,8 +12,6 @@
 //     memory, each writes its half of P (bf16) to shared memory, and then warpgroup g runs P V for
 //     latent columns 256g..256g+255 (m64n256k16, V = the latent tile read MN-major). So every MMA is
 //     done once, S and P V are split evenly, and the 64x512 fp32 accumulator is 128 registers a thread.
-//   That split is the bf16 kernel's (mla_decode_sm90_bf16.cu). The FP8-MMA kernel splits its consumers by
-//   rows instead (each owns 32 rows and all 512 dims, no exchange) over a 3-stage latent ring: its header says how.
 // Page sizes 8..256 (powers of two): a tile is one page piece of min(page_size, 64) tokens or several.
 // Phase timers: built with -DLIGHTSPEED_MLA_PHASE_TIMERS, each CTA stamps %globaltimer at the boundaries
 // of mla_decode_sm90.h's MlaPhase into MlaSm90Args::phase_ns (tools/bench/mla_phases.py reads them);

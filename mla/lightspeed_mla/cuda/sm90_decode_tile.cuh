@@ -32,11 +32,10 @@ __device__ __forceinline__ void tile_row_max(const float (&s)[16], float* red_ma
 
 // Online softmax: the rows' new running max from this tile's mx, the max to subtract (0 for a row that has
 // seen no key yet, so exp2 gives 0, not NaN) and alpha, the factor for what was accumulated before.
-template <int N>
-__device__ __forceinline__ void advance_row_max(const float (&mx)[N], float (&m_run)[N], float (&m_use)[N],
-                                                float (&alpha)[N]) {
+__device__ __forceinline__ void advance_row_max(const float (&mx)[2], float (&m_run)[2], float (&m_use)[2],
+                                                float (&alpha)[2]) {
 #pragma unroll
-  for (int h = 0; h < N; ++h) {
+  for (int h = 0; h < 2; ++h) {
     const float m_new = fmaxf(m_run[h], mx[h]);
     m_use[h] = m_new == -INFINITY ? 0.f : m_new;
     alpha[h] = exp2f(m_run[h] - m_use[h]);
@@ -104,16 +103,22 @@ __device__ __forceinline__ void store_row(T* o, const float (&acc)[128], int h, 
   }
 }
 
-// The output (one split) or this split's normalised partial and its log2-LSE.
-__device__ __forceinline__ void write_out(const MlaSm90Args& p, const Work& w, const Frag& f, const float (&acc)[128],
-                                          const float (&m_run)[2], float (&l_run)[2], float* red_sum) {
+// Each row's softmax sum over its quad and both warpgroups: red_sum[r] + red_sum[kRows + r] once the consumers'
+// barrier this ends with is passed.
+__device__ __forceinline__ void publish_row_sums(const Frag& f, float (&l_run)[2], float* red_sum) {
 #pragma unroll
-  for (int h = 0; h < 2; ++h) l_run[h] = warp_sum4(l_run[h]);  // each row's sum over its quad, then both warpgroups
+  for (int h = 0; h < 2; ++h) l_run[h] = warp_sum4(l_run[h]);
   if ((f.lane & 3) == 0) {
     red_sum[f.wg * kRows + f.r_lo] = l_run[0];
     red_sum[f.wg * kRows + f.r_hi] = l_run[1];
   }
   named_barrier_sync(1, kConsumerThreads);
+}
+
+// The output (one split) or this split's normalised partial and its log2-LSE.
+__device__ __forceinline__ void write_out(const MlaSm90Args& p, const Work& w, const Frag& f, const float (&acc)[128],
+                                          const float (&m_run)[2], float (&l_run)[2], float* red_sum) {
+  publish_row_sums(f, l_run, red_sum);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int r = h ? f.r_hi : f.r_lo;

@@ -24,37 +24,40 @@ from pathlib import Path
 
 KERNEL = "lightspeed_mla/cuda/mla_decode_sm90_fp8mma.cu"
 KERNEL_FILES = (KERNEL, "lightspeed_mla/cuda/sm90_decode_tile.cuh")  # an edit's text is in one of them, once
-LDSM = "      ldmatrix_x4_trans(lat + swizzled_offset_8bit(32 * ks + lane, 64 * c + 16 * warp), d);\n"
+LDSM = "      ldmatrix_x4_trans(lat + swizzled_offset_8bit(32 * ks + lane, 256 * wg + 64 * c + 16 * warp), d);\n"
 PERMS = ("      a[c][ks][0] = __byte_perm(d[0], d[1], 0x6240);\n      a[c][ks][1] = __byte_perm(d[0], d[1], 0x7351);\n"
          "      a[c][ks][2] = __byte_perm(d[2], d[3], 0x6240);\n      a[c][ks][3] = __byte_perm(d[2], d[3], 0x7351);\n")
 # name -> (what it cuts, [(old, new), ...])
 ABLATIONS = {
     "no_v_ldmatrix": ("the P V fragments' ldmatrix.trans reads of the latent tile (the byte permutes stay, on the "
                       "read's address as data)",
-                      [(LDSM, "      d[0] = d[1] = d[2] = d[3] = lat + swizzled_offset_8bit(32 * ks + lane, 64 * c + "
-                              "16 * warp);\n")]),
+                      [(LDSM, "      d[0] = d[1] = d[2] = d[3] = lat + swizzled_offset_8bit(32 * ks + lane, 256 * wg + "
+                              "64 * c + 16 * warp);\n")]),
     "no_v_frags": ("the whole P V fragment build (ldmatrix.trans and byte permutes; P V runs on the read's address "
                    "as its A)",
                    [(LDSM + PERMS, "      a[c][ks][0] = a[c][ks][1] = a[c][ks][2] = a[c][ks][3] =\n"
-                                   "          lat + swizzled_offset_8bit(32 * ks + lane, 64 * c + 16 * warp);\n")]),
-    "quarter_s_latent": ("3/4 of S^T_latent's e4m3 wgmmas (4 of 16 k-steps stay)",
-                         [("  for (int k = 0; k < 8; ++k) {  // latent columns 0-255",
-                           "  for (int k = 0; k < 2; ++k) {  // latent columns 0-255"),
-                          ("  for (int k = 8; k < 16; ++k) {  // latent columns 256-511",
-                           "  for (int k = 8; k < 10; ++k) {  // latent columns 256-511")]),
-    "no_row_max_barrier": ("the warpgroup's barrier inside its row-max exchange (each warp then reads the others' "
-                           "maxima from whenever they were last written)",
-                           [("  wg_barrier(t.wg);  // the warpgroup's maxima; its last P V (waited for) no longer "
-                             "reads P\n", "")]),
-    "no_step_barrier": ("the warpgroup's barrier between its softmax and its P V (P is then read without waiting for "
-                        "the other warps' writes)",
-                        [("    fence_proxy_async();  // P before wgmma reads it\n    wg_barrier(t.wg);\n",
-                          "    fence_proxy_async();  // P before wgmma reads it\n")]),
-    "no_rescale": ("the accumulator's rescale before each P V (its 128 multiplies)",
-                   [("    if (moved) {  // skipped", "    if (false) {  // skipped")]),
-    "no_pv": ("the P V wgmmas (an empty group is committed in their place; the fragments' ldmatrix reads stay; "
-              "ptxas adds its own warpgroup.arrive in this copy, C7519)",
-              [("    issue_pv_e4m3(acc, a, p_base);\n", "    wgmma_commit();\n")]),
+                                   "          lat + swizzled_offset_8bit(32 * ks + lane, 256 * wg + 64 * c + 16 * warp);\n")]),
+    "quarter_s_latent": ("3/4 of S_latent's e4m3 wgmmas (4 of 16 k-steps stay)",
+                         [("  for (int k = 0; k < 8; ++k) {\n    const uint32_t koff = (k >> 2) * kBlockBytes + (k & 3) * 32;\n"
+                           "    wgmma_m64n32k32_e4m3(s_lat0",
+                           "  for (int k = 0; k < 2; ++k) {\n    const uint32_t koff = (k >> 2) * kBlockBytes + (k & 3) * 32;\n"
+                           "    wgmma_m64n32k32_e4m3(s_lat0"),
+                          ("  for (int k = 8; k < 16; ++k) {", "  for (int k = 8; k < 10; ++k) {")]),
+    "no_row_max_barrier": ("the consumers' barrier inside the row-max exchange (each warpgroup then reads the other's "
+                           "maximum from whenever it was last written)",
+                           [("  named_barrier_sync(1, kConsumerThreads);\n  mx[0] = fmaxf(red_max[f.r_lo]",
+                             "  mx[0] = fmaxf(red_max[f.r_lo]")]),
+    "no_step_barrier": ("the consumers' barrier at the end of each tile step (P of the next tile and the rows' "
+                        "accumulator factors are then read without waiting for the other warps' writes)",
+                        [("    fence_proxy_async();  // P of tile it + 1 before wgmma reads it\n"
+                          "    named_barrier_sync(1, kConsumerThreads);\n",
+                          "    fence_proxy_async();  // P of tile it + 1 before wgmma reads it\n")]),
+    "no_rescale": ("the accumulator's rescale after each step (its 128 multiplies and the factors' shared-memory "
+                   "reads)",
+                   [("    rescale_acc(acc, red_rescale, moved, f.lane);\n", "")]),
+    "no_pv": ("the P V wgmmas (an empty group is committed in their place, so wgmma_wait<1> still waits for S; the "
+              "fragments' ldmatrix reads stay)",
+              [("    issue_pv_e4m3(acc, a, base + p_tile(it));\n", "    wgmma_commit();\n")]),
 }
 
 
