@@ -3,6 +3,7 @@
 import json
 
 import pytest
+from conftest_models import TINY_LLAMA
 
 
 @pytest.fixture(scope="session")
@@ -13,14 +14,6 @@ def default_model_path():
         return default_model()
     except RuntimeError as e:
         pytest.skip(str(e))
-
-
-TINY_LLAMA = {
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 49152, "hidden_size": 64,
-    "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-    "max_position_embeddings": 512, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": True,
-    "hidden_act": "silu", "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "float32",
-}
 
 
 @pytest.fixture(scope="session")

@@ -11,6 +11,15 @@ import torch
 from lightspeed.layers import AttentionMetadata
 from lightspeed.models import ModelConfig, preset_hf_config
 
+# A tiny random Llama with SmolLM2's vocabulary (load_format="dummy"). Here, not in conftest.py: pytest imports
+# every test folder's conftest as `conftest`, so `from conftest import` breaks when packages' tests run together.
+TINY_LLAMA = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 49152, "hidden_size": 64,
+    "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "max_position_embeddings": 512, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": True,
+    "hidden_act": "silu", "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "float32",
+}
+
 
 @dataclass
 class Row:

@@ -16,7 +16,7 @@ gpu = pytest.mark.gpu
 
 @pytest.fixture(scope="module")
 def long_tiny_model_dir(tmp_path_factory):
-    from conftest import TINY_LLAMA
+    from conftest_models import TINY_LLAMA
 
     folder = tmp_path_factory.mktemp("tiny-llama-2k")
     (folder / "config.json").write_text(json.dumps({**TINY_LLAMA, "max_position_embeddings": 2048}))

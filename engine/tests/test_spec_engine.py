@@ -8,12 +8,11 @@ import json
 import numpy as np
 import pytest
 import torch
+from conftest_models import TINY_LLAMA
 from engine_driver import Run, make_engine, run_until_idle, submit
 from lightspeed.core import messages as m
 from lightspeed.core.messages import SamplingSpec
 from spec_helpers import write_random_eagle3_head
-
-from conftest import TINY_LLAMA
 
 CODE = '''def add(a, b):
     """Return the sum of a and b."""

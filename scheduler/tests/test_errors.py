@@ -3,8 +3,7 @@
 import numpy as np
 import pytest
 from lightspeed_scheduler import SchedulerConfig
-
-from conftest import make_scheduler, samples, spec
+from scheduler_helpers import make_scheduler, samples, spec
 
 
 @pytest.mark.parametrize("field, value, message", [

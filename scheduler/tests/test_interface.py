@@ -7,8 +7,7 @@ import numpy as np
 import pytest
 import tomllib
 from lightspeed_scheduler import Plan, RequestSpec, Scheduler, SchedulerConfig
-
-from conftest import make_scheduler, samples, spec
+from scheduler_helpers import make_scheduler, samples, spec
 
 
 def test_public_names():

@@ -2,8 +2,7 @@
 
 import numpy as np
 import pytest
-
-from conftest import make_scheduler, samples, spec
+from scheduler_helpers import make_scheduler, samples, spec
 
 
 def drain(s, limit=500):

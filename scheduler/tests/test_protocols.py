@@ -7,8 +7,7 @@ row discarding or finishing shows up as a different output sequence.
 
 import numpy as np
 import pytest
-
-from conftest import make_scheduler, spec
+from scheduler_helpers import make_scheduler, spec
 
 EOS = 2
 

@@ -3,8 +3,7 @@
 import numpy as np
 import pytest
 from lightspeed_scheduler import DraftProposer
-
-from conftest import make_scheduler, samples, spec
+from scheduler_helpers import make_scheduler, samples, spec
 
 
 def test_per_step_drafts_land_in_the_plan_and_rows_continue_under_overlap():
