@@ -12,6 +12,10 @@ Scenarios (Llama-3.1-8B-shaped dummy by default):
                prompts): the steps of an agentic c = 16 sweep while a conversation starts
   mixed_63     a 1K-token prompt beside 63 requests decoding at 1K context: the served random 1024/128
                c = 128 step at max_num_seqs 64 (one admission a step)
+  churn_128    the served random 1024/128 sweep at c = 128 in process: 128 requests outstanding (64 running,
+               64 waiting), each finished one replaced by a fresh prompt at once; stepped unprofiled until the
+               admissions reach a steady mix, timed unprofiled (output tokens/s, ms/step: the figures to set
+               beside the served run's), then profiled for the breakdown. Not run by default (long).
 For each: wall time per step, GPU busy (union of kernel intervals / wall), and kernel time by
 category (gemm, attention, norm/rope/kv-store/activation, sampling, copies, other) and by kernel,
 in a markdown table; the JSON holds the top kernels. Chrome traces are written with --trace.
@@ -163,6 +167,46 @@ def run_mixed(engine, m, prompts: list[list[int]], long_prompt: list[int], trace
     return _finish(engine, prof, steps, wall, "mixed", len(prompts) + 1, len(long_prompt), trace_dir)
 
 
+def run_churn(engine, m, rand, *, prompt_len: int, out_len: int, outstanding: int, warm_steps: int,
+              timed_steps: int, profiled_steps: int, trace_dir) -> dict:
+    """A closed loop of `outstanding` clients, each sending a fresh random prompt as soon as its last request
+    finished (lightspeed-bench's random mode): the step mix the served c = 128 level runs (decodes with an
+    admission's prefill chunk beside them whenever a slot frees). The unprofiled window gives the rate; the
+    profiler, which adds host time to every op, only the breakdown."""
+    spec = m.SamplingSpec(max_tokens=out_len, temperature=0.0, ignore_eos=True)
+    live: set[str] = set()
+    submitted = 0
+
+    def run(n: int) -> tuple[int, int]:
+        nonlocal submitted
+        tokens = 0
+        for _ in range(n):
+            while len(live) < outstanding:
+                name = f"churn-{submitted}"
+                submitted += 1
+                _submit(engine, m, [name], [rand(prompt_len)], spec)
+                live.add(name)
+            out = engine.step()
+            tokens += len(out.token_ids)
+            live.difference_update(out.finished or {})
+        return n, tokens
+
+    run(warm_steps)
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    _, timed_tokens = run(timed_steps)
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    timed_s = time.perf_counter() - t0
+    prof, steps, wall = _profiled(lambda: run(profiled_steps)[0])
+    engine.abort_requests(sorted(live))
+    out = _finish(engine, prof, steps, wall, "churn", outstanding, prompt_len, trace_dir)
+    out["unprofiled"] = {"steps": timed_steps, "seconds": timed_s, "ms_per_step": timed_s * 1e3 / timed_steps,
+                         "output_tokens": timed_tokens, "output_tokens_per_s": timed_tokens / timed_s}
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="llama-3.1-8b")
@@ -232,6 +276,14 @@ def main(argv=None) -> int:
     if on("mixed_63"):
         decoders = [rand(ctx) for _ in range(7 if small else 63)]
         results["mixed_63"] = run_mixed(engine, m, decoders, rand(ctx), trace)
+    if wanted is not None and "churn_128" in wanted:
+        results["churn_128"] = run_churn(
+            engine, m, rand, prompt_len=ctx, out_len=8 if small else 128, outstanding=16 if small else 128,
+            warm_steps=40 if small else 600, timed_steps=20 if small else 400, profiled_steps=10 if small else 100,
+            trace_dir=trace)
+        u = results["churn_128"]["unprofiled"]
+        print(f"churn_128 unprofiled: {u['output_tokens_per_s']:.0f} output tok/s "
+              f"({u['output_tokens_per_s'] * 60:.0f} tok/min), {u['ms_per_step']:.3f} ms/step", flush=True)
     for name, r in results.items():
         print(f"{name}: {r['wall_ms_per_step']:.3f} ms/step wall, GPU busy {r['gpu_busy_fraction']:.1%}, "
               f"{r['kernels_per_step']:.0f} kernels/step, " +
@@ -257,6 +309,10 @@ def to_markdown(result: dict) -> str:
         lines += [f"| {k} | {v:.3f} |" for k, v in r["by_category_ms_per_step"].items()]
         lines += ["", "| kernel | ms/step | calls/step |", "|---|---|---|"]
         lines += [f"| `{k['name'][:90]}` | {k['ms_per_step']:.3f} | {k['calls_per_step']:.1f} |" for k in r["top_kernels"][:15]]
+        if "unprofiled" in r:
+            u = r["unprofiled"]
+            lines += ["", f"Unprofiled, {u['steps']} steps: {u['ms_per_step']:.3f} ms/step, {u['output_tokens_per_s']:.0f} "
+                      f"output tokens/s ({u['output_tokens_per_s'] * 60:.0f} a minute)."]
         lines.append("")
     return "\n".join(lines)
 

@@ -47,3 +47,55 @@ def test_prefill_bench_smoke_runs_every_option(tmp_path):
     (md,) = tmp_path.glob("prefill_attention_*.md")
     text = md.read_text()
     assert "SDPA split cuDNN" in text and text.count("\n| ") == 3  # header + two shapes
+
+
+class _ClosedLoopEngine:
+    """An engine's step interface over `slots` running requests, each producing one token a step and
+    finishing after `out_len`; what run_churn needs, without a model."""
+
+    def __init__(self, m, slots: int, out_len: int):
+        self.m, self.slots, self.out_len = m, slots, out_len
+        self.queue: list[str] = []
+        self.made: dict[str, int] = {}
+        self.aborted: list[str] = []
+        self.queued_at_step: list[int] = []
+        self.submitted: list[str] = []
+
+    def add_request(self, req):
+        self.queue.append(req.request_id)
+        self.submitted.append(req.request_id)
+
+    def step(self):
+        self.queued_at_step.append(len(self.queue))
+        running = self.queue[: self.slots]
+        finished = {}
+        for rid in running:
+            self.made[rid] = self.made.get(rid, 0) + 1
+            if self.made[rid] == self.out_len:
+                finished[rid] = "length"
+        self.queue = [r for r in self.queue if r not in finished]
+        return self.m.StepOutputs(request_ids=running, token_ids=[7] * len(running), finished=finished or None)
+
+    def abort_requests(self, names):
+        self.aborted += names
+        self.queue = [r for r in self.queue if r not in names]
+
+    def has_work(self):
+        return bool(self.queue)
+
+    def has_pending_copies(self):
+        return False
+
+
+def test_churn_keeps_every_client_busy_and_counts_its_tokens():
+    from lightspeed.core import messages as m
+
+    engine = _ClosedLoopEngine(m, slots=4, out_len=3)
+    out = profile_gpu.run_churn(engine, m, lambda n: [1] * n, prompt_len=5, out_len=3, outstanding=6, warm_steps=5,
+                                timed_steps=6, profiled_steps=2, trace_dir=None)
+    # every step of the three windows starts with all six clients' requests in: each finish was replaced
+    assert engine.queued_at_step == [6] * (5 + 6 + 2)
+    assert out["unprofiled"]["steps"] == 6 and out["unprofiled"]["output_tokens"] == 6 * 4  # four slots a step
+    assert out["steps"] == 2 and out["prompts"] == 6 and out["prompt_tokens"] == 5
+    finished = {rid for rid, made in engine.made.items() if made == 3}
+    assert sorted(engine.aborted) == sorted(set(engine.submitted) - finished)  # what was left is aborted
