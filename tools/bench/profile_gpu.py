@@ -104,6 +104,12 @@ def _step_until_decoding(engine, count: int) -> None:
     engine.step()
 
 
+def _sync() -> None:
+    """Wait for the GPU's queued work (a no-op without CUDA), so a wall-clock window holds what it ran."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
 def _profiled(run_steps) -> tuple[object, int, float]:
     """(profiler, steps, wall seconds) of `run_steps()`, which steps the engine and returns its count."""
     from torch.profiler import ProfilerActivity, profile
@@ -112,8 +118,7 @@ def _profiled(run_steps) -> tuple[object, int, float]:
     with profile(activities=activities) as prof:
         t0 = time.perf_counter()
         steps = run_steps()
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
+        _sync()
         wall = time.perf_counter() - t0
     return prof, steps, wall
 
@@ -177,7 +182,8 @@ def run_churn(engine, m, rand, *, prompt_len: int, out_len: int, outstanding: in
     live: set[str] = set()
     submitted = 0
 
-    def run(n: int) -> tuple[int, int]:
+    def run(n: int) -> int:
+        """Step n times, topping the clients up before each step; the output tokens the steps made."""
         nonlocal submitted
         tokens = 0
         for _ in range(n):
@@ -189,17 +195,19 @@ def run_churn(engine, m, rand, *, prompt_len: int, out_len: int, outstanding: in
             out = engine.step()
             tokens += len(out.token_ids)
             live.difference_update(out.finished or {})
-        return n, tokens
+        return tokens
+
+    def profiled_window() -> int:
+        run(profiled_steps)
+        return profiled_steps
 
     run(warm_steps)
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
+    _sync()
     t0 = time.perf_counter()
-    _, timed_tokens = run(timed_steps)
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
+    timed_tokens = run(timed_steps)
+    _sync()
     timed_s = time.perf_counter() - t0
-    prof, steps, wall = _profiled(lambda: run(profiled_steps)[0])
+    prof, steps, wall = _profiled(profiled_window)
     engine.abort_requests(sorted(live))
     out = _finish(engine, prof, steps, wall, "churn", outstanding, prompt_len, trace_dir)
     out["unprofiled"] = {"steps": timed_steps, "seconds": timed_s, "ms_per_step": timed_s * 1e3 / timed_steps,
