@@ -74,7 +74,12 @@ class EngineConfig:
     device: str = _f("auto", "Device: auto (cuda if available), cpu, cuda, cuda:N.")
     max_model_len: int | None = _f(None, "Longest sequence (prompt + output) in tokens; default: the model's "
                                    "max_position_embeddings, capped by what the KV cache holds.")
-    max_num_seqs: int = _f(256, "Most requests in one batch (also the number of per-request state rows).")
+    max_num_seqs: int = _f(256, "Most requests in one batch (running requests; with overlap, a quarter more hold "
+                           "per-request state while the step in flight finishes some).")
+    spare_slots: int | None = _f(None, "Request slots beyond --max-num-seqs. With overlapped steps a request whose "
+                                 "last token is in the step in flight keeps its slot until that step is collected; "
+                                 "a spare slot lets a waiting request take its row at once. Default: a quarter of "
+                                 "max_num_seqs with --async-scheduling, else 0; 0 turns it off.")
     max_num_batched_tokens: int = _f(8192, "Token budget of one forward step (decodes + prefill chunks).")
     chunked_prefill_size: int | None = _f(None, "Longest prefill chunk of one request in one step; default: "
                                           "--max-num-batched-tokens (a long prompt alone fills whole steps).")
@@ -194,6 +199,10 @@ class EngineConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        spare = self.spare_slots
+        if spare is not None and (not isinstance(spare, int) or isinstance(spare, bool)
+                                  or not 0 <= spare <= self.max_num_seqs):
+            raise ValueError(f"spare_slots must be an integer in [0, max_num_seqs={self.max_num_seqs}], got {spare!r}")
         pw = self.piecewise_cuda_graph_max_tokens
         if pw is not None and (not isinstance(pw, int) or isinstance(pw, bool) or pw < 0):
             raise ValueError(f"piecewise_cuda_graph_max_tokens must be a non-negative integer, got {pw!r}")
@@ -256,6 +265,20 @@ class EngineConfig:
         if not self.enable_expert_parallel:
             return 1
         return self.expert_parallel_size or self.tensor_parallel_size * self.data_parallel_size
+
+    @property
+    def num_spare_slots(self) -> int:
+        """Request slots beyond max_num_seqs (the scheduler's num_spare_slots): spare_slots, or by default a
+        quarter of max_num_seqs with overlap (requests admitted together finish together, a few a step) and 0
+        without it (a collected step has no request in flight to wait for)."""
+        if self.spare_slots is not None:
+            return self.spare_slots
+        return -(-self.max_num_seqs // 4) if self.async_scheduling else 0
+
+    @property
+    def num_request_slots(self) -> int:
+        """Rows of per-request state (sampling tables, draft histories): max_num_seqs + num_spare_slots."""
+        return self.max_num_seqs + self.num_spare_slots
 
     def cuda_graph_batch_sizes(self) -> list[int]:
         """Padded decode batch sizes captured as CUDA graphs: 1, 2, 4, 8, 16, 24, 32, 48, 64, ... up to

@@ -152,8 +152,9 @@ def test_speculative_replay_bookkeeping_matches_eager_on_cpu(tiny_model_dir):
     worst, spec_replays = 0.0, 0
     with torch.inference_mode():
         while sched.has_unfinished():
-            counts = rng.integers(0, k + 1, 16).astype(np.int32)
-            plan = sched.next_plan(counts, rng.integers(3, 40000, (16, k)).astype(np.int32))
+            slots = sched.config.num_slots  # max_num_seqs + the spare slots of overlapped steps
+            counts = rng.integers(0, k + 1, slots).astype(np.int32)
+            plan = sched.next_plan(counts, rng.integers(3, 40000, (slots, k)).astype(np.int32))
             runner._bind_new_rows(plan)
             t = runner.inputs.build(plan, runner._prev_sampled)
             eager = runner.forward_eager(plan, t).clone()

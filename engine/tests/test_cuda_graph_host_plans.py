@@ -152,8 +152,9 @@ def test_replayed_graphs_replan_flashinfer_mla_before_every_replay(monkeypatch, 
     with torch.inference_mode():
         while sched.has_unfinished():
             if spec_tokens:
-                counts = rng.integers(0, spec_tokens + 1, 8).astype(np.int32)
-                plan = sched.next_plan(counts, rng.integers(3, 200, (8, spec_tokens)).astype(np.int32))
+                slots = sched.config.num_slots  # max_num_seqs + the spare slots of overlapped steps
+                counts = rng.integers(0, spec_tokens + 1, slots).astype(np.int32)
+                plan = sched.next_plan(counts, rng.integers(3, 200, (slots, spec_tokens)).astype(np.int32))
             else:
                 plan = sched.next_plan()
             runner._bind_new_rows(plan)

@@ -165,12 +165,12 @@ NB_MODULE(_core, m) {
              int32_t max_num_seqs, int32_t max_num_batched_tokens, int32_t chunked_prefill_size,
              int32_t max_model_len, std::string policy, bool enable_prefix_cache, int32_t max_num_draft_tokens,
              bool async_copies, int32_t max_write_through_pages, int32_t num_disk_pages,
-             int32_t max_disk_write_pages, int32_t num_lookahead_tokens) {
+             int32_t max_disk_write_pages, int32_t num_lookahead_tokens, int32_t num_spare_slots) {
             SchedulerConfig config{page_size,     num_device_pages, num_host_pages,      max_num_seqs,
                                    max_num_batched_tokens, chunked_prefill_size, max_model_len, std::move(policy),
                                    enable_prefix_cache, max_num_draft_tokens, async_copies,
                                    max_write_through_pages, num_disk_pages, max_disk_write_pages,
-                                   num_lookahead_tokens};
+                                   num_lookahead_tokens, num_spare_slots};
             config.validate();
             new (self) SchedulerConfig(std::move(config));
           },
@@ -178,14 +178,20 @@ NB_MODULE(_core, m) {
           "max_num_seqs"_a = 256, "max_num_batched_tokens"_a = 8192, "chunked_prefill_size"_a = 2048,
           "max_model_len"_a = 32768, "policy"_a = "decode_first", "enable_prefix_cache"_a = true,
           "max_num_draft_tokens"_a = 15, "async_copies"_a = false, "max_write_through_pages"_a = 256,
-          "num_disk_pages"_a = 0, "max_disk_write_pages"_a = 64, "num_lookahead_tokens"_a = 0)
+          "num_disk_pages"_a = 0, "max_disk_write_pages"_a = 64, "num_lookahead_tokens"_a = 0,
+          "num_spare_slots"_a = 0)
       .def_ro("page_size", &SchedulerConfig::page_size, "Tokens per KV page.")
       .def_ro("num_device_pages", &SchedulerConfig::num_device_pages,
               "Device KV pool size in pages, padding page 0 included.")
       .def_ro("num_host_pages", &SchedulerConfig::num_host_pages,
               "Host (pinned CPU) KV pool size in pages, padding page 0 included; 0: no host tier.")
       .def_ro("max_num_seqs", &SchedulerConfig::max_num_seqs,
-              "Most rows per step; also the number of request slots (req_slots in [0, max_num_seqs)).")
+              "Most rows per step, and most running requests once the plan in flight is advanced.")
+      .def_ro("num_spare_slots", &SchedulerConfig::num_spare_slots,
+              "Request slots beyond max_num_seqs: with a plan in flight, requests it will finish (their "
+              "last token is in it) keep their slots while waiting requests start in spare ones.")
+      .def_prop_ro("num_slots", &SchedulerConfig::num_slots,
+                   "Request slots, max_num_seqs + num_spare_slots: req_slots lie in [0, num_slots).")
       .def_ro("max_num_batched_tokens", &SchedulerConfig::max_num_batched_tokens, "Most tokens per step.")
       .def_ro("chunked_prefill_size", &SchedulerConfig::chunked_prefill_size,
               "Most prompt tokens one request computes per step.")
@@ -210,6 +216,7 @@ NB_MODULE(_core, m) {
                ", num_device_pages=" + std::to_string(c.num_device_pages) +
                ", num_host_pages=" + std::to_string(c.num_host_pages) +
                ", max_num_seqs=" + std::to_string(c.max_num_seqs) +
+               ", num_spare_slots=" + std::to_string(c.num_spare_slots) +
                ", max_num_batched_tokens=" + std::to_string(c.max_num_batched_tokens) +
                ", chunked_prefill_size=" + std::to_string(c.chunked_prefill_size) +
                ", max_model_len=" + std::to_string(c.max_model_len) + ", policy='" + c.policy +
@@ -291,7 +298,7 @@ NB_MODULE(_core, m) {
       .def_prop_ro("req_slots",
                    [](PyPlan& p) { return p.view(kReqSlots, p.plan->req_slots.data(), p.plan->num_rows); },
                    LS_ARRAY_SIG("req_slots", "numpy.int32"),
-                   "int32[B]: stable row in [0, max_num_seqs) per request, for per-request GPU state.")
+                   "int32[B]: stable row in [0, num_slots) per request, for per-request GPU state.")
       .def_prop_ro("input_ids",
                    [](PyPlan& p) { return p.view(kInputIds, p.plan->input_ids.data(), p.plan->num_tokens); },
                    LS_ARRAY_SIG("input_ids", "numpy.int32"),
@@ -421,7 +428,7 @@ NB_MODULE(_core, m) {
               drafts.counts = as_int32(num_draft_tokens, "num_draft_tokens", counts_scratch, counts_array);
             if (!draft_token_ids.is_none()) {
               if (!nb::try_cast(draft_token_ids, tokens_array, /*convert=*/false))
-                throw nb::type_error("draft_token_ids must be a C-contiguous int32 array [max_num_seqs, width]");
+                throw nb::type_error("draft_token_ids must be a C-contiguous int32 array [num_slots, width]");
               drafts.tokens = {tokens_array.data(), tokens_array.shape(0) * tokens_array.shape(1)};
               drafts.width = static_cast<int32_t>(tokens_array.shape(1));
             }
@@ -431,8 +438,8 @@ NB_MODULE(_core, m) {
           nb::sig("def next_plan(self, num_draft_tokens: " LS_IDS " | None = None, draft_token_ids: "
                   "numpy.typing.NDArray[numpy.int32] | None = None) -> Plan"),
           "Builds the next step. May be called once while one plan is in flight (overlap). "
-          "num_draft_tokens: int32[max_num_seqs], draft tokens wanted this step per slot (default: "
-          "each request's RequestSpec.num_draft_tokens); draft_token_ids: int32[max_num_seqs, width], "
+          "num_draft_tokens: int32[num_slots], draft tokens wanted this step per slot (default: "
+          "each request's RequestSpec.num_draft_tokens); draft_token_ids: int32[num_slots, width], "
           "the drafts by slot, copied into input_ids at each decode row's draft slots (default: 0 "
           "there, for a drafter that fills them on the device). ValueError on malformed drafts.")
       .def(

@@ -28,6 +28,8 @@ void SchedulerConfig::validate() const {
   require(max_disk_write_pages >= 1,
           "max_disk_write_pages must be >= 1, got " + std::to_string(max_disk_write_pages));
   require(max_num_seqs >= 1, "max_num_seqs must be >= 1, got " + std::to_string(max_num_seqs));
+  require(num_spare_slots >= 0 && num_spare_slots <= max_num_seqs,
+          "num_spare_slots must be in [0, max_num_seqs], got " + std::to_string(num_spare_slots));
   require(max_num_batched_tokens >= 1,
           "max_num_batched_tokens must be >= 1, got " + std::to_string(max_num_batched_tokens));
   require(chunked_prefill_size >= 1,

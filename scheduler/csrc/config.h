@@ -16,7 +16,7 @@ struct SchedulerConfig {
   int32_t page_size = 16;                 // tokens per KV page
   int32_t num_device_pages = 1024;        // device pool size, page 0 (padding) included
   int32_t num_host_pages = 4096;          // host pool size, page 0 included; 2+ pages, or 0: no host tier
-  int32_t max_num_seqs = 256;             // rows per step, and requests holding a slot
+  int32_t max_num_seqs = 256;             // rows per step, and running requests
   int32_t max_num_batched_tokens = 8192;  // tokens per step
   int32_t chunked_prefill_size = 2048;    // prefill tokens per request per step
   int32_t max_model_len = 32768;          // prompt + output tokens
@@ -38,11 +38,16 @@ struct SchedulerConfig {
   // Decode rows also reserve KV pages (and page-table entries) this many tokens past their last
   // position: a draft model run on the device after the step writes its own layer's KV there.
   int32_t num_lookahead_tokens = 0;
+  // Request slots beyond max_num_seqs. With overlap, a request sure to finish with the plan in
+  // flight keeps its slot until advance(); a waiting request takes a spare slot and its row in the
+  // next plan instead of waiting a step for the finished one's. 0: slots = max_num_seqs.
+  int32_t num_spare_slots = 0;
 
   // Throws std::invalid_argument with a message naming the bad field.
   void validate() const;
   Policy parsed_policy() const;
   int32_t max_pages_per_seq() const;
+  int32_t num_slots() const { return max_num_seqs + num_spare_slots; }
 };
 
 // Bound of RequestSpec::retention: a hint must not pin pages for ever.

@@ -22,22 +22,22 @@ Scheduler::Scheduler(SchedulerConfig config)
       host_(std::max(config_.num_host_pages, 1)),  // 0: a tier of only the padding page
       disk_(std::max(config_.num_disk_pages, 1)),
       cache_(device_, host_, disk_, config_.page_size) {
-  slot_record_.assign(config_.max_num_seqs, -1);
-  for (int32_t slot = config_.max_num_seqs - 1; slot >= 0; --slot) free_slots_.push_back(slot);
+  slot_record_.assign(config_.num_slots(), -1);
+  for (int32_t slot = config_.num_slots() - 1; slot >= 0; --slot) free_slots_.push_back(slot);
   plans_[0] = std::make_shared<Plan>(config_);
   plans_[1] = std::make_shared<Plan>(config_);
-  running_.reserve(config_.max_num_seqs);
-  retracted_.reserve(config_.max_num_seqs);
-  loading_.reserve(config_.max_num_seqs);
+  running_.reserve(config_.num_slots());
+  retracted_.reserve(config_.num_slots());
+  loading_.reserve(config_.num_slots());
   // Each node is queued at most once at a time; nodes are bounded by the pages of both tiers.
   write_through_.resize(1 + static_cast<size_t>(device_.num_usable()) + host_.num_usable() + disk_.num_usable());
   if (disk_.num_usable() > 0) disk_queue_.resize(write_through_.size());
   copy_batches_.reserve(8);
   spare_batches_.reserve(8);
-  finished_.reserve(config_.max_num_seqs + 64);
-  reclaim_.reserve(config_.max_num_seqs + 64);
+  finished_.reserve(config_.num_slots() + 64);
+  reclaim_.reserve(config_.num_slots() + 64);
   match_path_.reserve(max_pages_per_seq_);
-  order_.reserve(config_.max_num_seqs);
+  order_.reserve(config_.num_slots());
 }
 
 int64_t Scheduler::submit(const RequestSpec& spec) {

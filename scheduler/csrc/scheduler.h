@@ -37,11 +37,11 @@ namespace lightspeed {
 
 // The drafter's proposals for one step, indexed by request slot (Plan.req_slots).
 struct DraftInput {
-  // [max_num_seqs]: draft tokens wanted this step per slot, in [0, max_num_draft_tokens]. Empty:
+  // [num_slots]: draft tokens wanted this step per slot, in [0, max_num_draft_tokens]. Empty:
   // each request's RequestSpec.num_draft_tokens. The plan may grant fewer (max_model_len, the
   // output limit); a decode row's draft count is its token count minus one.
   std::span<const int32_t> counts;
-  // [max_num_seqs, width] row-major: the draft token ids, copied into input_ids at the row's draft
+  // [num_slots, width] row-major: the draft token ids, copied into input_ids at the row's draft
   // slots. Empty: input_ids hold 0 there (a device drafter fills them).
   std::span<const int32_t> tokens;
   int32_t width = 0;
@@ -176,6 +176,9 @@ class Scheduler {
   bool schedule_chunk(Plan& plan, Budget& budget, int32_t record);
   void readmit_retracted(Plan& plan);
   void admit_waiting(Plan& plan, Budget& budget);
+  bool hits_limit_with_next_token(const Request& r) const;
+  int32_t count_finishing(int64_t in_flight_step) const;
+  bool slot_for_new_request() const;
   void start(Plan& plan, Budget& budget, int32_t record, prefix::MatchResult match, kv::PageList device_pages,
              kv::PageList host_pins);
   int32_t reserve_disk_reads(int32_t num_disk, kv::PageList& host_pins);
@@ -236,6 +239,7 @@ class Scheduler {
   std::array<std::shared_ptr<Plan>, 2> plans_;  // double buffer: plan N stays valid while N+1 exists
   int64_t next_step_ = 0;
   int32_t num_in_flight_ = 0;
+  int32_t num_finishing_ = 0;  // of the plan being built: requests the plan in flight finishes
   int64_t next_req_id_ = 0;
   uint64_t next_arrival_ = 0;
 

@@ -43,7 +43,7 @@ kv::PageList& device_pages_of(fsm::RequestState& state) {
 
 void Scheduler::validate_drafts(const DraftInput& drafts) const {
   auto bad = [](const std::string& message) { throw std::invalid_argument("next_plan(): " + message); };
-  const auto slots = static_cast<size_t>(config_.max_num_seqs);
+  const auto slots = static_cast<size_t>(config_.num_slots());
   if (drafts.counts.empty()) {
     if (!drafts.tokens.empty()) bad("draft token ids need draft counts");
     return;
@@ -76,6 +76,7 @@ Plan& Scheduler::next_plan(const DraftInput& drafts) {
   emit_disk_writes(plan);
 
   Budget budget{config_.max_num_batched_tokens, config_.max_num_seqs};
+  num_finishing_ = count_finishing(plan.step_id - 1);
   if (policy_ == Policy::kPrefillFirst) {
     schedule_prefills(plan, budget);
     if (plan.num_rows == 0) schedule_decodes(plan, budget, drafts);
@@ -106,9 +107,8 @@ void Scheduler::schedule_decodes(Plan& plan, Budget& budget, const DraftInput& d
     if (deferred) {
       // Overlap: the input is the in-flight plan's (last) sample, and kv_len counts all of that
       // row's drafts as accepted. A request sure to hit a limit with one more token runs no more.
-      const bool hits_limit = r.num_output_tokens() + 1 >= r.max_new_tokens || known + 1 >= max_len;
-      if (decoding->kv_len != known + r.last_row_drafts || r.last_sample_step != in_flight_step || hits_limit ||
-          decoding->kv_len >= max_len)
+      if (decoding->kv_len != known + r.last_row_drafts || r.last_sample_step != in_flight_step ||
+          hits_limit_with_next_token(r) || decoding->kv_len >= max_len)
         continue;
       outputs_before += 1 + r.last_row_drafts;
     }
@@ -133,6 +133,34 @@ void Scheduler::schedule_decodes(Plan& plan, Budget& budget, const DraftInput& d
     budget.tokens -= num_tokens;
     --budget.rows;
   }
+}
+
+bool Scheduler::hits_limit_with_next_token(const Request& r) const {
+  return r.num_output_tokens() + 1 >= r.max_new_tokens ||
+         static_cast<int32_t>(r.tokens.size()) + 1 >= config_.max_model_len;
+}
+
+// Decoding requests whose sample in the plan in flight is their last: advance() will finish them
+// whatever that sample is (the output or length limit, not a stop token).
+int32_t Scheduler::count_finishing(int64_t in_flight_step) const {
+  if (num_in_flight_ == 0 || config_.num_spare_slots == 0) return 0;
+  int32_t n = 0;
+  for (const int32_t record : running_) {
+    const Request& r = records_[record];
+    const auto* decoding = std::get_if<fsm::Decoding>(&r.state);
+    if (decoding != nullptr && r.last_sample_step == in_flight_step &&
+        decoding->kv_len >= static_cast<int32_t>(r.tokens.size()) && hits_limit_with_next_token(r))
+      ++n;
+  }
+  return n;
+}
+
+// A slot for a request that has none: a free one, while the requests holding slots, less those the
+// plan in flight finishes, stay under max_num_seqs (spare slots stand in for the finishing ones').
+bool Scheduler::slot_for_new_request() const {
+  if (free_slots_.empty()) return false;
+  const auto held = config_.num_slots() - static_cast<int32_t>(free_slots_.size());
+  return held - num_finishing_ < config_.max_num_seqs;
 }
 
 void Scheduler::schedule_prefills(Plan& plan, Budget& budget) {
@@ -303,7 +331,7 @@ void Scheduler::admit_waiting(Plan& plan, Budget& budget) {
       ++i;
       continue;
     }
-    if (r.slot < 0 && free_slots_.empty()) break;
+    if (r.slot < 0 && !slot_for_new_request()) break;
     const int32_t capacity = device_.num_free() + cache_.num_unreferenced_device();
     if (r.req_id == blocked_req_id_ && capacity <= blocked_capacity_) break;
     const auto known = static_cast<int32_t>(r.tokens.size());

@@ -64,6 +64,7 @@ class Engine:
         self.scheduler = Scheduler(SchedulerConfig(
             page_size=config.page_size, num_device_pages=built.num_device_pages,
             num_host_pages=built.num_host_pages, max_num_seqs=config.max_num_seqs,
+            num_spare_slots=config.num_spare_slots,
             max_num_batched_tokens=config.max_num_batched_tokens,
             chunked_prefill_size=config.chunked_prefill_size, max_model_len=self.max_model_len,
             policy=config.policy, enable_prefix_cache=config.enable_prefix_cache, async_copies=True,

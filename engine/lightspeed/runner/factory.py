@@ -181,8 +181,8 @@ def _build(config: EngineConfig, ranks, output_tokens_of, load_tokenizer) -> Bui
     piecewise_tokens = _piecewise_max_tokens(config, ranks, model, model_config.num_hidden_layers, device)
     reserve = ((config.max_num_batched_tokens + piecewise_tokens) * model_config.hidden_size * 24
                + config.max_num_seqs * model_config.vocab_size * 4 * 4 + (512 << 20)
-               + table_bytes(config.max_num_seqs, model_config.vocab_size, config.max_logit_bias, max_stop_ids)
-               + spec_table_bytes(spec_config, config.max_num_seqs, max_model_len))
+               + table_bytes(config.num_request_slots, model_config.vocab_size, config.max_logit_bias, max_stop_ids)
+               + spec_table_bytes(spec_config, config.num_request_slots, max_model_len))
     budget = device_kv_budget(device, config.gpu_memory_utilization, config.kv_cache_memory, reserve)
     pages_per_seq = -(-max_model_len // config.page_size)
     # More pages than every slot at full length could ever use would only waste memory.
@@ -218,12 +218,12 @@ def _build(config: EngineConfig, ranks, output_tokens_of, load_tokenizer) -> Bui
 
             return load_engine_tokenizer(config, model_config.vocab_size)
 
-    runner = ModelRunner(model, kv_cache, max_num_seqs=config.max_num_seqs, vocab_size=model_config.vocab_size,
+    runner = ModelRunner(model, kv_cache, max_num_seqs=config.num_request_slots, vocab_size=model_config.vocab_size,
                          device=device, engine_seed=config.seed, load_tokenizer=load_tokenizer,
                          output_tokens_of=output_tokens_of, max_logit_bias=config.max_logit_bias,
                          max_stop_ids=max_stop_ids, grammar_cache_size=config.grammar_cache_size)
     runner.spec = build_spec_decoder(spec_config, model=model, model_config=model_config,
-                                     max_num_seqs=config.max_num_seqs, device=device, page_size=config.page_size,
+                                     max_num_seqs=config.num_request_slots, device=device, page_size=config.page_size,
                                      kv_cache=kv_cache, model_path=config.model, load_format=load_format,
                                      max_model_len=max_model_len, seed=config.seed)
     if runner.spec is not None and spec_config.draft_model:

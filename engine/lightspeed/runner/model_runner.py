@@ -78,7 +78,8 @@ class StepResult:
 
 
 class ModelRunner:
-    """Runs plans on one model with its paged KV cache (one device)."""
+    """Runs plans on one model with its paged KV cache (one device). `max_num_seqs` sizes the per-request state:
+    pass the scheduler's num_slots (EngineConfig.num_request_slots), since plan.req_slots index it."""
 
     def __init__(self, model: torch.nn.Module, kv_cache: KVCache, *, max_num_seqs: int, vocab_size: int,
                  device: torch.device, engine_seed: int = 0, load_tokenizer: Callable[[], Any] | None = None,
