@@ -16,7 +16,8 @@ Scenarios (Llama-3.1-8B-shaped dummy by default):
                64 waiting), each finished one replaced by a fresh prompt at once; stepped unprofiled until the
                admissions reach a steady mix, timed unprofiled (output tokens/s, ms/step: the figures to set
                beside the served run's), then profiled for the breakdown. Not run by default (long).
-For each: wall time per step, GPU busy (union of kernel intervals / wall), and kernel time by
+For each: wall time per step, GPU busy (union of kernel intervals / wall; again without host transfers,
+which run on the copy engines beside the kernels), and kernel time by
 category (gemm, attention, norm/rope/kv-store/activation, sampling, copies, other) and by kernel,
 in a markdown table; the JSON holds the top kernels. Chrome traces are written with --trace.
 
@@ -35,6 +36,9 @@ import torch
 from result_files import git_commit, result_stem
 
 CATEGORIES = [  # first match wins; kernel names lower-cased
+    # Copy-engine transfers to or from host memory (the KV host tier's write-through and load-back run on
+    # their own stream): they take PCIe bandwidth and a little HBM, not SMs.
+    ("host transfer", ("memcpy dtoh", "memcpy htod", "memcpy ptoh", "memcpy htop")),
     ("attention", ("prefill_kernel", "decode_kernel", "combine_kernel", "flash", "attn", "fmha", "mla")),
     ("gemm", ("gemm", "nvjet", "cutlass", "xmma", "sm90_", "cublas", "matmul", "splitk")),
     ("sampling", ("sample", "topk", "logsumexp", "penalt", "argmax", "softmax")),
@@ -64,23 +68,30 @@ def busy_us(intervals: list[tuple[float, float]]) -> float:
     return total
 
 
+def busy_split(events: list[tuple[str, float, float]]) -> tuple[float, float]:
+    """(busy, compute busy) in the events' time unit, for (name, start, end) GPU events: the union of every
+    interval, and of those that are not host transfers (what the SMs and device copies were doing)."""
+    compute = [(s, e) for name, s, e in events if category(name) != "host transfer"]
+    return busy_us([(s, e) for _, s, e in events]), busy_us(compute)
+
+
 def summarise(prof, steps: int, wall_s: float) -> dict:
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     by_name: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
     by_cat: dict[str, float] = defaultdict(float)
-    intervals = []
     for e in kernels:
         dur = e.time_range.end - e.time_range.start
-        intervals.append((e.time_range.start, e.time_range.end))
         by_name[e.name][0] += dur
         by_name[e.name][1] += 1
         by_cat[category(e.name)] += dur
-    busy = busy_us(intervals)
+    busy, compute_busy = busy_split([(e.name, e.time_range.start, e.time_range.end) for e in kernels])
     top = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:25]
     return {
         "steps": steps, "wall_ms": wall_s * 1e3, "wall_ms_per_step": wall_s * 1e3 / max(steps, 1),
         "gpu_busy_ms_per_step": busy / 1e3 / max(steps, 1),
         "gpu_busy_fraction": busy / 1e6 / wall_s if wall_s > 0 else float("nan"),
+        "compute_busy_ms_per_step": compute_busy / 1e3 / max(steps, 1),
+        "compute_busy_fraction": compute_busy / 1e6 / wall_s if wall_s > 0 else float("nan"),
         "kernels_per_step": len(kernels) / max(steps, 1),
         "by_category_ms_per_step": {k: v / 1e3 / max(steps, 1) for k, v in sorted(by_cat.items(), key=lambda kv: -kv[1])},
         "top_kernels": [{"name": n[:140], "ms_per_step": t / 1e3 / max(steps, 1), "calls_per_step": c / max(steps, 1)}
@@ -293,7 +304,8 @@ def main(argv=None) -> int:
         print(f"churn_128 unprofiled: {u['output_tokens_per_s']:.0f} output tok/s "
               f"({u['output_tokens_per_s'] * 60:.0f} tok/min), {u['ms_per_step']:.3f} ms/step", flush=True)
     for name, r in results.items():
-        print(f"{name}: {r['wall_ms_per_step']:.3f} ms/step wall, GPU busy {r['gpu_busy_fraction']:.1%}, "
+        print(f"{name}: {r['wall_ms_per_step']:.3f} ms/step wall, GPU busy {r['gpu_busy_fraction']:.1%} "
+              f"(without host transfers {r['compute_busy_fraction']:.1%}), "
               f"{r['kernels_per_step']:.0f} kernels/step, " +
               ", ".join(f"{k} {v:.3f}" for k, v in r["by_category_ms_per_step"].items()), flush=True)
 
@@ -312,7 +324,8 @@ def to_markdown(result: dict) -> str:
     for name, r in result["scenarios"].items():
         lines += [f"## {name}: {r['prompts']} prompt(s) of {r['prompt_tokens']} tokens, {r['steps']} steps profiled",
                   "", f"Wall {r['wall_ms']:.1f} ms in all, {r['wall_ms_per_step']:.3f} ms/step (the profiler adds host time); GPU busy {r['gpu_busy_ms_per_step']:.3f} ms/step "
-                  f"({r['gpu_busy_fraction']:.1%}); {r['kernels_per_step']:.0f} kernels/step.", "",
+                  f"({r['gpu_busy_fraction']:.1%}), without host transfers {r['compute_busy_ms_per_step']:.3f} ms/step "
+                  f"({r['compute_busy_fraction']:.1%}); {r['kernels_per_step']:.0f} kernels/step.", "",
                   "| category | ms/step |", "|---|---|"]
         lines += [f"| {k} | {v:.3f} |" for k, v in r["by_category_ms_per_step"].items()]
         lines += ["", "| kernel | ms/step | calls/step |", "|---|---|---|"]

@@ -87,6 +87,14 @@ class _ClosedLoopEngine:
         return False
 
 
+def test_host_transfers_are_their_own_category_and_left_out_of_compute_busy():
+    assert profile_gpu.category("Memcpy DtoH (Device -> Pinned)") == "host transfer"
+    assert profile_gpu.category("Memcpy HtoD (Pinned -> Device)") == "host transfer"
+    assert profile_gpu.category("Memcpy DtoD (Device -> Device)") == "copy"
+    events = [("_decode_kernel", 0, 10), ("Memcpy DtoH (Device -> Pinned)", 5, 30), ("nvjet_sm90_tst", 12, 20)]
+    assert profile_gpu.busy_split(events) == (30.0, 18.0)
+
+
 def test_churn_keeps_every_client_busy_and_counts_its_tokens():
     from lightspeed.core import messages as m
 
