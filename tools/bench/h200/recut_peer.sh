@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Re-cut the vLLM wheel set of ../shared/peers/vllm/prepare.sh (.peer/wheels) into parts that fit one
-# device call beside this checkout's tracked files (the 64 MiB carry counts them: ~29.5 MB now, so 36 MB parts leave
-# ~1.6 MB of the 67.1 MB; parts copy in ~3 s a call on a warm machine).
+# device call beside this checkout's tracked files (the 64 MiB carry counts them: ~32.1 MB on 2026-12-07, so the
+# full parts of the 33 MB default, 32.0 MB each, leave ~3 MB of the 67.1 MB; a part call takes under a second of
+# wall time on a warm machine). Check before a lease: `git ls-files | xargs du -cb | tail -1` + the largest part.
 # install_on_device.sh puts split wheels back together from NAME.whl.partaa, partab, ... as before.
-#   bash tools/bench/h200/recut_peer.sh [PART_BYTES=36000000]    # prints the number of parts
+#   bash tools/bench/h200/recut_peer.sh [PART_BYTES=33000000]    # prints the number of parts
 set -euo pipefail
-limit=${1:-36000000}; piece=$((limit - 1000000)); out=.peer
+limit=${1:-33000000}; piece=$((limit - 1000000)); out=.peer
 [ -d "$out/wheels" ] || { echo "no $out/wheels: run ../shared/peers/vllm/prepare.sh first" >&2; exit 1; }
 rm -rf "$out"/part* "$out/stage"; mkdir -p "$out/stage"
 (cd "$out/wheels" && sha256sum -- *) > "$out/stage/SHA256SUMS"
