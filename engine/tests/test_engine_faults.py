@@ -152,7 +152,7 @@ def test_admission_rejects_what_does_not_fit_naming_the_field(tiny_model_dir):
 
 def test_sampling_tables_are_presized_inside_the_budget(tiny_model_dir):
     engine = make_engine(tiny_model_dir, max_logit_bias=32, max_stop_token_ids=8)
-    s, seqs, vocab = engine.runner.sampling, engine.config.max_num_seqs, engine.vocab_size
+    s, seqs, vocab = engine.runner.sampling, engine.config.num_request_slots, engine.vocab_size
     tables = [s.output_counts, s.prompt_mask, s.bias_ids, s.bias_vals, s.stop_ids]
     assert [tuple(t.shape) for t in tables] == [(seqs, vocab), (seqs, vocab), (seqs, 32), (seqs, 32), (seqs, 24)]
     allocated = sum(t.numel() * t.element_size() for t in tables)

@@ -302,7 +302,7 @@ def test_a_failing_speculative_step_fails_its_requests_and_the_engine_carries_on
     scheduler (every speculative row needs an accepted count), its requests fail alone."""
     engine = make_engine(tiny_model_dir, async_scheduling=overlap,
                          speculative_config={"method": "ngram", "num_speculative_tokens": 3})
-    runner, n = engine.runner, engine.config.max_num_seqs
+    runner, n = engine.runner, engine.config.num_request_slots
     draft_args, forward, calls = runner.draft_args, runner.forward, []
 
     def forced_drafts():
