@@ -1,21 +1,23 @@
 #!/usr/bin/env python
-"""The skinny GEMM (lightspeed_kernel.triton.gemv, 1..16 rows) against cuBLAS (F.linear) on the
+"""The skinny GEMM (lightspeed_kernel.triton.gemv, 1..64 rows) against cuBLAS (F.linear) on the
 Llama-3.1-8B decode shapes, at every config of its sweep space.
 
 Per (M, N, K): cuBLAS, then each config of `gemv.sweep_configs` (choose_config's pick first), timed
 with triton.testing.do_bench (median; it zeroes a 256 MB buffer before every run, so the weight
 comes from HBM, not L2). Bandwidth counts the bytes a call must move: weight N·K + x M·K + out
-M·N, 2 bytes each, over 4.27 TB/s (the H200's measured HBM read). Every config's output is checked
+M·N, 2 bytes each, over --peak-tbs (default 4.27 TB/s, the H200's measured HBM read; 3.35 on an H100). Every config's output is checked
 against F.linear (a config with rel. error >= 1e-2 is marked bad and never "best"). The markdown
 names the best config per shape, its speed-up over cuBLAS, and the M = 1 decode step's GEMM time
 summed over 32 layers + lm_head both ways.
 
     python tools/bench/gemv.py --out bench/results                      # on the H200
     python tools/bench/gemv.py --out bench/results --m 1,2 --budget-s 400
+    python tools/bench/gemv.py --out bench/results --m 32,64 --sample 16 --shapes 6144x4096,4096x4096,28672x4096,4096x14336
     python tools/bench/gemv.py --out /tmp/x --dry-run                   # CPU interpreter, tiny shapes
 
 `--budget-s` bounds the sweep: past it, each remaining shape times only cuBLAS and choose_config's
-pick (the row says so). Dry-run times are CPU wall-clock under the interpreter, not GPU figures.
+pick (the row says so). `--sample N` times the pick and N configs spread evenly over the rest of each
+shape's space (above 16 rows the space is ~100 configs a shape, too many for one lease). Dry-run times are CPU wall-clock under the interpreter, not GPU figures.
 """
 
 from __future__ import annotations
@@ -36,6 +38,14 @@ DRY_CONFIGS = 3  # per shape in a dry run (the interpreter is slow)
 BAD_REL_ERR = 1e-2
 
 
+def sample_space(space: list, n: int | None) -> list:
+    """The first config (choose_config's pick) and n others spread evenly over the rest; all with n None."""
+    if n is None or len(space) <= n + 1:
+        return space
+    rest = space[1:]
+    return [space[0]] + [rest[round(i * (len(rest) - 1) / max(n - 1, 1))] for i in range(n)]
+
+
 def parse_shapes(text: str) -> list[tuple[int, int]]:
     return [tuple(int(v) for v in s.lower().split("x")) for s in text.split(",") if s]
 
@@ -48,6 +58,9 @@ def main(argv=None) -> int:
     ap.add_argument("--shapes", default=None, help="NxK list, e.g. 4096x4096,4096x14336 (default the 8B's five)")
     ap.add_argument("--budget-s", type=float, default=480.0, help="stop sweeping configs after this many seconds")
     ap.add_argument("--max-configs", type=int, default=None, help="configs per shape (default all; dry run 3)")
+    ap.add_argument("--sample", type=int, default=None,
+                    help="time the pick and this many configs spread evenly over the rest of the space")
+    ap.add_argument("--peak-tbs", type=float, default=HBM_PEAK_TBS, help="HBM read peak for the fractions")
     ap.add_argument("--commit", default=None, help="commit measured (default: git's HEAD)")
     args = ap.parse_args(argv)
     if args.dry_run:  # before the first import of triton / lightspeed_kernel: kernels decorate then
@@ -74,9 +87,9 @@ def main(argv=None) -> int:
             x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
             moved = 2 * (n * k + m * k + m * n)
             want = F.linear(x, w)
-            row = {"m": m, "n": n, "k": k, "bytes": moved, "cublas": _timing(bench(lambda x=x, w=w: F.linear(x, w)), moved),
+            row = {"m": m, "n": n, "k": k, "bytes": moved, "cublas": _timing(bench(lambda x=x, w=w: F.linear(x, w)), moved, args.peak_tbs),
                    "chosen": vars(gemv.choose_config(m, n, k, num_sms)), "configs": [], "sweep_complete": True}
-            space = gemv.sweep_configs(m, n, k, num_sms)[:max_configs]
+            space = sample_space(gemv.sweep_configs(m, n, k, num_sms), args.sample)[:max_configs]
             for i, cfg in enumerate(space):
                 if i and time.monotonic() - start > args.budget_s:
                     row["sweep_complete"] = False
@@ -85,7 +98,7 @@ def main(argv=None) -> int:
                 try:
                     got = gemv.launch(x, w, None, cfg)
                     entry["rel_err"] = ((got.float() - want.float()).norm() / want.float().norm()).item()
-                    entry.update(_timing(bench(lambda x=x, w=w, cfg=cfg: gemv.launch(x, w, None, cfg)), moved))
+                    entry.update(_timing(bench(lambda x=x, w=w, cfg=cfg: gemv.launch(x, w, None, cfg)), moved, args.peak_tbs))
                 except Exception as e:  # a config that does not compile or launch is part of the record
                     entry["error"] = f"{type(e).__name__}: {str(e)[:160]}"
                 row["configs"].append(entry)
@@ -100,7 +113,7 @@ def main(argv=None) -> int:
     device = "cpu-interpreter" if args.dry_run else torch.cuda.get_device_name(0)
     commit = args.commit or git_commit()
     result = {"device": device, "commit": commit, "torch": torch.__version__, "triton": triton.__version__,
-              "num_sms": num_sms, "peak_tbs": HBM_PEAK_TBS, "dry_run": args.dry_run, "rows": rows}
+              "num_sms": num_sms, "peak_tbs": args.peak_tbs, "dry_run": args.dry_run, "rows": rows}
     stem = result_stem(args.out, f"gemv_{commit.replace('+', '-')}", device)
     stem.with_suffix(".json").write_text(json.dumps(result, indent=1))
     stem.with_suffix(".md").write_text(to_markdown(result))
@@ -121,9 +134,9 @@ def _wall_clock(fn) -> float:
     return (time.perf_counter() - t) * 1e6
 
 
-def _timing(us: float, moved: int) -> dict:
+def _timing(us: float, moved: int, peak_tbs: float) -> dict:
     tbs = moved / (us * 1e-6) / 1e12
-    return {"us": us, "tbs": tbs, "of_peak": tbs / HBM_PEAK_TBS}
+    return {"us": us, "tbs": tbs, "of_peak": tbs / peak_tbs}
 
 
 def _best(configs: list[dict]) -> dict | None:

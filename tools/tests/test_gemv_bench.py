@@ -55,3 +55,11 @@ def test_best_skips_wrong_and_failed_configs():
                {"us": 2.0, "rel_err": 2e-3}]
     assert gemv_bench._best(configs) == configs[3]
     assert gemv_bench._best(configs[:2]) is None
+
+
+def test_sample_space_keeps_the_pick_first_and_spreads_the_rest():
+    space = list(range(11))  # 0 stands for choose_config's pick
+    assert gemv_bench.sample_space(space, None) == space
+    assert gemv_bench.sample_space(space, 20) == space
+    assert gemv_bench.sample_space(space, 3) == [0, 1, 5, 10]  # both ends of the rest and its middle
+    assert gemv_bench.sample_space(space, 1) == [0, 1]

@@ -1,20 +1,22 @@
-"""Skinny GEMM for decode (gemm/bf16 with 1..16 rows): read each weight byte once, at HBM speed.
+"""Skinny GEMM for decode (gemm/bf16 with 1..64 rows): read each weight byte once, at HBM speed.
 
 At one row it is the default on the H200 (`triton_gemv_one_row`, measured through the engine);
 at more rows it is opt-in. Its GPU tests pass on the H200, and the sweep
 there (bench/results/gemv_2026-12-02_0437_nvidia-h200/) has its best launch 1.06-1.13x faster than
 cuBLAS on the Llama-8B decode GEMMs at one row (qkv, o, gate_up, down; 1.03x on a 128K LM head),
-level or slower at two rows except gate_up. The any-row kernel registers as `triton_gemv` in the
+level or slower at two rows except gate_up; 17..64 rows (the decode steps of 32-64 requests, where
+cuBLAS reads the weights at ~75% of HBM: bench/results/profile_gpu_2026-12-07_1427_h100/) are not measured
+yet (`tools/bench/gemv.py --m 32,64`). The any-row kernel registers as `triton_gemv` in the
 PORTABLE band, below `cublas_linear` (F.linear, PERFORMANT); the default on NVIDIA GPUs is
 `triton_gemv_one_row` (PERFORMANT + 1), which runs it at one row where measured and hands every
 other call to F.linear, so a default call of more rows still goes to cuBLAS. Select any rows with
 `LIGHTSPEED_KERNEL_OVERRIDE_GEMM_BF16=triton_gemv` or `lk.override(**{"gemm/bf16": "triton_gemv"})`;
 `tools/bench/gemv.py` times it against cuBLAS over `sweep_configs`. Calls it does not take (more
-than 16 rows, fp32 or mixed dtypes, a weight whose last dim is strided, autograd) go to F.linear,
+than 64 rows, fp32 or mixed dtypes, a weight whose last dim is strided, autograd) go to F.linear,
 so the override is safe model-wide (an MoE router's fp32 linear, prefill).
 
-Design note. At M <= 16 rows a linear layer does 2·M·N·K flops on N·K·2 weight bytes: far below
-the H200's ridge point, so the time is the weight read (4.27 TB/s) plus launch latency. Each
+Design note. At M <= 64 rows a linear layer does 2·M·N·K flops on N·K·2 weight bytes, at most 64 FLOP
+a byte: below the H200's ridge point (~190), so the time is the weight read (4.27 TB/s) plus launch latency. Each
 program owns BLOCK_N output columns (weight rows) and walks its K range in BLOCK_K steps, loading a
 [BLOCK_N, BLOCK_K] weight tile that is contiguous along K (BLOCK_K·2 bytes per row: 16-byte vector
 loads, `evict_first` since no weight byte is read twice), the x rows beside it (M·K·2 bytes, at most
@@ -22,9 +24,9 @@ loads, `evict_first` since no weight byte is read twice), the x rows beside it (
 that many tiles in flight through a cp.async ring in shared memory. Two inner products:
 - FMA (`use_dot=False`, the default up to 2 rows): per x row, products in registers and a sum
   along K; nothing is padded, so at one row no lane does wasted work.
-- tensor cores (`use_dot=True`, swap-AB): acc[BLOCK_N, 16] += W_tile @ x_tileᵀ (wgmma on sm_90).
-  The weight rows sit on the MMA's M side and the 1..16 x rows on its N side (padded to 16 with
-  masked, unread rows), so the MMA's minimum tile wastes compute, never bandwidth.
+- tensor cores (`use_dot=True`, swap-AB): acc[BLOCK_N, BLOCK_M] += W_tile @ x_tileᵀ (wgmma on sm_90).
+  The weight rows sit on the MMA's M side and the 1..64 x rows on its N side (padded to 16, 32 or 64
+  with masked, unread rows), so the MMA's minimum tile wastes compute, never bandwidth.
 Split-K (`split_k > 1`) for shapes with too few column blocks to keep every SM's loads in flight
 (o_proj and down_proj: 4096 columns): programs on a (column block, K range) grid write fp32 partials
 to a workspace [split_k, M, N], and a second kernel sums them in split order, adds the bias and
@@ -52,7 +54,7 @@ from ..registry import Priority, register_kernel
 from ..registry.platform import platform_of
 from ._common import FLOAT_DTYPES, check, dot_upcast, interpreting, next_pow2, pdl_args, pdl_enter
 
-MAX_ROWS = 16  # more rows than this go to cuBLAS (a real GEMM then)
+MAX_ROWS = 64  # more rows than this go to cuBLAS (a real GEMM then)
 KERNEL_NAME = "triton_gemv"
 SMEM_BUDGET = 200 * 1024  # of the H200's 227 KB per block, leaving room for the layout's padding
 
@@ -66,10 +68,10 @@ class GemvConfig:
     split_k: int  # programs along K per column block; > 1 adds the fp32 partials + reduce pass
     num_warps: int
     num_stages: int
-    use_dot: bool  # tensor-core swap-AB dot (x rows padded to 16) instead of FMA + sum along K
+    use_dot: bool  # tensor-core swap-AB dot (x rows padded to 16 / 32 / 64) instead of FMA + sum along K
 
     def block_m(self, rows: int) -> int:
-        return 16 if self.use_dot else next_pow2(rows)
+        return max(16, next_pow2(rows)) if self.use_dot else next_pow2(rows)
 
     def smem_bytes(self, rows: int) -> int:
         """Shared memory of the pipelined weight and x tiles (an estimate; the compile check measures)."""
@@ -94,19 +96,25 @@ def sweep_configs(m: int, n: int, k: int, num_sms: int) -> list[GemvConfig]:
     FMA (up to 4 rows): block_n 16/32/64 x block_k 256/512 x 4/8 warps, at most 64 weight elements
     per thread (the fp32 products stay in registers), x stages 1 (loads straight into registers,
     latency hidden by occupancy) or 3 (a cp.async ring in shared memory). Tensor cores (2 rows and
-    up): block_n 32/64/128 x block_k 128/256 x 4/8 warps x 3/4 stages within SMEM_BUDGET. Each
-    with the split_k values of `_split_k_candidates`. For the 8B decode shapes at 132 SMs: 16-42
-    configs per shape at 1 row, 36-114 at 2-4 rows, 20-72 at 8-16 rows (185 distinct kernels).
+    up): block_n 32/64/128 x block_k 128/256 x 4/8 warps x 3/4 stages within SMEM_BUDGET; above 16
+    rows block_n 64/128/256 x block_k 64/128/256 x 3/4/5 stages (a wider x tile leaves fewer bytes of
+    the ring to the weights). Each with the split_k values of `_split_k_candidates`. For the 8B decode shapes at 132 SMs: 16-42
+    configs per shape at 1 row, 36-114 at 2-4 rows, 20-72 at 8-16 rows (185 distinct kernels). Every
+    path keeps the fp32 accumulator at most 64 elements a thread (no spills).
     """
     found: list[GemvConfig] = []
     paths = [(False, (16, 32, 64), (256, 512), (1, 3))] if m <= 4 else []
-    if m >= 2:
+    if 2 <= m <= 16:
         paths.append((True, (32, 64, 128), (128, 256), (3, 4)))
+    elif m > 16:
+        paths.append((True, (64, 128, 256), (64, 128, 256), (3, 4, 5)))
     for use_dot, block_ns, block_ks, stage_opts in paths:
         for block_n in block_ns:
             for block_k in block_ks:
                 for warps in (4, 8):
                     if not use_dot and block_n * block_k > 64 * 32 * warps:
+                        continue
+                    if use_dot and block_n * max(16, next_pow2(m)) > 64 * 32 * warps:
                         continue
                     for stages in stage_opts:
                         for split in _split_k_candidates(triton.cdiv(n, block_n), k, block_k, num_sms):
@@ -252,7 +260,7 @@ def _split_k_reduce_kernel(ws_ptr, bias_ptr, out_ptr, M, N, stride_om, HAS_BIAS:
 
 
 def takes(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
-    """Whether the skinny GEMM runs this call (else it goes to F.linear): x [M <= 16, K] and weight
+    """Whether the skinny GEMM runs this call (else it goes to F.linear): x [M <= 64, K] and weight
     [N, K] of one 16-bit float dtype with contiguous last dims, bias None or [N] of that dtype, on a
     CUDA device (or the CPU under TRITON_INTERPRET=1), no autograd."""
     if not (isinstance(weight, torch.Tensor) and x.dim() == 2 and weight.dim() == 2):

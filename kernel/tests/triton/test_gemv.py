@@ -1,5 +1,6 @@
 """The skinny GEMM (triton_gemv) against F.linear in float64: both inner products, split-K on and
-off, ragged N and K, bias, bf16 / fp16, the fallback above 16 rows, and its opt-in registration."""
+off, ragged N and K, bias, bf16 / fp16, 1..64 rows (x tiles of 16 / 32 / 64 on the dot's N side), the
+fallback above 64 rows, and its opt-in registration."""
 
 import lightspeed_kernel as lk
 import pytest
@@ -19,7 +20,7 @@ CONFIGS = {
     "dot_split2": GemvConfig(block_n=16, block_k=32, split_k=2, num_warps=4, num_stages=4, use_dot=True),
 }
 SHAPES = [(40, 72), (24, 40)]  # (N, K)
-ROWS = {"fma": (1, 3), "dot": (1, 3, 8, 16)}  # the FMA path is swept up to 4 rows only
+ROWS = {"fma": (1, 3), "dot": (1, 3, 8, 16, 17, 33, 64)}  # the FMA path is swept up to 4 rows only
 
 
 def _case(m, n, k, dtype, bias, device, seed=0):
@@ -56,11 +57,17 @@ def test_weight_prefetch_before_the_pdl_wait_gives_the_same_bits(device, name, m
         assert rel_err(ahead, _exact(x, w, b)) < TOL[torch.bfloat16], (n, k)
 
 
-@pytest.mark.parametrize("m", [1, 3, 16])
+@pytest.mark.parametrize("m", [1, 3, 16, 40, 64])
 def test_default_config(device, m):
     x, w, b = _case(m, 48, 136, torch.bfloat16, True, device)
     assert gemv.takes(x, w, b)
     assert rel_err(gemv.linear(x, w, b), _exact(x, w, b)) < TOL[torch.bfloat16]
+
+
+def test_x_tiles_pad_rows_to_the_dot_minimum_or_the_next_power_of_two():
+    dot, fma = CONFIGS["dot"], CONFIGS["fma"]
+    assert [dot.block_m(m) for m in (1, 16, 17, 32, 33, 64)] == [16, 16, 32, 32, 64, 64]
+    assert [fma.block_m(m) for m in (1, 3, 4)] == [1, 4, 4]
 
 
 def test_split_workspace_is_used_and_the_sum_is_deterministic(device):
@@ -80,9 +87,9 @@ class _NoLaunch:
         raise AssertionError("the skinny GEMM launched for a call it must hand to F.linear")
 
 
-@pytest.mark.parametrize("why", ["17 rows", "no rows", "fp32", "mixed dtypes", "strided weight", "grad"])
+@pytest.mark.parametrize("why", ["65 rows", "no rows", "fp32", "mixed dtypes", "strided weight", "grad"])
 def test_calls_it_does_not_take_go_to_f_linear(device, monkeypatch, why):
-    x, w, b = _case(17 if why == "17 rows" else 0 if why == "no rows" else 4, 24, 40, torch.bfloat16, True, device)
+    x, w, b = _case(65 if why == "65 rows" else 0 if why == "no rows" else 4, 24, 40, torch.bfloat16, True, device)
     if why == "fp32":
         x, w, b = x.float(), w.float(), b.float()
     elif why == "mixed dtypes":
@@ -113,13 +120,15 @@ def test_sixteen_rows_take_the_kernel(device, monkeypatch):
 LLAMA_8B = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128256, 4096)]
 
 
-@pytest.mark.parametrize("m", [1, 2, 4, 8, 16])
+@pytest.mark.parametrize("m", [1, 2, 4, 8, 16, 32, 64])
 def test_choose_config_is_the_first_of_its_sweep_space(m):
     for n, k in LLAMA_8B:
         chosen = gemv.choose_config(m, n, k, 132)
         space = gemv.sweep_configs(m, n, k, 132)
         assert space[0] == chosen and len(set(space)) == len(space) > 10
         assert all(c.smem_bytes(m) <= gemv.SMEM_BUDGET and c.split_k in (1, 2, 4, 8) for c in space)
+        # the fp32 accumulator stays within 64 elements a thread (the tile's rows padded for the dot)
+        assert all(c.block_n * c.block_m(m) <= 64 * 32 * c.num_warps for c in space if c.use_dot)
         if (m, n, k) in gemv.MEASURED_H200:
             assert chosen == gemv.MEASURED_H200[m, n, k]
         else:
@@ -156,7 +165,7 @@ def test_one_row_default_any_rows_opt_in():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m", [1, 2, 4, 8, 16])
+@pytest.mark.parametrize("m", [1, 2, 4, 8, 16, 24, 32, 64])
 def test_gpu_8b_shapes_through_the_override(m):
     # (tools/bench/gemv.py checks every config of the sweep the same way)
     for n, k in LLAMA_8B[:4]:
