@@ -38,6 +38,7 @@ struct Coverage {
   int64_t late_acks = 0, aborts_mid_copy = 0;  // async_copies: acks after advance(), aborts while loading
   int64_t disk_writes = 0, disk_reads = 0, disk_hits = 0, failed_reads = 0, failed_writes = 0, restored = 0;
   int64_t aborts_mid_read = 0, writes_stopped = 0;
+  int64_t spare_slot_rows = 0;  // rows of a request in a slot past max_num_seqs
 };
 
 // A disk write that landed: what an engine would find in the slot after a restart.
@@ -310,9 +311,9 @@ struct Episode {
       return {};
     }
     draft_width = config.max_num_draft_tokens;
-    draft_counts.assign(config.max_num_seqs, 0);
+    draft_counts.assign(config.num_slots(), 0);
     for (auto& count : draft_counts) count = uniform(0, config.max_num_draft_tokens);
-    draft_tokens.assign(static_cast<size_t>(config.max_num_seqs) * draft_width, 0);
+    draft_tokens.assign(static_cast<size_t>(config.num_slots()) * draft_width, 0);
     for (auto& token : draft_tokens) token = uniform(0, 10);
     ++coverage.drafter_plans;
     if (uniform(0, 3) == 0) {
@@ -320,6 +321,28 @@ struct Episode {
       return DraftInput{draft_counts, {}, 0};
     }
     return DraftInput{draft_counts, draft_tokens, draft_width};
+  }
+
+  // A slot indexes a request's state on the device: a new plan never gives a request the slot of another
+  // request that is still live (unfinished, not aborted) with a row in a plan in flight. Once a request has
+  // finished or been aborted, its rows in flight are discarded and the stream order keeps the new binding
+  // behind them. Spare slots never make a plan wider than max_num_seqs.
+  void check_slots(const Plan& plan) {
+    const auto& config = s.config();
+    ASSERT_LE(plan.num_rows, config.max_num_seqs);
+    std::set<int32_t> seen;
+    for (int32_t b = 0; b < plan.num_rows; ++b) {
+      const int32_t slot = plan.req_slots[b];
+      ASSERT_TRUE(slot >= 0 && slot < config.num_slots()) << "slot " << slot << " out of range";
+      ASSERT_TRUE(seen.insert(slot).second) << "two rows of one plan share slot " << slot;
+      coverage.spare_slot_rows += slot >= config.max_num_seqs;
+      for (const Plan* older : in_flight)
+        for (int32_t c = 0; c < older->num_rows; ++c)
+          if (const int64_t owner = older->req_ids[c]; older->req_slots[c] == slot && owner != plan.req_ids[b])
+            ASSERT_TRUE(live.count(owner) == 0 || aborted.count(owner) == 1)
+                << "slot " << slot << " given to " << plan.req_ids[b] << " while live request " << owner
+                << " uses it in step " << older->step_id;
+    }
   }
 
   // Every plan agrees with itself: the page table (filled incrementally) maps each token to the
@@ -403,6 +426,7 @@ struct Episode {
       const int32_t previous_samples = in_flight.empty() ? 0 : in_flight.back()->num_samples;
       Plan& plan = s.next_plan(random_drafts());
       check_plan(plan, previous_samples);
+      check_slots(plan);
       check_copy_hazards(plan);
       check_io_hazards(plan);
       in_flight.push_back(&plan);
@@ -473,6 +497,7 @@ SchedulerConfig random_config(std::mt19937_64& rng) {
   config.async_copies = pick(0, 1) == 1;
   config.max_write_through_pages = pick(1, 16);
   config.num_lookahead_tokens = pick(0, 2) == 0 ? pick(1, 4) : 0;
+  config.num_spare_slots = pick(0, 1) ? pick(1, config.max_num_seqs) : 0;
   if (pick(0, 9) == 0) config.num_host_pages = 0;  // host tier off
   if (config.num_host_pages > 0 && pick(0, 1) == 0) {
     config.num_disk_pages = pick(2, 64);
@@ -519,10 +544,12 @@ TEST(Fuzz, RandomEventsKeepEveryInvariant) {
               static_cast<long long>(coverage.disk_reads), static_cast<long long>(coverage.failed_reads),
               static_cast<long long>(coverage.disk_hits), static_cast<long long>(coverage.restored),
               static_cast<long long>(coverage.aborts_mid_read), static_cast<long long>(coverage.writes_stopped));
-  std::printf("fuzz: %lld plans with per-step drafts, %lld provisional rows, %lld of them shifted\n",
+  std::printf("fuzz: %lld plans with per-step drafts, %lld provisional rows, %lld of them shifted, "
+              "%lld rows in spare slots\n",
               static_cast<long long>(coverage.drafter_plans), static_cast<long long>(coverage.provisional_rows),
-              static_cast<long long>(coverage.shifted_rows));
+              static_cast<long long>(coverage.shifted_rows), static_cast<long long>(coverage.spare_slot_rows));
   EXPECT_GT(coverage.retractions, 0);
+  EXPECT_GT(coverage.spare_slot_rows, 0);
   EXPECT_GT(coverage.load_backs, 0);
   EXPECT_GT(coverage.write_backs, 0);
   EXPECT_GT(coverage.deferred_rows, 0);
