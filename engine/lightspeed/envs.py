@@ -21,6 +21,17 @@ def _int(name: str, default: int | None) -> int | None:
         raise ValueError(f"environment variable {name}={raw!r} is not an integer") from None
 
 
+def _bool(name: str, default: bool) -> bool:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    if raw.lower() in ("1", "true", "yes", "on"):
+        return True
+    if raw.lower() in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"environment variable {name}={raw!r} is not a boolean (1/0, true/false, on/off)")
+
+
 def _float(name: str, default: float) -> float:
     raw = os.environ.get(name)
     if raw is None or raw == "":
@@ -55,6 +66,9 @@ class Envs:
     master_port: int | None = field(default=None, metadata={"env": "MASTER_PORT"})
     node_rank: int | None = field(default=None, metadata={"env": "NODE_RANK or GROUP_RANK"})
     nnodes: int | None = field(default=None, metadata={"env": "NNODES or WORLD_SIZE / LOCAL_WORLD_SIZE"})
+    result_copy_stream: bool = field(default=True, metadata={"env": "LIGHTSPEED_RESULT_COPY_STREAM"})
+    """Copy each step's sampled tokens (and logprobs) to the host on a stream of their own, so the compute stream
+    never waits behind the KV host tier's copies (0: on the compute stream, for A/B runs)."""
 
 
 def _nnodes() -> int | None:
@@ -78,6 +92,7 @@ def load_envs() -> Envs:
         master_port=_int("MASTER_PORT", None),
         node_rank=_int("NODE_RANK", _int("GROUP_RANK", None)),
         nnodes=_nnodes(),
+        result_copy_stream=_bool("LIGHTSPEED_RESULT_COPY_STREAM", True),
     )
 
 

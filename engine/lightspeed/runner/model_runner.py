@@ -7,6 +7,14 @@ their state rows -> build input tensors -> forward
 / min_tokens / grammar masks -> batched sampler -> a non-blocking copy of the tokens to the host
 and an event. collect(launched): wait for that event only, then hand back host arrays.
 
+The host copies of a step's results run on a stream of their own (`ResultCopies`), not on the compute
+stream. A device->host copy waits for the copy engine, and the KV host tier's write-through can hold it for
+milliseconds: one run of a prompt's pages is a single 2D copy of ~130 MB for a 1K-token prompt of the 8B
+shape. On the compute stream every kernel queued after the token copy waits too. On an H100 at 64 decoding
+requests the token copy started a median 4 ms late in a quarter of the steps, and the compute stream sat idle
+that long (bench/results/profile_gpu_2026-12-07_1427_h100/). On their own stream only the host waits, while
+the GPU runs the step already launched.
+
 The engine launches plan N+1 before it collects plan N, so the CPU builds and launches a step
 while the GPU runs the one before: a decode whose input is plan N's sample reads it on the device
 (deferred inputs). The only host wait is the event of the step being collected.
@@ -42,6 +50,7 @@ if TYPE_CHECKING:  # the runner never needs msgspec at run time (GPU benchmarks 
     from .cuda_graph import CudaGraphRunner
     from .piecewise_graph import PiecewiseGraphRunner
 
+from ..envs import ENVS
 from ..kv import KVCache, KVTransferError
 from .expert_load import ExpertLoad
 from .inputs import InputBuilder, StepTensors, upload
@@ -103,6 +112,7 @@ class ModelRunner:
         self.expert_load = ExpertLoad(model, device)
         self.spec: SpecDecoder | None = None        # speculative decoding (None: off)
         self._hidden: torch.Tensor | None = None    # the last eager forward's hidden states (device drafters)
+        self._result_copies = ResultCopies(device, own_stream=ENVS.result_copy_stream)
 
     # -- request lifecycle ---------------------------------------------------------------------
     def add_request(self, req_id: int, spec: SamplingSpec, prompt_ids: list[int], grammar: Any = None,
@@ -300,32 +310,63 @@ class ModelRunner:
         if self.spec is not None:
             self.spec.after_sample(plan, t, step, spec_launch, tokens, accepted, keep, self._hidden)
             self._hidden = None
-        launched = LaunchedStep(int(plan.step_id), t.h_sample_req_ids, _to_host(tokens.to(torch.int32)),
-                                structured_rows=structured_rows if structured_rows.size else None,
-                                sample_slots=h_slots, spec=spec_launch)
+        results = [tokens.to(torch.int32, copy=True)]  # never a view of a graph buffer the next replay rewrites
         if raw is not None:
-            launched.logprobs = self._logprobs(raw, tokens, logprob_rows, asked[logprob_rows])
-        if self.device.type == "cuda":
-            launched.ready = torch.cuda.Event()
-            launched.ready.record()
+            results += self._logprobs(raw, tokens, logprob_rows, int(asked[logprob_rows].max()))
+        host, ready = self._result_copies.copy(results)
+        launched = LaunchedStep(int(plan.step_id), t.h_sample_req_ids, host[0],
+                                structured_rows=structured_rows if structured_rows.size else None,
+                                sample_slots=h_slots, spec=spec_launch, ready=ready)
+        if raw is not None:
+            launched.logprobs = (logprob_rows, asked[logprob_rows], *host[1:])
         return launched
 
     @staticmethod
-    def _logprobs(raw: torch.Tensor, tokens: torch.Tensor, rows: np.ndarray, top_n: np.ndarray) -> tuple:
+    def _logprobs(raw: torch.Tensor, tokens: torch.Tensor, rows: np.ndarray, top_n: int) -> list[torch.Tensor]:
+        """[token logprob, rank, top ids, top logprobs] of the sampled `rows`, on the device."""
         from lightspeed_kernel import ops
 
         chosen = tokens[upload(rows, tokens.device)]
-        token_lp, top_ids, top_lp = ops.compute_logprobs(raw, chosen, int(top_n.max()))
+        token_lp, top_ids, top_lp = ops.compute_logprobs(raw, chosen, top_n)
         # Rank by raw logits (monotone in logprob): 1 + how many tokens are strictly more likely.
         ranks = (raw > raw.gather(1, chosen[:, None])).sum(dim=-1) + 1
-        return (rows, top_n, _to_host(token_lp.float()), _to_host(ranks), _to_host(top_ids),
-                _to_host(top_lp.float()))
+        return [token_lp.float(), ranks, top_ids, top_lp.float()]
 
 
 def _to_host(t: torch.Tensor) -> torch.Tensor:
     """A host copy that does not block: pinned and non_blocking on GPU (valid after the step's
     event), a plain tensor on CPU."""
     return t.to("cpu", non_blocking=True) if t.is_cuda else t
+
+
+class ResultCopies:
+    """Device->host copies of a step's results and the event that says they landed (see the module notes).
+
+    own_stream (default, `LIGHTSPEED_RESULT_COPY_STREAM=1`): the copies wait for the compute stream's work so far,
+    then run on a stream of their own, so the compute stream never queues behind them; each source tensor is
+    recorded on that stream, so the caching allocator keeps it until its copy is done. Off: on the compute stream,
+    as before (for A/B runs). On CPU the results are the host tensors and there is no event."""
+
+    def __init__(self, device: torch.device, own_stream: bool = True):
+        self.device = device
+        self.stream = torch.cuda.Stream(device) if device.type == "cuda" and own_stream else None
+
+    def copy(self, tensors: list[torch.Tensor]) -> tuple[list[torch.Tensor], torch.cuda.Event | None]:
+        if self.device.type != "cuda":
+            return [_to_host(t) for t in tensors], None
+        if self.stream is None:
+            host = [_to_host(t) for t in tensors]
+            ready = torch.cuda.Event()
+            ready.record()
+            return host, ready
+        self.stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(self.stream):
+            for t in tensors:
+                t.record_stream(self.stream)
+            host = [_to_host(t) for t in tensors]
+            ready = torch.cuda.Event()
+            ready.record(self.stream)
+        return host, ready
 
 
 def _no_tokenizer() -> Any:
