@@ -8,6 +8,11 @@ for the host to launch the next work (the step loop). `--split-us` separates the
 the H200's in-graph boundaries measure ~0.4 us, host waits tens of us).
 
     python trace_gaps.py TRACE.json --steps 62 [--split-us 5] [--top 10] [--json OUT.json]
+
+A third cause is not the host's: a copy between device and host on a stream of kernels waits for the copy
+engine, which another stream's copies (the KV host tier's write-through) may hold, and every kernel queued
+behind it on that stream waits too. `copy_waits` lists those copies that started late (after the op before
+them on their stream ended) while another stream's copy was running: `--copy-waits` prints them per stream.
 """
 
 from __future__ import annotations
@@ -57,6 +62,36 @@ def gap_report(kernels: list[dict], steps: int, split_us: float = 5.0, top: int 
     return out
 
 
+def copy_waits(trace: dict, late_us: float = 50.0) -> dict:
+    """Per stream that runs kernels: its host<->device copies, and those that started more than `late_us` after the
+    op before them on the stream ended while another stream's copy was running (queued behind it on the copy
+    engine). Returns {stream: {"copies", "late", "late_us_total", "late_us_median"}}."""
+    ops = sorted((e for e in trace["traceEvents"] if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy",
+                                                                                             "gpu_memset")),
+                 key=lambda e: e["ts"])
+    by_stream: dict = collections.defaultdict(list)
+    for e in ops:
+        by_stream[e["args"].get("stream")].append(e)
+    host_copies = [e for e in ops if e.get("cat") == "gpu_memcpy" and ("DtoH" in e["name"] or "HtoD" in e["name"])]
+    out = {}
+    for stream, seq in by_stream.items():
+        if not any(e.get("cat") == "kernel" for e in seq):
+            continue  # a copy stream of its own: its copies hold nothing else up
+        waits, copies = [], 0
+        for prev, cur in zip(seq, seq[1:], strict=False):
+            if cur not in host_copies:
+                continue
+            copies += 1
+            ready = prev["ts"] + prev["dur"]
+            late = cur["ts"] - ready
+            if late > late_us and any(o["args"].get("stream") != stream and o["ts"] < cur["ts"]
+                                      and o["ts"] + o["dur"] > ready for o in host_copies):
+                waits.append(late)
+        out[stream] = {"copies": copies, "late": len(waits), "late_us_total": sum(waits),
+                       "late_us_median": statistics.median(waits) if waits else 0.0}
+    return out
+
+
 def render(report: dict) -> str:
     lines = [f"{report['kernels_per_step']:.1f} kernels/step; span {report['span_us_per_step']:.1f} us/step = "
              f"busy {report['busy_us_per_step']:.1f} + idle at kernel boundaries (<= {report['split_us']:g} us) "
@@ -76,10 +111,18 @@ def main(argv=None) -> int:
     ap.add_argument("--split-us", type=float, default=5.0)
     ap.add_argument("--top", type=int, default=10)
     ap.add_argument("--json", default=None, help="also write the report here")
+    ap.add_argument("--copy-waits", action="store_true",
+                    help="also list host copies on kernel streams that queued behind another stream's copies")
     args = ap.parse_args(argv)
     with open(args.trace) as f:
-        report = gap_report(kernel_events(json.load(f)), args.steps, args.split_us, args.top)
+        trace = json.load(f)
+    report = gap_report(kernel_events(trace), args.steps, args.split_us, args.top)
     print(render(report))
+    if args.copy_waits:
+        report["copy_waits"] = copy_waits(trace)
+        for stream, w in report["copy_waits"].items():
+            print(f"\nstream {stream}: {w['copies']} host copies, {w['late']} queued behind another stream's copy "
+                  f"({w['late_us_total'] / args.steps:.1f} us/step, median {w['late_us_median']:.1f} us each)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)

@@ -47,3 +47,28 @@ def test_overlapping_kernels_count_once_and_leave_no_gap():
 def test_too_little_trace_is_an_error():
     with pytest.raises(ValueError):
         trace_gaps.gap_report([{"name": "a", "ts": 0, "dur": 1}], steps=1)
+
+
+def _op(cat, name, stream, ts, dur):
+    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "args": {"stream": stream}}
+
+
+def test_copy_waits_find_a_kernel_streams_copy_queued_behind_another_streams_copy(tmp_path, capsys):
+    events = [
+        _op("gpu_memcpy", "Memcpy DtoH (Device -> Pinned)", 13, 0, 5000),     # the write-through, stream 13
+        _op("kernel", "sampler", 7, 0, 100),
+        _op("gpu_memcpy", "Memcpy DtoH (Device -> Pinned)", 7, 5000, 2),      # waited 4900 us for the engine
+        _op("kernel", "next_step", 7, 5003, 100),
+        _op("kernel", "sampler", 7, 6000, 100),
+        _op("gpu_memcpy", "Memcpy DtoH (Device -> Pinned)", 7, 6102, 2),      # on time: nothing else copying
+        _op("gpu_memcpy", "Memcpy HtoD (Pinned -> Device)", 7, 9000, 2),      # late, but no other copy ran
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 10},
+    ]
+    waits = trace_gaps.copy_waits({"traceEvents": events})
+    assert set(waits) == {7}  # stream 13 runs no kernels: its copies hold nothing up
+    assert waits[7]["copies"] == 3 and waits[7]["late"] == 1
+    assert waits[7]["late_us_total"] == pytest.approx(4900)
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    assert trace_gaps.main([str(path), "--steps", "2", "--copy-waits"]) == 0
+    assert "stream 7: 3 host copies, 1 queued behind another stream's copy (2450.0 us/step" in capsys.readouterr().out
