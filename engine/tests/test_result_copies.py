@@ -53,3 +53,8 @@ def test_gpu_copies_land_by_the_event_and_survive_the_allocator(own_stream):
         expect = torch.arange(64) * (step + 1)
         assert torch.equal(host[0], expect.to(torch.int32)) and torch.equal(host[1], expect.float())
     side.synchronize()
+
+
+def test_to_host_on_cpu_is_the_tensor_itself():
+    verdict = torch.tensor([[1, 0], [1, 1]])
+    assert ResultCopies(torch.device("cpu")).to_host(verdict) is verdict

@@ -308,7 +308,9 @@ class ModelRunner:
         s.record(tokens, slots, h_slots, keep)
         self._prev_sampled = tokens
         if self.spec is not None:
-            self.spec.after_sample(plan, t, step, spec_launch, tokens, accepted, keep, self._hidden)
+            # Its copies go first on the result stream: the tokens' event below also says they landed.
+            self.spec.after_sample(plan, t, step, spec_launch, tokens, accepted, keep, self._hidden,
+                                   to_host=self._result_copies.to_host)
             self._hidden = None
         results = [tokens.to(torch.int32, copy=True)]  # never a view of a graph buffer the next replay rewrites
         if raw is not None:
@@ -350,6 +352,10 @@ class ResultCopies:
     def __init__(self, device: torch.device, own_stream: bool = True):
         self.device = device
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" and own_stream else None
+
+    def to_host(self, tensor: torch.Tensor) -> torch.Tensor:
+        """One tensor's host copy, valid once the event of a later `copy` of the same step has fired."""
+        return self.copy([tensor])[0][0]
 
     def copy(self, tensors: list[torch.Tensor]) -> tuple[list[torch.Tensor], torch.cuda.Event | None]:
         if self.device.type != "cuda":
