@@ -106,7 +106,9 @@ def _stream_until(url: str, body: dict, started: threading.Event, stop: threadin
 @requires_real_engine
 def test_priority_orders_the_queue_as_in_vllm(url, compat_server):
     """One sequence at a time: while A runs, B (priority 10) queues before C (priority -10); when A
-    leaves, C (lower value: earlier, as in vLLM) is served first."""
+    leaves, C (lower value: earlier, as in vLLM) is served first. B and C ask for three tokens: with one
+    request slot and a spare one (EngineConfig.spare_slots), B starts in the step after C's last token is
+    launched, so with one token each both answers would leave the engine within a millisecond."""
     started, stop = threading.Event(), threading.Event()
     long_body = {"model": "smol", "messages": USER, "max_tokens": 300, "ignore_eos": True, "temperature": 0}
     holder = threading.Thread(target=_stream_until, args=(url, long_body, started, stop))
@@ -115,7 +117,7 @@ def test_priority_orders_the_queue_as_in_vllm(url, compat_server):
     done: dict[str, float] = {}
 
     def ask(name: str, priority: int) -> None:
-        body = {"model": "smol", "messages": USER, "max_tokens": 1, "priority": priority}
+        body = {"model": "smol", "messages": USER, "max_tokens": 3, "ignore_eos": True, "priority": priority}
         assert httpx.post(url + "/v1/chat/completions", json=body, timeout=120).status_code == 200
         done[name] = time.monotonic()
 
