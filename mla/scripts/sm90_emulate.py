@@ -89,6 +89,15 @@ def frag(tid):
     return wg, lane, r_lo, r_lo + 8
 
 
+def acc_entries(tid, n=16):
+    """(register i, row half h, row, column) of each of thread tid's first n fp32 registers of an m64nN wgmma
+    accumulator (the layout every S, P and O fragment of the kernels follows)."""
+    _, lane, rl, rh = frag(tid)
+    for i in range(n):
+        h = (i >> 1) & 1
+        yield i, h, rh if h else rl, 8 * (i >> 2) + 2 * (lane & 3) + (i & 1)
+
+
 def e4m3_vals(b):
     return torch.from_numpy(np.ascontiguousarray(b)).view(torch.float8_e4m3fn).float().numpy()
 
@@ -244,11 +253,8 @@ def emulate(kind, page_size, lens, q_len, H, num_splits, seed=0, fp8_scores=Fals
                     s = np.zeros((256, 16), np.float32)
                     pmul = np.zeros((256, 16), np.float32)
                     for tid in range(256):
-                        wg, lane, rl, rh = frag(tid)
-                        for i in range(16):
-                            h = (i >> 1) & 1
-                            r = rh if h else rl
-                            col = 8 * (i >> 2) + 2 * (lane & 3) + (i & 1)
+                        wg = tid // 128
+                        for i, h, r, col in acc_entries(tid):
                             key = 32 * wg + col
                             valid = key0 + key < limit[tid, h]
                             if kind == "bf16":
@@ -309,10 +315,7 @@ def emulate(kind, page_size, lens, q_len, H, num_splits, seed=0, fp8_scores=Fals
                             o_tile += A @ Bv
                         for t in range(128):
                             tid = wg * 128 + t
-                            _, lane, rl, rh = frag(tid)
-                            for i in range(128):
-                                r = rh if (i >> 1) & 1 else rl
-                                col = 8 * (i >> 2) + 2 * (lane & 3) + (i & 1)
+                            for i, _, r, col in acc_entries(tid, 128):
                                 acc[tid, i] += o_tile[r, col]
                 # epilogue
                 red_sum = np.zeros(128, np.float32)
@@ -470,12 +473,9 @@ def check_p(smem, pb, s, ks, c, red_max, m_run):
     got = read_kmajor64(smem, pb, 64, 64)
     want = np.zeros((64, 64), np.float32)
     for tid in range(256):
-        wg, lane, rl, rh = frag(tid)
-        for i in range(16):
-            h = (i >> 1) & 1
-            key = 32 * wg + 8 * (i >> 2) + 2 * (lane & 3) + (i & 1)
+        for i, h, r, col in acc_entries(tid):
             m_use = 0.0 if m_run[tid, h] == -np.inf else m_run[tid, h]
-            want[rh if h else rl, key] = np.exp2(s[tid, i] - m_use) * ks[tid, i] * c
+            want[r, 32 * (tid // 128) + col] = np.exp2(s[tid, i] - m_use) * ks[tid, i] * c
     want_slots = np.stack([want[:, key_of_slot(slot)] for slot in range(64)], 1)
     assert (got == e4m3_bytes(want_slots)).all(), "P layout"
 
@@ -587,11 +587,8 @@ def emulate_fp8mma(page_size, lens, q_len, H, num_splits, seed=0):
                     s = np.zeros((256, 16), np.float32)
                     ks = np.zeros((256, 16), np.float32)
                     for tid in range(256):
-                        wg, lane, rl, rh = frag(tid)
-                        for i in range(16):
-                            h = (i >> 1) & 1
-                            r = rh if h else rl
-                            col = 8 * (i >> 2) + 2 * (lane & 3) + (i & 1)
+                        wg = tid // 128
+                        for i, h, r, col in acc_entries(tid):
                             valid_k = key0 + 32 * wg + col < limit[tid, h]
                             v = S_wg[wg][0][r, col] * (qscale[r] * kscale[32 * wg + col]) + S_wg[wg][1][r, col]
                             s[tid, i] = v * scale_log2 if valid_k else -np.inf
