@@ -218,12 +218,12 @@ def _build(config: EngineConfig, ranks, output_tokens_of, load_tokenizer) -> Bui
 
             return load_engine_tokenizer(config, model_config.vocab_size)
 
-    runner = ModelRunner(model, kv_cache, max_num_seqs=config.num_request_slots, vocab_size=model_config.vocab_size,
+    runner = ModelRunner(model, kv_cache, num_slots=config.num_request_slots, vocab_size=model_config.vocab_size,
                          device=device, engine_seed=config.seed, load_tokenizer=load_tokenizer,
                          output_tokens_of=output_tokens_of, max_logit_bias=config.max_logit_bias,
                          max_stop_ids=max_stop_ids, grammar_cache_size=config.grammar_cache_size)
     runner.spec = build_spec_decoder(spec_config, model=model, model_config=model_config,
-                                     max_num_seqs=config.num_request_slots, device=device, page_size=config.page_size,
+                                     num_slots=config.num_request_slots, device=device, page_size=config.page_size,
                                      kv_cache=kv_cache, model_path=config.model, load_format=load_format,
                                      max_model_len=max_model_len, seed=config.seed)
     if runner.spec is not None and spec_config.draft_model:

@@ -87,21 +87,21 @@ class StepResult:
 
 
 class ModelRunner:
-    """Runs plans on one model with its paged KV cache (one device). `max_num_seqs` sizes the per-request state:
-    pass the scheduler's num_slots (EngineConfig.num_request_slots), since plan.req_slots index it."""
+    """Runs plans on one model with its paged KV cache (one device). `num_slots`: rows of per-request state, the
+    scheduler's num_slots (EngineConfig.num_request_slots), which plan.req_slots index."""
 
-    def __init__(self, model: torch.nn.Module, kv_cache: KVCache, *, max_num_seqs: int, vocab_size: int,
+    def __init__(self, model: torch.nn.Module, kv_cache: KVCache, *, num_slots: int, vocab_size: int,
                  device: torch.device, engine_seed: int = 0, load_tokenizer: Callable[[], Any] | None = None,
                  output_tokens_of: Callable[[int], list[int]] | None = None, max_logit_bias: int = 1024,
                  max_stop_ids: int = 80, grammar_cache_size: int = 256):
         self.model, self.kv_cache, self.device = model, kv_cache, device
         self.vocab_size = vocab_size
-        self.sampling = SamplingState(max_num_seqs, vocab_size, device, engine_seed, max_logit_bias=max_logit_bias,
+        self.sampling = SamplingState(num_slots, vocab_size, device, engine_seed, max_logit_bias=max_logit_bias,
                                       max_stop_ids=max_stop_ids)
         self.structured = StructuredOutputs(load_tokenizer or _no_tokenizer, vocab_size, grammar_cache_size)
         self._failures: list[tuple[int, BaseException]] = []  # (request id, error) of per-request failures
         self.inputs = InputBuilder(device)
-        self._slot_owner = np.full(max_num_seqs, -1, dtype=np.int64)  # req id bound to each state row
+        self._slot_owner = np.full(num_slots, -1, dtype=np.int64)  # req id bound to each state row
         self._requests: dict[int, tuple[SamplingSpec, list[int], str | None]] = {}
         self._slot_of: dict[int, int] = {}
         self._output_tokens_of = output_tokens_of
@@ -355,24 +355,26 @@ class ResultCopies:
 
     def to_host(self, tensor: torch.Tensor) -> torch.Tensor:
         """One tensor's host copy, valid once the event of a later `copy` of the same step has fired."""
-        return self.copy([tensor])[0][0]
+        return self._enqueue([tensor])[0]
 
     def copy(self, tensors: list[torch.Tensor]) -> tuple[list[torch.Tensor], torch.cuda.Event | None]:
+        """The tensors' host copies and the event after them (None on CPU); copies enqueued before on this
+        object (`to_host`) have landed when it fires too."""
+        host = self._enqueue(tensors)
         if self.device.type != "cuda":
-            return [_to_host(t) for t in tensors], None
+            return host, None
+        ready = torch.cuda.Event()
+        ready.record(self.stream or torch.cuda.current_stream(self.device))
+        return host, ready
+
+    def _enqueue(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
         if self.stream is None:
-            host = [_to_host(t) for t in tensors]
-            ready = torch.cuda.Event()
-            ready.record()
-            return host, ready
+            return [_to_host(t) for t in tensors]
         self.stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(self.stream):
             for t in tensors:
                 t.record_stream(self.stream)
-            host = [_to_host(t) for t in tensors]
-            ready = torch.cuda.Event()
-            ready.record(self.stream)
-        return host, ready
+            return [_to_host(t) for t in tensors]
 
 
 def _no_tokenizer() -> Any:

@@ -199,22 +199,23 @@ def spec_table_bytes(config: SpeculativeConfig | None, max_num_seqs: int, max_mo
     return history_bytes(max_num_seqs, max_model_len, config.num_speculative_tokens)
 
 
-def build_spec_decoder(config: SpeculativeConfig | None, *, model, model_config, max_num_seqs: int,
+def build_spec_decoder(config: SpeculativeConfig | None, *, model, model_config, num_slots: int,
                        device: torch.device, page_size: int, kv_cache=None, model_path: str | None = None,
                        load_format: str = "auto", max_model_len: int = 0, seed: int = 0) -> SpecDecoder | None:
-    """The SpecDecoder for an engine, or None without speculative decoding. Raises ValueError for a
-    draft model that cannot serve this target (start-up error)."""
+    """The SpecDecoder for an engine, or None without speculative decoding. num_slots: the scheduler's request
+    slots (drafts and histories are kept per slot). Raises ValueError for a draft model that cannot serve this
+    target (start-up error)."""
     if config is None:
         return None
     if config.method == "ngram_gpu":
-        drafter = DeviceLookupDrafter(config, max_num_seqs=max_num_seqs, max_model_len=max_model_len, device=device)
+        drafter = DeviceLookupDrafter(config, max_num_seqs=num_slots, max_model_len=max_model_len, device=device)
     elif config.draft_model:
         from .model_drafter import build_model_drafter
 
-        drafter = build_model_drafter(config, model=model, model_config=model_config, max_num_seqs=max_num_seqs,
+        drafter = build_model_drafter(config, model=model, model_config=model_config, max_num_seqs=num_slots,
                                       device=device, page_size=page_size, kv_cache=kv_cache,
                                       model_path=model_path, load_format=load_format,
                                       max_model_len=max_model_len, seed=seed)
     else:
-        drafter = LookupDrafter(config, max_num_seqs)
-    return SpecDecoder(config, drafter, max_num_seqs=max_num_seqs, device=device, page_size=page_size)
+        drafter = LookupDrafter(config, num_slots)
+    return SpecDecoder(config, drafter, max_num_seqs=num_slots, device=device, page_size=page_size)
