@@ -98,6 +98,31 @@ def acc_entries(tid, n=16):
         yield i, h, rh if h else rl, 8 * (i >> 2) + 2 * (lane & 3) + (i & 1)
 
 
+def tile_row_max(s):
+    """[128] each (warpgroup, row)'s max score: a thread's row half h over its quad's four lanes (the kernel's
+    shfl reduction); the two warpgroups' halves are combined by the caller, as through shared memory."""
+    red_max = np.full(128, -np.inf, np.float32)
+    for tid in range(256):
+        wg, _, rl, rh = frag(tid)
+        for h, r in enumerate((rl, rh)):
+            vals = [s[t2, i] for t2 in range(tid - tid % 4, tid - tid % 4 + 4) for i in range(16) if ((i >> 1) & 1) == h]
+            red_max[wg * 64 + r] = max(red_max[wg * 64 + r], max(vals))
+    return red_max
+
+
+def online_max(m_run, red_max, tid):
+    """Thread tid's two rows: the running max moved to this tile's (m_run updated in place); returns the max the
+    exponentials subtract (0 for a row with nothing valid yet) and the factor that rescales the older sums."""
+    _, _, rl, rh = frag(tid)
+    m_use, alpha = [0, 0], [0, 0]
+    for h, r in enumerate((rl, rh)):
+        m_new = max(m_run[tid, h], red_max[r], red_max[64 + r])
+        m_use[h] = 0.0 if m_new == -np.inf else m_new
+        alpha[h] = np.exp2(m_run[tid, h] - m_use[h])
+        m_run[tid, h] = m_new
+    return m_use, alpha
+
+
 def e4m3_vals(b):
     return torch.from_numpy(np.ascontiguousarray(b)).view(torch.float8_e4m3fn).float().numpy()
 
@@ -267,22 +292,11 @@ def emulate(kind, page_size, lens, q_len, H, num_splits, seed=0, fp8_scores=Fals
                                 s[tid, i] = v * scale_log2 if valid else -np.inf
                                 pmul[tid, i] = ks * np.float32(2.0 ** 120) if valid else 0.0
                     # row max exchange
-                    red_max = np.full(128, -np.inf, np.float32)
-                    for tid in range(256):
-                        wg, lane, rl, rh = frag(tid)
-                        for h, r in enumerate((rl, rh)):
-                            vals = [s[t2, i] for t2 in range(tid - tid % 4, tid - tid % 4 + 4) for i in range(16) if ((i >> 1) & 1) == h]
-                            red_max[wg * 64 + r] = max(red_max[wg * 64 + r], max(vals))
+                    red_max = tile_row_max(s)
                     p_off = 221184 if kind == "bf16" else POFF
                     for tid in range(256):
                         wg, lane, rl, rh = frag(tid)
-                        m_use, alpha = [0, 0], [0, 0]
-                        for h, r in enumerate((rl, rh)):
-                            mxh = max(red_max[r], red_max[64 + r])
-                            m_new = max(m_run[tid, h], mxh)
-                            m_use[h] = 0.0 if m_new == -np.inf else m_new
-                            alpha[h] = np.exp2(m_run[tid, h] - m_use[h])
-                            m_run[tid, h] = m_new
+                        m_use, alpha = online_max(m_run, red_max, tid)
                         psum = [0.0, 0.0]
                         for i in range(0, 16, 2):
                             h = (i >> 1) & 1
@@ -593,21 +607,10 @@ def emulate_fp8mma(page_size, lens, q_len, H, num_splits, seed=0):
                             v = S_wg[wg][0][r, col] * (qscale[r] * kscale[32 * wg + col]) + S_wg[wg][1][r, col]
                             s[tid, i] = v * scale_log2 if valid_k else -np.inf
                             ks[tid, i] = kscale[32 * wg + col] if valid_k else 0.0
-                    red_max = np.full(128, -np.inf, np.float32)
-                    for tid in range(256):
-                        wg, lane, rl, rh = frag(tid)
-                        for h, r in enumerate((rl, rh)):
-                            vals = [s[t2, i] for t2 in range(tid - tid % 4, tid - tid % 4 + 4) for i in range(16) if ((i >> 1) & 1) == h]
-                            red_max[wg * 64 + r] = max(red_max[wg * 64 + r], max(vals))
+                    red_max = tile_row_max(s)
                     for tid in range(256):  # tile_probs_e4m3
                         wg, lane, rl, rh = frag(tid)
-                        m_use, alpha = [0, 0], [0, 0]
-                        for h, r in enumerate((rl, rh)):
-                            mxh = max(red_max[r], red_max[64 + r])
-                            m_new = max(m_run[tid, h], mxh)
-                            m_use[h] = 0.0 if m_new == -np.inf else m_new
-                            alpha[h] = np.exp2(m_run[tid, h] - m_use[h])
-                            m_run[tid, h] = m_new
+                        m_use, alpha = online_max(m_run, red_max, tid)
                         pv, psum = np.zeros(16, np.float32), [0.0, 0.0]
                         for i in range(16):
                             h = (i >> 1) & 1
