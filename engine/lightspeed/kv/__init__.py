@@ -1,13 +1,13 @@
 """Paged KV memory: device and host pools indexed by page id, and the copies between them."""
 
 from .copier import (
-                     CudaPageCopier,
-                     KVTransferError,
-                     PageCopier,
-                     ThreadPageCopier,
-                     copy_pages,
-                     page_runs,
-                     split_runs,
+    CudaPageCopier,
+    KVTransferError,
+    PageCopier,
+    ThreadPageCopier,
+    copy_pages,
+    page_runs,
+    split_runs,
 )
 from .mla_pool import MLAKVCache, MLAKVPool, MLALayout, build_kv_cache, kv_layout_for
 from .pool import KVCache, KVLayout, KVPool, device_kv_budget, resolve_kv_dtype
