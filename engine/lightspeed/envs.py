@@ -32,6 +32,15 @@ def _bool(name: str, default: bool) -> bool:
     raise ValueError(f"environment variable {name}={raw!r} is not a boolean (1/0, true/false, on/off)")
 
 
+def _choice(name: str, default: str, choices: tuple[str, ...]) -> str:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    if raw.lower() not in choices:
+        raise ValueError(f"environment variable {name}={raw!r} is not one of {', '.join(choices)}")
+    return raw.lower()
+
+
 def _float(name: str, default: float) -> float:
     raw = os.environ.get(name)
     if raw is None or raw == "":
@@ -40,6 +49,9 @@ def _float(name: str, default: float) -> float:
         return float(raw)
     except ValueError:
         raise ValueError(f"environment variable {name}={raw!r} is not a number") from None
+
+
+STEP_IO_MODES = ("stream", "kernel", "compute")  # LIGHTSPEED_STEP_IO, first the default
 
 
 @dataclass(frozen=True)
@@ -66,9 +78,11 @@ class Envs:
     master_port: int | None = field(default=None, metadata={"env": "MASTER_PORT"})
     node_rank: int | None = field(default=None, metadata={"env": "NODE_RANK or GROUP_RANK"})
     nnodes: int | None = field(default=None, metadata={"env": "NNODES or WORLD_SIZE / LOCAL_WORLD_SIZE"})
-    result_copy_stream: bool = field(default=True, metadata={"env": "LIGHTSPEED_RESULT_COPY_STREAM"})
-    """Copy each step's sampled tokens (and logprobs) to the host on a stream of their own, so the compute stream
-    never waits behind the KV host tier's copies (0: on the compute stream, for A/B runs)."""
+    step_io: str = field(default="stream", metadata={"env": "LIGHTSPEED_STEP_IO"})
+    """How a step's inputs reach the GPU and its sampled tokens the host (runner/step_io.py): `stream` (copy-engine
+    copies, results on their own stream), `kernel` (a Triton kernel through pinned memory, never queued behind the
+    KV host tier's copies; opt-in until a served A/B on the GPU) or `compute` (copy-engine copies on the compute
+    stream, for A/B runs)."""
 
 
 def _nnodes() -> int | None:
@@ -92,7 +106,7 @@ def load_envs() -> Envs:
         master_port=_int("MASTER_PORT", None),
         node_rank=_int("NODE_RANK", _int("GROUP_RANK", None)),
         nnodes=_nnodes(),
-        result_copy_stream=_bool("LIGHTSPEED_RESULT_COPY_STREAM", True),
+        step_io=_choice("LIGHTSPEED_STEP_IO", STEP_IO_MODES[0], STEP_IO_MODES),
     )
 
 

@@ -20,6 +20,7 @@ OPS = {
     ("activation", "silu_and_mul_linear"): ops.silu_and_mul_linear,
     ("kv_store", "paged"): ops.store_kv,
     ("kv_store", "rope_paged"): ops.rope_store_kv,
+    ("memory", "host_copy"): ops.host_copy,
     ("attention", "prefill"): ops.attention_prefill,
     ("attention", "decode"): ops.attention_decode,
     ("gemm", "bf16"): ops.linear,

@@ -9,15 +9,17 @@ the H200's in-graph boundaries measure ~0.4 us, host waits tens of us).
 
     python trace_gaps.py TRACE.json --steps 62 [--split-us 5] [--top 10] [--json OUT.json]
 
-A third cause is not the host's: a copy between device and host on a stream of kernels waits for the copy
-engine, which another stream's copies (the KV host tier's write-through) may hold, and every kernel queued
-behind it on that stream waits too. `copy_waits` lists those copies that started late (after the op before
-them on their stream ended) while another stream's copy was running: `--copy-waits` prints them per stream.
+A third cause is not the host's: a copy between device and host waits for the copy engine, which runs copies
+in the order they were queued whatever their stream, and another stream's copies (the KV host tier's
+write-through) may hold it. On a stream of kernels every kernel queued behind the copy waits too; on a result
+stream of its own the host waits for the copy, and launches late. `copy_waits` lists the copies that started
+late while another stream's copy was running: `--copy-waits` prints them per stream.
 """
 
 from __future__ import annotations
 
 import argparse
+import bisect
 import collections
 import json
 import statistics
@@ -63,9 +65,11 @@ def gap_report(kernels: list[dict], steps: int, split_us: float = 5.0, top: int 
 
 
 def copy_waits(trace: dict, late_us: float = 50.0) -> dict:
-    """Per stream that runs kernels: its host<->device copies, and those that started more than `late_us` after the
-    op before them on the stream ended while another stream's copy was running (queued behind it on the copy
-    engine). Returns {stream: {"copies", "late", "late_us_total", "late_us_median"}}."""
+    """Per stream: its host<->device copies, and those that started more than `late_us` after they could have
+    while another stream's copy was running (queued behind it on the copy engine). A copy on a stream of kernels
+    could start when the op before it on the stream ended; one on a stream of copies (a result stream that waits
+    for the compute stream), when that op or the last kernel before it on any stream did, whichever is later.
+    Returns {stream: {"copies", "late", "late_us_total", "late_us_median"}}."""
     ops = sorted((e for e in trace["traceEvents"] if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy",
                                                                                              "gpu_memset")),
                  key=lambda e: e["ts"])
@@ -73,16 +77,19 @@ def copy_waits(trace: dict, late_us: float = 50.0) -> dict:
     for e in ops:
         by_stream[e["args"].get("stream")].append(e)
     host_copies = [e for e in ops if e.get("cat") == "gpu_memcpy" and ("DtoH" in e["name"] or "HtoD" in e["name"])]
+    kernel_ends = sorted(e["ts"] + e["dur"] for e in ops if e.get("cat") == "kernel")
     out = {}
     for stream, seq in by_stream.items():
-        if not any(e.get("cat") == "kernel" for e in seq):
-            continue  # a copy stream of its own: its copies hold nothing else up
+        copy_stream = not any(e.get("cat") == "kernel" for e in seq)
         waits, copies = [], 0
-        for prev, cur in zip(seq, seq[1:], strict=False):
-            if cur not in host_copies:
+        for i, cur in enumerate(seq):
+            if cur not in host_copies or (i == 0 and not copy_stream):
                 continue
             copies += 1
-            ready = prev["ts"] + prev["dur"]
+            ready = seq[i - 1]["ts"] + seq[i - 1]["dur"] if i else 0.0
+            if copy_stream:
+                before = bisect.bisect_right(kernel_ends, cur["ts"])
+                ready = max(ready, kernel_ends[before - 1] if before else 0.0)
             late = cur["ts"] - ready
             if late > late_us and any(o["args"].get("stream") != stream and o["ts"] < cur["ts"]
                                       and o["ts"] + o["dur"] > ready for o in host_copies):
@@ -112,7 +119,7 @@ def main(argv=None) -> int:
     ap.add_argument("--top", type=int, default=10)
     ap.add_argument("--json", default=None, help="also write the report here")
     ap.add_argument("--copy-waits", action="store_true",
-                    help="also list host copies on kernel streams that queued behind another stream's copies")
+                    help="also list host copies that queued behind another stream's copies")
     args = ap.parse_args(argv)
     with open(args.trace) as f:
         trace = json.load(f)

@@ -62,12 +62,15 @@ def test_copy_waits_find_a_kernel_streams_copy_queued_behind_another_streams_cop
         _op("kernel", "sampler", 7, 6000, 100),
         _op("gpu_memcpy", "Memcpy DtoH (Device -> Pinned)", 7, 6102, 2),      # on time: nothing else copying
         _op("gpu_memcpy", "Memcpy HtoD (Pinned -> Device)", 7, 9000, 2),      # late, but no other copy ran
+        _op("gpu_memcpy", "Memcpy DtoH (Device -> Pinned)", 17, 4000, 2),     # result stream: sampler ended at 100
+        _op("gpu_memcpy", "Memcpy DtoH (Device -> Pinned)", 17, 6100.5, 1),   # right after its sampler: on time
         {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 10},
     ]
     waits = trace_gaps.copy_waits({"traceEvents": events})
-    assert set(waits) == {7}  # stream 13 runs no kernels: its copies hold nothing up
     assert waits[7]["copies"] == 3 and waits[7]["late"] == 1
     assert waits[7]["late_us_total"] == pytest.approx(4900)
+    assert waits[17]["copies"] == 2 and waits[17]["late"] == 1 and waits[17]["late_us_total"] == pytest.approx(3900)
+    assert waits[13] == {"copies": 1, "late": 0, "late_us_total": 0, "late_us_median": 0.0}  # nothing before it
     path = tmp_path / "t.json"
     path.write_text(json.dumps({"traceEvents": events}))
     assert trace_gaps.main([str(path), "--steps", "2", "--copy-waits"]) == 0

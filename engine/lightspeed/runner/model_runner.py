@@ -7,13 +7,8 @@ their state rows -> build input tensors -> forward
 / min_tokens / grammar masks -> batched sampler -> a non-blocking copy of the tokens to the host
 and an event. collect(launched): wait for that event only, then hand back host arrays.
 
-The host copies of a step's results run on a stream of their own (`ResultCopies`), not on the compute
-stream. A device->host copy waits for the copy engine, and the KV host tier's write-through can hold it for
-milliseconds: one run of a prompt's pages is a single 2D copy of ~130 MB for a 1K-token prompt of the 8B
-shape. On the compute stream every kernel queued after the token copy waits too. On an H100 at 64 decoding
-requests the token copy started a median 4 ms late in a quarter of the steps, and the compute stream sat idle
-that long (bench/results/profile_gpu_2026-12-07_1427_h100/). On their own stream only the host waits, while
-the GPU runs the step already launched.
+A step's inputs go up and its results come down by a kernel through pinned memory, not by the copy engine,
+which the KV host tier's write-through holds for milliseconds at a time (step_io.py, `LIGHTSPEED_STEP_IO`).
 
 The engine launches plan N+1 before it collects plan N, so the CPU builds and launches a step
 while the GPU runs the one before: a decode whose input is plan N's sample reads it on the device
@@ -55,6 +50,7 @@ from ..kv import KVCache, KVTransferError
 from .expert_load import ExpertLoad
 from .inputs import InputBuilder, StepTensors, upload
 from .sampling_state import SamplingState
+from .step_io import ResultCopies
 from .structured import StructuredOutputs
 
 
@@ -100,7 +96,8 @@ class ModelRunner:
                                       max_stop_ids=max_stop_ids)
         self.structured = StructuredOutputs(load_tokenizer or _no_tokenizer, vocab_size, grammar_cache_size)
         self._failures: list[tuple[int, BaseException]] = []  # (request id, error) of per-request failures
-        self.inputs = InputBuilder(device)
+        self._result_copies = ResultCopies(device, ENVS.step_io)  # resolves the mode: probes kernel transfers
+        self.inputs = InputBuilder(device, self._result_copies.mode)
         self._slot_owner = np.full(num_slots, -1, dtype=np.int64)  # req id bound to each state row
         self._requests: dict[int, tuple[SamplingSpec, list[int], str | None]] = {}
         self._slot_of: dict[int, int] = {}
@@ -112,7 +109,6 @@ class ModelRunner:
         self.expert_load = ExpertLoad(model, device)
         self.spec: SpecDecoder | None = None        # speculative decoding (None: off)
         self._hidden: torch.Tensor | None = None    # the last eager forward's hidden states (device drafters)
-        self._result_copies = ResultCopies(device, own_stream=ENVS.result_copy_stream)
 
     # -- request lifecycle ---------------------------------------------------------------------
     def add_request(self, req_id: int, spec: SamplingSpec, prompt_ids: list[int], grammar: Any = None,
@@ -333,48 +329,6 @@ class ModelRunner:
         # Rank by raw logits (monotone in logprob): 1 + how many tokens are strictly more likely.
         ranks = (raw > raw.gather(1, chosen[:, None])).sum(dim=-1) + 1
         return [token_lp.float(), ranks, top_ids, top_lp.float()]
-
-
-def _to_host(t: torch.Tensor) -> torch.Tensor:
-    """A host copy that does not block: pinned and non_blocking on GPU (valid after the step's
-    event), a plain tensor on CPU."""
-    return t.to("cpu", non_blocking=True) if t.is_cuda else t
-
-
-class ResultCopies:
-    """Device->host copies of a step's results and the event that says they landed (see the module notes).
-
-    own_stream (default, `LIGHTSPEED_RESULT_COPY_STREAM=1`): the copies wait for the compute stream's work so far,
-    then run on a stream of their own, so the compute stream never queues behind them; each source tensor is
-    recorded on that stream, so the caching allocator keeps it until its copy is done. Off: on the compute stream,
-    as before (for A/B runs). On CPU the results are the host tensors and there is no event."""
-
-    def __init__(self, device: torch.device, own_stream: bool = True):
-        self.device = device
-        self.stream = torch.cuda.Stream(device) if device.type == "cuda" and own_stream else None
-
-    def to_host(self, tensor: torch.Tensor) -> torch.Tensor:
-        """One tensor's host copy, valid once the event of a later `copy` of the same step has fired."""
-        return self._enqueue([tensor])[0]
-
-    def copy(self, tensors: list[torch.Tensor]) -> tuple[list[torch.Tensor], torch.cuda.Event | None]:
-        """The tensors' host copies and the event after them (None on CPU); copies enqueued before on this
-        object (`to_host`) have landed when it fires too."""
-        host = self._enqueue(tensors)
-        if self.device.type != "cuda":
-            return host, None
-        ready = torch.cuda.Event()
-        ready.record(self.stream or torch.cuda.current_stream(self.device))
-        return host, ready
-
-    def _enqueue(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-        if self.stream is None:
-            return [_to_host(t) for t in tensors]
-        self.stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(self.stream):
-            for t in tensors:
-                t.record_stream(self.stream)
-            return [_to_host(t) for t in tensors]
 
 
 def _no_tokenizer() -> Any:

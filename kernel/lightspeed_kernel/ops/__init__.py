@@ -18,6 +18,7 @@ from .gemm import (
     linear_w8,
 )
 from .kv_store import rope_store_kv, store_kv
+from .memory import host_copy
 from .moe import fused_experts, fused_experts_fp8, moe_topk
 from .norm import fused_add_rms_norm, rms_norm, rms_norm_linear
 from .quantize import quant_fp8_per_block, quant_fp8_per_token, quant_fp8_per_token_head
@@ -42,6 +43,7 @@ __all__ = [
     "fused_experts_fp8",
     "gelu_and_mul",
     "greedy",
+    "host_copy",
     "linear",
     "linear_quantized",
     "linear_w4",

@@ -3,6 +3,6 @@
 Importing a module registers its kernels (name ``reference``, band REFERENCE, any device/dtype).
 """
 
-from . import activation, attention, gemm, kv_store, moe, norm, quantize, rope, sampling, spec
+from . import activation, attention, gemm, kv_store, memory, moe, norm, quantize, rope, sampling, spec
 
-__all__ = ["activation", "attention", "gemm", "kv_store", "moe", "norm", "quantize", "rope", "sampling", "spec"]
+__all__ = ["activation", "attention", "gemm", "kv_store", "memory", "moe", "norm", "quantize", "rope", "sampling", "spec"]

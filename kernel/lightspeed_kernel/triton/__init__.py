@@ -27,6 +27,7 @@ MODULES = (
     "fused_moe_fp8",
     "sampling",
     "spec",
+    "memory",
 )
 
 AVAILABLE = False
