@@ -94,6 +94,22 @@ def test_cuda_copier_moves_page_runs_exactly(tiny_model_dir, monkeypatch, max_co
             assert torch.equal(dev[:, d_dst].view(torch.uint8), before[:, d_src].view(torch.uint8))
 
 
+def test_cuda_copier_starts_after_the_streams_it_is_told_to_follow():
+    """A plan's copies wait for the result stream's queued work (`copy_after`), so a step's token copy is queued
+    on the copy engine before the next plan's KV pages, not behind them."""
+    from lightspeed.kv import KVCache, KVLayout
+
+    cache = KVCache(KVLayout(2, 2, 64, 16, torch.bfloat16), num_device_pages=16, num_host_pages=16, device="cuda")
+    results = torch.cuda.Stream()
+    cache.copier.copy_after(results)
+    with torch.cuda.stream(results):
+        torch.cuda._sleep(200_000_000)  # ~0.1 s of a busy result stream
+    cache.copier.submit(1, np.array([[1, 2]]), np.empty((0, 2), np.int32), False)
+    assert cache.copier.poll() == []  # still waiting for the result stream
+    results.synchronize()
+    assert cache.copier.wait_all() == [1]
+
+
 def test_host_tier_on_gpu_reproduces_outputs(tiny_model_dir):
     """Prefixes pushed off a tiny device pool come back from host through the CUDA copier."""
     engine = make_engine(tiny_model_dir, device="cuda", dtype="float32", kv_cache_memory=48 * 4096,

@@ -46,7 +46,7 @@ if TYPE_CHECKING:  # the runner never needs msgspec at run time (GPU benchmarks 
     from .piecewise_graph import PiecewiseGraphRunner
 
 from ..envs import ENVS
-from ..kv import KVCache, KVTransferError
+from ..kv import CudaPageCopier, KVCache, KVTransferError
 from .expert_load import ExpertLoad
 from .inputs import InputBuilder, StepTensors, upload
 from .sampling_state import SamplingState
@@ -98,6 +98,8 @@ class ModelRunner:
         self._failures: list[tuple[int, BaseException]] = []  # (request id, error) of per-request failures
         self._result_copies = ResultCopies(device, ENVS.step_io)  # resolves the mode: probes kernel transfers
         self.inputs = InputBuilder(device, self._result_copies.mode)
+        if self._result_copies.stream is not None and isinstance(kv_cache.copier, CudaPageCopier):
+            kv_cache.copier.copy_after(self._result_copies.stream)  # token copies ahead of KV pages on the engine
         self._slot_owner = np.full(num_slots, -1, dtype=np.int64)  # req id bound to each state row
         self._requests: dict[int, tuple[SamplingSpec, list[int], str | None]] = {}
         self._slot_of: dict[int, int] = {}
