@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..envs import STEP_IO_MODES
 from .step_io import upload_packet
 
 HEADER_WORDS = 16
@@ -195,7 +196,7 @@ def stop_packet(host: torch.Tensor) -> StepPacket:
 
 
 class InputBuilder:
-    def __init__(self, device: torch.device, step_io: str = "stream"):
+    def __init__(self, device: torch.device, step_io: str = STEP_IO_MODES[0]):
         self.device = device
         self.step_io = step_io  # how the packet goes up (step_io.py): "kernel" reads it through pinned memory
         self._pinned = device.type == "cuda"

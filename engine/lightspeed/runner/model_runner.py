@@ -7,8 +7,10 @@ their state rows -> build input tensors -> forward
 / min_tokens / grammar masks -> batched sampler -> a non-blocking copy of the tokens to the host
 and an event. collect(launched): wait for that event only, then hand back host arrays.
 
-A step's inputs go up and its results come down by a kernel through pinned memory, not by the copy engine,
-which the KV host tier's write-through holds for milliseconds at a time (step_io.py, `LIGHTSPEED_STEP_IO`).
+A step's inputs go up and its results come down as `LIGHTSPEED_STEP_IO` says (step_io.py). By default they are
+copy-engine copies, the results on a stream of their own that the KV tier's copies queue after. With `kernel`, a
+Triton kernel moves them through pinned memory, beside the copy engine, which the KV host tier's write-through
+holds for milliseconds at a time.
 
 The engine launches plan N+1 before it collects plan N, so the CPU builds and launches a step
 while the GPU runs the one before: a decode whose input is plan N's sample reads it on the device
