@@ -1,6 +1,8 @@
 """The engine on CUDA (`pytest -m gpu`, skipped without CUDA): registry kernels (Triton) give what
 the torch references give; the LLM API; asynchronous KV copies through the CUDA copier."""
 
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -105,6 +107,7 @@ def test_cuda_copier_starts_after_the_streams_it_is_told_to_follow():
     with torch.cuda.stream(results):
         torch.cuda._sleep(200_000_000)  # ~0.1 s of a busy result stream
     cache.copier.submit(1, np.array([[1, 2]]), np.empty((0, 2), np.int32), False)
+    time.sleep(0.02)  # ample for one page's copy, were it not waiting
     assert cache.copier.poll() == []  # still waiting for the result stream
     results.synchronize()
     assert cache.copier.wait_all() == [1]

@@ -6,7 +6,7 @@ import pytest
 import torch
 from lightspeed import envs
 from lightspeed.runner import step_io
-from lightspeed.runner.step_io import ResultCopies, resolve_step_io, upload_packet
+from lightspeed.runner.step_io import PacketUploads, ResultCopies, resolve_step_io
 
 
 def test_on_cpu_the_results_are_the_host_tensors_and_there_is_no_event():
@@ -20,7 +20,7 @@ def test_to_host_and_upload_on_cpu_are_the_tensor_itself():
     verdict = torch.tensor([[1, 0], [1, 1]])
     assert ResultCopies(torch.device("cpu")).to_host(verdict) is verdict
     packet = torch.arange(8, dtype=torch.int32)
-    assert upload_packet(packet, torch.device("cpu"), "kernel") is packet
+    assert PacketUploads(torch.device("cpu"), "kernel").upload(packet) is packet
 
 
 @pytest.mark.parametrize("raw,want", [("kernel", "kernel"), ("STREAM", "stream"), ("compute", "compute"),
@@ -108,6 +108,10 @@ def test_gpu_results_land_by_the_event_and_survive_the_allocator(mode):
 def test_gpu_packet_upload_equals_the_host_words(mode):
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
+    uploads = PacketUploads(torch.device("cuda"), mode)
     host = torch.arange(-5000, 5000, dtype=torch.int32).pin_memory()
-    dev = upload_packet(host, torch.device("cuda"), mode)
+    dev = uploads.upload(host)
     assert dev.is_cuda and torch.equal(dev.cpu(), host)
+    if mode == "kernel":  # the host words are held until their read has run, and no longer
+        uploads.upload(host[:8])
+        assert len(uploads._reading) == 1

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import bisect
 import collections
+import itertools
 import json
 import statistics
 import sys
@@ -67,29 +68,38 @@ def gap_report(kernels: list[dict], steps: int, split_us: float = 5.0, top: int 
 def copy_waits(trace: dict, late_us: float = 50.0) -> dict:
     """Per stream: its host<->device copies, and those that started more than `late_us` after they could have
     while another stream's copy was running (queued behind it on the copy engine). A copy on a stream of kernels
-    could start when the op before it on the stream ended; one on a stream of copies (a result stream that waits
-    for the compute stream), when that op or the last kernel before it on any stream did, whichever is later.
-    Returns {stream: {"copies", "late", "late_us_total", "late_us_median"}}."""
-    ops = sorted((e for e in trace["traceEvents"] if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy",
-                                                                                             "gpu_memset")),
+    could start when the op before it on the stream ended. One on a stream of copies (a result stream that waits
+    for the compute stream) could start when that op ended and every kernel launched before the copy's own launch
+    had ended (launch times from the host's runtime calls, matched by correlation id; a kernel without one counts
+    from its start, which is never before its launch). Returns {stream: {"copies", "late", "late_us_total",
+    "late_us_median"}}."""
+    events = trace["traceEvents"]
+    launched_at = {e["args"]["correlation"]: e["ts"] for e in events
+                   if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
+    ops = sorted((e for e in events if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")),
                  key=lambda e: e["ts"])
     by_stream: dict = collections.defaultdict(list)
     for e in ops:
         by_stream[e["args"].get("stream")].append(e)
     host_copies = [e for e in ops if e.get("cat") == "gpu_memcpy" and ("DtoH" in e["name"] or "HtoD" in e["name"])]
-    kernel_ends = sorted(e["ts"] + e["dur"] for e in ops if e.get("cat") == "kernel")
+    is_host_copy = {id(e) for e in host_copies}
+    # Kernels by launch time, and the latest end among those launched so far: what a copy launched then waits for.
+    kernels = sorted((launched_at.get(e["args"].get("correlation"), e["ts"]), e["ts"] + e["dur"])
+                     for e in ops if e.get("cat") == "kernel")
+    launches = [k[0] for k in kernels]
+    ends_so_far = list(itertools.accumulate((k[1] for k in kernels), max))
     out = {}
     for stream, seq in by_stream.items():
         copy_stream = not any(e.get("cat") == "kernel" for e in seq)
         waits, copies = [], 0
         for i, cur in enumerate(seq):
-            if cur not in host_copies or (i == 0 and not copy_stream):
+            if id(cur) not in is_host_copy or (i == 0 and not copy_stream):
                 continue
             copies += 1
             ready = seq[i - 1]["ts"] + seq[i - 1]["dur"] if i else 0.0
             if copy_stream:
-                before = bisect.bisect_right(kernel_ends, cur["ts"])
-                ready = max(ready, kernel_ends[before - 1] if before else 0.0)
+                before = bisect.bisect_left(launches, launched_at.get(cur["args"].get("correlation"), cur["ts"]))
+                ready = max(ready, ends_so_far[before - 1] if before else 0.0)
             late = cur["ts"] - ready
             if late > late_us and any(o["args"].get("stream") != stream and o["ts"] < cur["ts"]
                                       and o["ts"] + o["dur"] > ready for o in host_copies):

@@ -49,8 +49,27 @@ def test_too_little_trace_is_an_error():
         trace_gaps.gap_report([{"name": "a", "ts": 0, "dur": 1}], steps=1)
 
 
-def _op(cat, name, stream, ts, dur):
-    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "args": {"stream": stream}}
+def _op(cat, name, stream, ts, dur, correlation=None):
+    args = {"stream": stream} if correlation is None else {"stream": stream, "correlation": correlation}
+    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "args": args}
+
+
+def _launch(name, ts, correlation):
+    return {"ph": "X", "cat": "cuda_runtime", "name": name, "ts": ts, "dur": 1, "args": {"correlation": correlation}}
+
+
+def test_a_result_streams_copy_counts_from_the_kernels_launched_before_it_not_those_after():
+    """Step N's token copy (stream 17, launched after step N's sampler) waits behind the write-through while the
+    compute stream runs step N+1, launched after the copy: the copy could have started when the sampler ended."""
+    events = [
+        _op("gpu_memcpy", "Memcpy DtoH (Device -> Pinned)", 13, 0, 5000),          # write-through
+        _launch("cudaLaunchKernel", -50, 1), _op("kernel", "sampler_N", 7, 0, 100, 1),
+        _launch("cudaMemcpyAsync", -40, 2), _op("gpu_memcpy", "Memcpy DtoH (Device -> Pinned)", 17, 5001, 2, 2),
+        *(x for j in range(50) for x in (_launch("cudaLaunchKernel", -30 + j * 0.1, 10 + j),
+                                          _op("kernel", f"step_N+1_{j}", 7, 100 + 100 * j, 100, 10 + j))),
+    ]
+    waits = trace_gaps.copy_waits({"traceEvents": events})
+    assert waits[17]["late"] == 1 and waits[17]["late_us_total"] == pytest.approx(4901)
 
 
 def test_copy_waits_find_a_kernel_streams_copy_queued_behind_another_streams_copy(tmp_path, capsys):

@@ -216,8 +216,8 @@ class CudaPageCopier(PageCopier):
         """Start each plan's copies only after the work queued on `stream` so far, as after the compute
         stream's. The runner names its result stream: a copy engine serves its queue in order, whatever the
         stream, and a plan's write-through becomes ready when the step before it ends, just as that step's token
-        copy does. Queued first, ~130 MB of a prompt's pages held the token copy 2-8 ms on an H100
-        (bench/results/step_io_2026-12-07_1640_h100/); queued after it, they cost it nothing."""
+        copy does. Queued first, a prompt's pages (~130 MB) held the token copy a median 7.3 ms in a quarter of an
+        H100's steps (bench/results/step_io_2026-12-07_1640_h100/); queued after it, they should not hold it."""
         self.after_streams.append(stream)
 
     def _start(self, write_back, load_back, forward_waits) -> torch.cuda.Event:

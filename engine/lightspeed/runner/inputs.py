@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from ..envs import STEP_IO_MODES
-from .step_io import upload_packet
+from .step_io import PacketUploads
 
 HEADER_WORDS = 16
 KIND_STEP, KIND_STOP = 0, 1
@@ -198,7 +198,7 @@ def stop_packet(host: torch.Tensor) -> StepPacket:
 class InputBuilder:
     def __init__(self, device: torch.device, step_io: str = STEP_IO_MODES[0]):
         self.device = device
-        self.step_io = step_io  # how the packet goes up (step_io.py): "kernel" reads it through pinned memory
+        self._uploads = PacketUploads(device, step_io)  # how the packet goes up (step_io.py)
         self._pinned = device.type == "cuda"
         self._staging: list[torch.Tensor] = []
         self._turn = 0
@@ -239,7 +239,7 @@ class InputBuilder:
         starts, sizes = packet.layout()
         end = int(starts[-4]) + sizes[-4]  # through the page table: copies and acks stay on the host
         host = packet.host
-        dev = upload_packet(host[:end], self.device, self.step_io)
+        dev = self._uploads.upload(host[:end])
         views = [dev[start:start + size] for start, size in zip(starts.tolist()[:-3], sizes[:-3], strict=True)]
         qsl, seq_lens, page_table = views[3], views[4], views[-1]
         # The int64 parts (and the int32 ones between them) widened by one kernel, not one each: a decode

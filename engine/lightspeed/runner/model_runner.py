@@ -4,7 +4,7 @@ launch(plan): hand the plan's KV page copies to the copier (they run beside the 
 stream) and its disk ops to the disk tier (on its own threads) -> bind newly scheduled requests to
 their state rows -> build input tensors -> forward
 -> logits at the sampled positions -> logprobs (of the raw logits, when asked) -> penalties / bias
-/ min_tokens / grammar masks -> batched sampler -> a non-blocking copy of the tokens to the host
+/ min_tokens / grammar masks -> batched sampler -> the tokens on their way to the host (step_io.py)
 and an event. collect(launched): wait for that event only, then hand back host arrays.
 
 A step's inputs go up and its results come down as `LIGHTSPEED_STEP_IO` says (step_io.py). By default they are
@@ -308,7 +308,7 @@ class ModelRunner:
         s.record(tokens, slots, h_slots, keep)
         self._prev_sampled = tokens
         if self.spec is not None:
-            # Its copies go first on the result stream: the tokens' event below also says they landed.
+            # Its copies go first: the tokens' event below also says they landed.
             self.spec.after_sample(plan, t, step, spec_launch, tokens, accepted, keep, self._hidden,
                                    to_host=self._result_copies.to_host)
             self._hidden = None

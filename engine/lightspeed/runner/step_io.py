@@ -3,9 +3,9 @@ speculative verdicts) down. `LIGHTSPEED_STEP_IO` picks how they move:
 
 - `stream` (default): copy-engine copies; the results on a stream of their own.
 - `kernel`: a Triton kernel on the compute stream moves the bytes through pinned host memory, which the GPU
-  addresses directly (`lightspeed_kernel.ops.host_copy`). No copy engine is involved. It passes the GPU tests
-  on an H100 (bench/results/step_io_2026-12-07_1640_h100/); it becomes the default once a served A/B on the
-  GPU says it is faster.
+  addresses directly (`lightspeed_kernel.ops.host_copy`). No copy engine is involved. Its kernel moved exact
+  bytes on an H100 and the engine's GPU tests passed with it (bench/results/step_io_2026-12-07_1640_h100/);
+  it becomes the default once a served A/B on the GPU says it is faster.
 - `compute`: copy-engine copies on the compute stream (the first design, kept for A/B runs).
 
 Why not the copy engine. It runs its copies in the order they were queued, whatever their stream. The KV host
@@ -13,8 +13,8 @@ tier's write-through queues copies of megabytes there (a 1K-token prompt of the 
 step's token copy queued behind them waited 4-8 ms. On the compute stream (`compute`), every kernel after it
 waited too: the GPU sat idle 10.8% of a 64-row decode step on an H100
 (bench/results/profile_gpu_2026-12-07_1427_h100/). On a stream of its own (`stream`) the GPU runs on, but the
-host still waits for the tokens, so it launches the step after next late: in 9 of 61 steps the token copy
-queued behind write-through copies (median 1.8 ms), and the compute stream sat idle 6.9% of a step waiting for
+host still waits for the tokens, so it launches the step after next late: in 15 of 61 steps the token copy
+queued behind write-through copies (median 7.3 ms), and the compute stream sat idle 6.9% of a step waiting for
 the host (bench/results/step_io_2026-12-07_1640_h100/). A kernel's transfer waits only for the kernels before it.
 
 Pinned host blocks come from torch's caching host allocator, in every mode. A new block is a `cudaHostAlloc`,
@@ -42,17 +42,17 @@ def kernel_transfer_problem(device: torch.device) -> str | None:
 
     if select_kernel("memory", "host_copy", torch.uint8, platform=platform_of(device)).spec.solution == "reference":
         return "no kernel for memory/host_copy on this device (Triton missing?)"
-    try:
-        want = torch.arange(1, 9, dtype=torch.int32)
-        host, back = torch.zeros(8, dtype=torch.int32, pin_memory=True), torch.zeros(8, dtype=torch.int32,
-                                                                                       device=device)
-        ops.host_copy(want.to(device), host)
-        ops.host_copy(host, back)
-        torch.cuda.synchronize(device)
+    try:  # both builds the kernel has: 32-bit words, and bytes (odd sizes)
+        for want in (torch.arange(1, 9, dtype=torch.int32), torch.arange(1, 8, dtype=torch.uint8)):
+            host = torch.zeros_like(want).pin_memory()
+            back = torch.zeros_like(want, device=device)
+            ops.host_copy(want.to(device), host)
+            ops.host_copy(host, back)
+            torch.cuda.synchronize(device)
+            if not (torch.equal(host, want) and torch.equal(back.cpu(), want)):
+                return "the round trip through pinned memory returned other values"
     except Exception as e:  # a driver without mapped pinned memory, a Triton that rejects host pointers
         return f"{type(e).__name__}: {e}"
-    if not (torch.equal(host, want) and torch.equal(back.cpu(), want)):
-        return "the round trip through pinned memory returned other values"
     return None
 
 
@@ -69,17 +69,33 @@ def resolve_step_io(device: torch.device, mode: str) -> str:
     return mode
 
 
-def upload_packet(host: torch.Tensor, device: torch.device, mode: str) -> torch.Tensor:
-    """A step packet's words (pinned on GPU) on the device, ordered before the step's kernels."""
-    if device.type != "cuda":
-        return host
-    if mode != "kernel":
-        return host.to(device, non_blocking=True)
-    from lightspeed_kernel import ops
+class PacketUploads:
+    """A step packet's words (pinned on GPU) on the device, ordered before the step's kernels (`upload`).
 
-    dev = torch.empty(host.shape, dtype=host.dtype, device=device)
-    ops.host_copy(host, dev)
-    return dev
+    A copy-engine upload from pinned memory records an event with torch's caching host allocator, which then
+    keeps the pinned block from reuse until the copy ran. A kernel's read records nothing, so with `kernel` each
+    packet's host words are held here until an event recorded after their upload has fired: a staging buffer
+    replaced while a queued kernel still reads it (the builder grows its buffers) is not reused early."""
+
+    def __init__(self, device: torch.device, mode: str):
+        self.device, self.mode = device, mode
+        self._reading: deque[tuple[torch.cuda.Event, torch.Tensor]] = deque()
+
+    def upload(self, host: torch.Tensor) -> torch.Tensor:
+        if self.device.type != "cuda":
+            return host
+        if self.mode != "kernel":
+            return host.to(self.device, non_blocking=True)
+        from lightspeed_kernel import ops
+
+        while self._reading and self._reading[0][0].query():
+            self._reading.popleft()
+        dev = torch.empty(host.shape, dtype=host.dtype, device=self.device)
+        ops.host_copy(host, dev)
+        read = torch.cuda.Event()
+        read.record(torch.cuda.current_stream(self.device))
+        self._reading.append((read, host))
+        return dev
 
 
 class ResultCopies:

@@ -124,18 +124,18 @@ class SpecDecoder:
 
     def after_sample(self, plan, t, step: SpecStep | None, launch: SpecLaunch, tokens: torch.Tensor,
                      accepted: torch.Tensor | None, keep: torch.Tensor | None, hidden: torch.Tensor | None,
-                     to_host=None) -> None:
-        """to_host(tensor) -> its host copy, valid once the step's event fired: the runner's result copies (their
-        own stream, so the compute stream never waits for the copy engine); default a copy on the current stream."""
-        if to_host is None:
-            from ..runner.model_runner import _to_host as to_host
+                     *, to_host) -> None:
+        """to_host(tensor) -> its host copy, valid once the step's event fired: the runner's result copies
+        (`ResultCopies.to_host`, moved as LIGHTSPEED_STEP_IO says, runner/step_io.py)."""
         if step is not None:
             self._prev_rejected = step.rejected_by_sample(accepted, tokens.shape[0])
             launch.verdict = to_host(step.verdict)  # accepted, chain ok, [matched]: one copy
         if self.drafter.on_device:
             found = self.drafter.run(plan, t, tokens, accepted, keep, hidden)
             if found is not None:
-                launch.found, launch.found_slots = to_host(found), plan.req_slots[sampling_rows(plan)].copy()
+                # A snapshot: `found` is the drafter's buffer, which the next step's lookup rewrites on the compute
+                # stream, and a copy on the result stream may run after that.
+                launch.found, launch.found_slots = to_host(found.clone()), plan.req_slots[sampling_rows(plan)].copy()
 
     def collect(self, launch: SpecLaunch, sample_slots: np.ndarray, tokens: np.ndarray,
                 owned: np.ndarray) -> np.ndarray | None:

@@ -17,7 +17,8 @@ from ._common import check, register
 BLOCK = 4096
 
 
-@triton.jit(do_not_specialize=["n"])  # one build serves every size: no JIT mid-serve
+# Nothing specialised (pointer alignment, size): one build per word width serves every call, so no JIT mid-serve.
+@triton.jit(do_not_specialize=["src_ptr", "dst_ptr", "n"])
 def _copy_kernel(src_ptr, dst_ptr, n, BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n

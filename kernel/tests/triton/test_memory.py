@@ -36,15 +36,31 @@ def test_device_to_host_and_back_moves_exactly_the_bytes(device, dtype, n):
     assert torch.equal(back.cpu(), src.cpu())
 
 
-@pytest.mark.parametrize("offset", [1, 2, 3])
-def test_unaligned_views_take_the_byte_path(device, offset):
-    """A view that starts off a 4-byte boundary cannot be read as words: the kernel copies bytes."""
-    src = torch.arange(64, dtype=torch.uint8, device=device)[offset:offset + 40]
-    host = _host(torch.zeros(48, dtype=torch.uint8))[offset:offset + 40]
+class _KernelSpy:
+    """Stands in for memory._copy_kernel: records the element type of each launch, then launches the real one."""
+
+    def __init__(self, real):
+        self.real, self.dtypes = real, []
+
+    def __getitem__(self, grid):
+        def launch(src, dst, *args, **kwargs):
+            self.dtypes.append(src.dtype)
+            return self.real[grid](src, dst, *args, **kwargs)
+        return launch
+
+
+@pytest.mark.parametrize("offset,size,path", [(0, 40, torch.int32), (1, 40, torch.uint8), (2, 40, torch.uint8),
+                                              (3, 40, torch.uint8), (0, 39, torch.uint8)])
+def test_unaligned_views_and_odd_sizes_take_the_byte_path(device, monkeypatch, offset, size, path):
+    """A view that starts off a 4-byte boundary, or a size that is not whole words, cannot be read as words."""
+    spy = _KernelSpy(memory._copy_kernel)
+    monkeypatch.setattr(memory, "_copy_kernel", spy)
+    src = torch.arange(64, dtype=torch.uint8, device=device)[offset:offset + size]
+    host = _host(torch.zeros(48, dtype=torch.uint8))[offset:offset + size]
     memory.host_copy(src, host)
     if device == "cuda":
         torch.cuda.synchronize()
-    assert torch.equal(host, src.cpu())
+    assert torch.equal(host, src.cpu()) and spy.dtypes == [path]
 
 
 def test_the_op_checks_its_arguments():
@@ -56,6 +72,12 @@ def test_the_op_checks_its_arguments():
     with pytest.raises(ValueError, match="contiguous"):
         ops.host_copy(torch.zeros(4, 2, dtype=torch.int32)[:, 0], a)
     ops.host_copy(torch.zeros(0), torch.zeros(0))  # nothing to move is fine
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_pageable_host_memory_is_a_clear_error():
+    with pytest.raises(ValueError, match="must be pinned"):
+        ops.host_copy(torch.zeros(4, device="cuda"), torch.zeros(4))
 
 
 def test_the_op_on_cpu_copies_through_the_reference():

@@ -16,6 +16,8 @@ profile)
   python3 -m pytest -q -m gpu kernel/tests/triton/test_memory.py engine/tests/test_step_io.py \
     engine/tests/test_gpu_engine.py engine/tests/test_cuda_graph.py -p no:cacheprovider > "$out/gpu_tests.log" 2>&1
   echo "gpu tests rc=$? $(tail -1 "$out/gpu_tests.log")"
+  python3 -m pytest -q kernel/tests/triton/test_memory.py -p no:cacheprovider > "$out/memory_tests_cuda.log" 2>&1
+  echo "host_copy kernel tests on the device rc=$? $(tail -1 "$out/memory_tests_cuda.log")"
   cd tools/bench
   for mode in compute stream kernel; do
     LIGHTSPEED_STEP_IO=$mode timeout 200 python3 profile_gpu.py --out "$out/$mode" --scenarios decode_b64,churn_128 \
@@ -42,7 +44,10 @@ served)
       --max-model-len 65536 --max-num-seqs 64 > "$out/${name}_serve.log" 2>&1 &
     server=$!
     for s in $(seq 300); do curl -sf localhost:8000/health >/dev/null && break; kill -0 $server 2>/dev/null || break; sleep 1; done
-    echo "$name: ready after ${s}s"
+    if ! curl -sf localhost:8000/health >/dev/null; then
+      echo "$name: server not ready after ${s}s; $(tail -3 "$out/${name}_serve.log")"; kill $server; wait $server; continue
+    fi
+    echo "$name: ready after ${s}s; $(grep -o 'step transfers through pinned memory do not work[^;]*' "$out/${name}_serve.log")"
     lightspeed-bench agentic "${common[@]}" --concurrency 32,128 --output-dir "$out" --name "$name" \
       --label "$name" 2>&1 | tail -3
     kill $server; wait $server
