@@ -21,17 +21,6 @@ def _int(name: str, default: int | None) -> int | None:
         raise ValueError(f"environment variable {name}={raw!r} is not an integer") from None
 
 
-def _bool(name: str, default: bool) -> bool:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    if raw.lower() in ("1", "true", "yes", "on"):
-        return True
-    if raw.lower() in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"environment variable {name}={raw!r} is not a boolean (1/0, true/false, on/off)")
-
-
 def _choice(name: str, default: str, choices: tuple[str, ...]) -> str:
     raw = os.environ.get(name)
     if raw is None or raw == "":

@@ -93,19 +93,3 @@ def test_copy_pages_checks():
 def test_cpu_budget():
     assert device_kv_budget(torch.device("cpu"), 0.9, None, 0) == 1 << 30
     assert device_kv_budget(torch.device("cpu"), 0.9, 12345, 0) == 12345
-
-
-def test_split_runs_cuts_long_runs_into_bounded_pieces_in_order():
-    from lightspeed.kv import split_runs
-
-    src, dst, length = page_runs(np.array([[p, 100 + p] for p in range(3, 13)] + [[40, 7]]))  # runs of 10 and 1
-    assert length.tolist() == [10, 1]
-    s, d, n = split_runs(src, dst, length, 4)
-    assert s.tolist() == [3, 7, 11, 40] and d.tolist() == [103, 107, 111, 7] and n.tolist() == [4, 4, 2, 1]
-    # every page once, each piece inside its run
-    pages = sorted((a + i, b + i) for a, b, k in zip(s, d, n, strict=True) for i in range(k))
-    assert pages == sorted([(p, 100 + p) for p in range(3, 13)] + [(40, 7)])
-    assert split_runs(src, dst, length, 10)[2].tolist() == [10, 1]  # nothing longer: unchanged
-    assert split_runs(*page_runs(np.empty((0, 2), np.int32)), 4)[2].shape == (0,)
-    with pytest.raises(ValueError, match="max_pages"):
-        split_runs(src, dst, length, 0)

@@ -6,7 +6,7 @@ import pytest
 import torch
 from lightspeed import envs
 from lightspeed.runner import step_io
-from lightspeed.runner.step_io import PacketUploads, ResultCopies, resolve_step_io
+from lightspeed.runner.step_io import PacketUploads, PinnedInUse, ResultCopies, resolve_step_io
 
 
 def test_on_cpu_the_results_are_the_host_tensors_and_there_is_no_event():
@@ -100,7 +100,7 @@ def test_gpu_results_land_by_the_event_and_survive_the_allocator(mode):
     side.synchronize()
     if mode == "kernel":  # host tensors are held only until their event has fired
         copies.copy([torch.zeros(1, device="cuda")])
-        assert len(copies._writing) == 1
+        assert len(copies.writing) == 1
 
 
 @pytest.mark.gpu
@@ -114,4 +114,24 @@ def test_gpu_packet_upload_equals_the_host_words(mode):
     assert dev.is_cuda and torch.equal(dev.cpu(), host)
     if mode == "kernel":  # the host words are held until their read has run, and no longer
         uploads.upload(host[:8])
-        assert len(uploads._reading) == 1
+        assert len(uploads.reading) == 1
+
+
+class _Event:
+    def __init__(self, done: bool):
+        self.done = done
+
+    def query(self) -> bool:
+        return self.done
+
+
+def test_pinned_in_use_releases_only_the_leading_landed_holds():
+    """Events fire in stream order: a landed one behind one still running waits its turn."""
+    held, events = PinnedInUse(), [_Event(True), _Event(False), _Event(True)]
+    for i, e in enumerate(events):
+        held.hold(e, [i])
+    held.release_done()
+    assert len(held) == 2
+    events[1].done = True
+    held.release_done()
+    assert len(held) == 0

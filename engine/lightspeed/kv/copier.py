@@ -12,9 +12,10 @@ forward (see scheduler/README.md, "Copies").
   per pool tensor, straight between device memory and the pinned host pool: no staging buffer and
   no CPU work proportional to the bytes moved (the old path gathered through pageable memory and a
   CPU `index_copy_`, 88% of the engine core's time under load). An event after the copies is
-  queried each step. A run is cut into copies of at most `MAX_COPY_BYTES`. A copy engine runs one
-  copy at a time, so a small copy another stream needs (a step's tokens, its inputs) should wait for
-  one piece, not for a whole prompt's pages (~130 MB and 3.3 ms over PCIe for 1K tokens of an 8B).
+  queried each step. A copy engine serves the copies queued on it in order, whatever their stream, so
+  a small copy another stream needs (a step's tokens) must be queued before a prompt's pages (~130 MB
+  and 3.3 ms over PCIe for 1K tokens of an 8B), not behind them: `copy_after`. (Cutting runs into
+  pieces does not help: all the pieces are queued at once.)
 - CPU (`ThreadPageCopier`): one worker thread runs the same copies with torch index ops (which
   release the GIL); a future's `done()` is the event.
 
@@ -61,24 +62,6 @@ def page_runs(pairs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     first = np.flatnonzero(starts)
     lengths = np.diff(np.append(first, p.shape[0]))
     return p[first, 0], p[first, 1], lengths
-
-
-def split_runs(src_starts: np.ndarray, dst_starts: np.ndarray, lengths: np.ndarray,
-               max_pages: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The runs of `page_runs` cut into pieces of at most max_pages pages (>= 1), in order."""
-    if max_pages < 1:
-        raise ValueError(f"max_pages must be >= 1, got {max_pages}")
-    if lengths.shape[0] == 0 or int(lengths.max()) <= max_pages:
-        return src_starts, dst_starts, lengths
-    pieces = -(-lengths // max_pages)                       # per run
-    run = np.repeat(np.arange(lengths.shape[0]), pieces)    # the run of each piece
-    first = np.cumsum(pieces) - pieces                      # index of each run's first piece
-    offset = (np.arange(run.shape[0]) - first[run]) * max_pages
-    piece_len = np.minimum(lengths[run] - offset, max_pages)
-    return src_starts[run] + offset, dst_starts[run] + offset, piece_len
-
-
-MAX_COPY_BYTES = 16 << 20  # one DMA copy at most: ~0.4 ms at PCIe speed
 
 
 _INT_OF_WIDTH = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -244,8 +227,7 @@ class CudaPageCopier(PageCopier):
             page_bytes = s[0, 0].numel() * s.element_size()   # one page of one outer index
             s_pitch, d_pitch = s.shape[1] * page_bytes, d.shape[1] * page_bytes
             s_base, d_base = s.data_ptr(), d.data_ptr()
-            pieces = split_runs(src_starts, dst_starts, lengths, max(1, MAX_COPY_BYTES // (page_bytes * outer)))
-            for a, b, n in zip(*(x.tolist() for x in pieces), strict=True):
+            for a, b, n in zip(src_starts.tolist(), dst_starts.tolist(), lengths.tolist(), strict=True):
                 if self._memcpy2d is not None:
                     self._memcpy2d(d_base + b * page_bytes, d_pitch, s_base + a * page_bytes, s_pitch,
                                    n * page_bytes, outer, stream)

@@ -69,17 +69,34 @@ def resolve_step_io(device: torch.device, mode: str) -> str:
     return mode
 
 
+class PinnedInUse:
+    """Pinned host tensors that queued kernels still read or write, each held until an event recorded after those
+    kernels has fired. A copy-engine copy records its own event with torch's caching host allocator, which keeps
+    the block from reuse until the copy ran; a kernel's access records nothing."""
+
+    def __init__(self):
+        self._held: deque[tuple[torch.cuda.Event, object]] = deque()
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    def release_done(self) -> None:
+        while self._held and self._held[0][0].query():  # events fire in order: one stream
+            self._held.popleft()
+
+    def hold(self, event: torch.cuda.Event, tensors: object) -> None:
+        self._held.append((event, tensors))
+
+
 class PacketUploads:
     """A step packet's words (pinned on GPU) on the device, ordered before the step's kernels (`upload`).
 
-    A copy-engine upload from pinned memory records an event with torch's caching host allocator, which then
-    keeps the pinned block from reuse until the copy ran. A kernel's read records nothing, so with `kernel` each
-    packet's host words are held here until an event recorded after their upload has fired: a staging buffer
+    With `kernel` each packet's host words are held (`PinnedInUse`) until their read has run: a staging buffer
     replaced while a queued kernel still reads it (the builder grows its buffers) is not reused early."""
 
     def __init__(self, device: torch.device, mode: str):
         self.device, self.mode = device, mode
-        self._reading: deque[tuple[torch.cuda.Event, torch.Tensor]] = deque()
+        self.reading = PinnedInUse()
 
     def upload(self, host: torch.Tensor) -> torch.Tensor:
         if self.device.type != "cuda":
@@ -88,13 +105,10 @@ class PacketUploads:
             return host.to(self.device, non_blocking=True)
         from lightspeed_kernel import ops
 
-        while self._reading and self._reading[0][0].query():
-            self._reading.popleft()
+        self.reading.release_done()
         dev = torch.empty(host.shape, dtype=host.dtype, device=self.device)
         ops.host_copy(host, dev)
-        read = torch.cuda.Event()
-        read.record(torch.cuda.current_stream(self.device))
-        self._reading.append((read, host))
+        self.reading.hold(torch.cuda.current_stream(self.device).record_event(), host)
         return dev
 
 
@@ -103,15 +117,15 @@ class ResultCopies:
 
     `stream`: the copies wait for the compute stream's work so far, then run on their own stream; each source
     tensor is recorded there, so the caching allocator keeps it until its copy is done. `kernel`: the kernel runs
-    on the compute stream, which orders its reads; the host tensors it writes are held here until their event
-    fires, so a step dropped before it is collected cannot hand their pinned blocks to someone else mid-write."""
+    on the compute stream, which orders its reads; the host tensors it writes are held (`PinnedInUse`) until their
+    event fires, so a step dropped before it is collected cannot hand their pinned blocks out mid-write."""
 
     def __init__(self, device: torch.device, mode: str = STEP_IO_MODES[0]):
         self.device = device
         self.mode = resolve_step_io(device, mode)
         self.stream = torch.cuda.Stream(device) if self.mode == "stream" else None
         self._unfenced: list[torch.Tensor] = []  # written by kernels queued since the last event
-        self._writing: deque[tuple[torch.cuda.Event, list[torch.Tensor]]] = deque()
+        self.writing = PinnedInUse()
 
     def to_host(self, tensor: torch.Tensor) -> torch.Tensor:
         """One tensor's host copy, valid once the event of a later `copy` of the same step has fired."""
@@ -126,7 +140,7 @@ class ResultCopies:
         ready = torch.cuda.Event()
         ready.record(self.stream or torch.cuda.current_stream(self.device))
         if self.mode == "kernel":
-            self._writing.append((ready, self._unfenced))
+            self.writing.hold(ready, self._unfenced)
             self._unfenced = []
         return host, ready
 
@@ -138,8 +152,7 @@ class ResultCopies:
         if self.mode == "kernel":
             from lightspeed_kernel import ops
 
-            while self._writing and self._writing[0][0].query():  # landed: their blocks may be reused
-                self._writing.popleft()
+            self.writing.release_done()
             host = []
             for t in tensors:
                 h = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
