@@ -4,7 +4,8 @@
 # (twice as long), then random 1024/128 at 1 and 32, and at 128 on its own (`*_random128`).
 #   bash tools/bench/h200/sweep.sh NAME OUTDIR MODEL_DIR [AGENTIC_SECONDS]
 # PROFILE=1: while the random c=128 level runs, the engine core is sampled by py-spy and the GPU by dmon.
-# AGENTIC_LEVELS (default 1,4,16) and AGENTIC32=0 (skip c=32) shorten a lease that cannot afford the whole sweep.
+# AGENTIC_LEVELS (default 1,4,16; `none` skips the agentic workload, c=32 included) and AGENTIC32=0 (skip c=32)
+# shorten a lease that cannot afford the whole sweep.
 set -uo pipefail
 name=$1 out=$2 model=$3 secs=${4:-30}
 port=${PORT:-8000}
@@ -12,10 +13,11 @@ mkdir -p "$out"
 common=(--base-url "http://127.0.0.1:$port" --tokenizer "$model" --no-progress --cache-page-size 16)
 agentic=(--system-prompt-tokens 2000 --first-turn-tokens 20000 --turn-tokens 800 --turns 6 --output-tokens 200
          --request-timeout 120)
-lightspeed-bench agentic "${common[@]}" "${agentic[@]}" --concurrency "${AGENTIC_LEVELS:-1,4,16}" --max-duration "$secs" \
+levels=${AGENTIC_LEVELS:-1,4,16}
+[ "$levels" = none ] || lightspeed-bench agentic "${common[@]}" "${agentic[@]}" --concurrency "$levels" --max-duration "$secs" \
   --output-dir "$out" --name "${name}_agentic" --label "$name" 2>&1 | tail -6
 # c=32: its 32 warm-up first turns (700K prompt tokens) take most of a short level; give it longer.
-[ "${AGENTIC32:-1}" = 0 ] || lightspeed-bench agentic "${common[@]}" "${agentic[@]}" --concurrency 32 --max-duration "$((secs * 2))" \
+[ "${AGENTIC32:-1}" = 0 ] || [ "$levels" = none ] || lightspeed-bench agentic "${common[@]}" "${agentic[@]}" --concurrency 32 --max-duration "$((secs * 2))" \
   --output-dir "$out" --name "${name}_agentic32" --label "$name" 2>&1 | tail -3
 # The server's counters after the agentic levels (Lightspeed: answers remembered / refused / spliced and
 # prefix hits by tier; vLLM: its prefix-cache queries and hits), to read the later-turn misses against.
