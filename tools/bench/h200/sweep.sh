@@ -5,7 +5,7 @@
 #   bash tools/bench/h200/sweep.sh NAME OUTDIR MODEL_DIR [AGENTIC_SECONDS]
 # PROFILE=1: while the random c=128 level runs, the engine core is sampled by py-spy and the GPU by dmon.
 # AGENTIC_LEVELS (default 1,4,16; `none` skips the agentic workload, c=32 included) and AGENTIC32=0 (skip c=32)
-# shorten a lease that cannot afford the whole sweep.
+# shorten a lease that cannot afford the whole sweep; so does RANDOM_LEVELS (default 1,32; `none`: only c=128).
 set -uo pipefail
 name=$1 out=$2 model=$3 secs=${4:-30}
 port=${PORT:-8000}
@@ -23,7 +23,8 @@ levels=${AGENTIC_LEVELS:-1,4,16}
 # prefix hits by tier; vLLM: its prefix-cache queries and hits), to read the later-turn misses against.
 curl -sf "http://127.0.0.1:$port/metrics" > "$out/${name}_metrics_after_agentic.txt" || true
 random=(--mode random --input-tokens 1024 --output-tokens 128 --max-duration 20 --request-timeout 120)
-lightspeed-bench agentic "${common[@]}" "${random[@]}" --concurrency 1,32 --output-dir "$out" \
+rlevels=${RANDOM_LEVELS:-1,32}
+[ "$rlevels" = none ] || lightspeed-bench agentic "${common[@]}" "${random[@]}" --concurrency "$rlevels" --output-dir "$out" \
   --name "${name}_random" --label "$name" 2>&1 | tail -5
 # c=128 alone, so the samples cover that level, not a guess of when it starts in a multi-level run;
 # sampled by dmon and (for Lightspeed) py-spy once the GPU reports work (profile_core.sh).
