@@ -9,7 +9,6 @@
 # stream kernel", so each mode runs twice, interleaved), each measured with random 1024/128 at c = 32 and 128.
 set -uo pipefail
 what=$1; out=$(realpath -m "$2"); modes=${3:-stream kernel stream kernel}
-M=$(realpath .dw-model/llama8b-smol)
 mkdir -p "$out"
 case $what in
 profile)
@@ -35,22 +34,13 @@ profile)
   done
   ;;
 served)
-  common=(--base-url http://127.0.0.1:8000 --tokenizer "$M" --no-progress --cache-page-size 16 --mode random
-          --input-tokens 1024 --output-tokens 128 --max-duration 20 --request-timeout 120)
+  # lightspeed.sh serves, waits and stops; sweep.sh's level variables keep only random c = 32 and 128.
   i=0
   for mode in $modes; do
     i=$((i + 1)); name=${mode}_$i
-    LIGHTSPEED_STEP_IO=$mode lightspeed serve "$M" --tokenizer "$M" --load-format dummy --port 8000 \
-      --max-model-len 65536 --max-num-seqs 64 > "$out/${name}_serve.log" 2>&1 &
-    server=$!
-    for s in $(seq 300); do curl -sf localhost:8000/health >/dev/null && break; kill -0 $server 2>/dev/null || break; sleep 1; done
-    if ! curl -sf localhost:8000/health >/dev/null; then
-      echo "$name: server not ready after ${s}s; $(tail -3 "$out/${name}_serve.log")"; kill $server; wait $server; continue
-    fi
-    echo "$name: ready after ${s}s; $(grep -o 'step transfers through pinned memory do not work[^;]*' "$out/${name}_serve.log")"
-    lightspeed-bench agentic "${common[@]}" --concurrency 32,128 --output-dir "$out" --name "$name" \
-      --label "$name" 2>&1 | tail -3
-    kill $server; wait $server
+    LIGHTSPEED_STEP_IO=$mode AGENTIC_LEVELS=none RANDOM_LEVELS=32 TESTS=none \
+      bash tools/bench/h200/lightspeed.sh "$out/$name"
+    echo "$name: $(grep -o 'step transfers through pinned memory do not work[^;]*' "$out/$name/lightspeed_serve.log")"
   done
   ;;
 *) echo "usage: step_io_ab.sh profile|served OUTDIR [MODES]" >&2; exit 2 ;;
