@@ -22,12 +22,12 @@ def host_copy(src: torch.Tensor, dst: torch.Tensor) -> None:
         raise ValueError(f"host_copy: src {src.dtype} [{src.numel()}] and dst {dst.dtype} [{dst.numel()}] differ")
     if not (src.is_contiguous() and dst.is_contiguous()):
         raise ValueError("host_copy: src and dst must be contiguous")
+    if src.numel() == 0:
+        return  # nothing to move; an empty pinned tensor has no storage, so is_pinned() says False
     host = dst if src.is_cuda and not dst.is_cuda else src if dst.is_cuda and not src.is_cuda else None
     if host is not None and not host.is_pinned():
         raise ValueError("host_copy: the host side must be pinned memory (pin_memory=True): the GPU cannot address "
                          "pageable memory")
-    if src.numel() == 0:
-        return
     src_bytes, dst_bytes = as_bytes(src), as_bytes(dst)
     on_gpu = src_bytes if src_bytes.device.type != "cpu" else dst_bytes
     impl_for("memory", "host_copy", on_gpu)(src_bytes, dst_bytes)

@@ -80,6 +80,15 @@ def test_pageable_host_memory_is_a_clear_error():
         ops.host_copy(torch.zeros(4, device="cuda"), torch.zeros(4))
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_an_empty_pinned_tensor_is_not_mistaken_for_pageable_memory():
+    """torch gives a zero-element pinned tensor no storage, so it reports is_pinned() False; a step with no
+    rows of some result (no logprobs asked for) once failed its requests on this in `kernel` step IO."""
+    empty = torch.empty(0, dtype=torch.int64, pin_memory=True)
+    ops.host_copy(torch.empty(0, dtype=torch.int64, device="cuda"), empty)
+    ops.host_copy(empty, torch.empty(0, dtype=torch.int64, device="cuda"))
+
+
 def test_the_op_on_cpu_copies_through_the_reference():
     src, dst = torch.tensor([[1.5, -2.0], [3.0, 4.25]]), torch.zeros(2, 2)
     ops.host_copy(src, dst)
