@@ -6,7 +6,6 @@
 # PROFILE=1: while the random c=128 level runs, the engine core is sampled by py-spy and the GPU by dmon.
 # AGENTIC_LEVELS (default 1,4,16; `none` skips the agentic workload, c=32 included) and AGENTIC32=0 (skip c=32)
 # shorten a lease that cannot afford the whole sweep; so does RANDOM_LEVELS (default 1,32; `none`: only c=128).
-# RANDOM_SECONDS (default 20) lengthens each random level, for an A/B whose difference is near the 20 s runs' spread.
 set -uo pipefail
 name=$1 out=$2 model=$3 secs=${4:-30}
 port=${PORT:-8000}
@@ -23,7 +22,7 @@ levels=${AGENTIC_LEVELS:-1,4,16}
 # The server's counters after the agentic levels (Lightspeed: answers remembered / refused / spliced and
 # prefix hits by tier; vLLM: its prefix-cache queries and hits), to read the later-turn misses against.
 curl -sf "http://127.0.0.1:$port/metrics" > "$out/${name}_metrics_after_agentic.txt" || true
-random=(--mode random --input-tokens 1024 --output-tokens 128 --max-duration "${RANDOM_SECONDS:-20}" --request-timeout 120)
+random=(--mode random --input-tokens 1024 --output-tokens 128 --max-duration 20 --request-timeout 120)
 rlevels=${RANDOM_LEVELS:-1,32}
 [ "$rlevels" = none ] || lightspeed-bench agentic "${common[@]}" "${random[@]}" --concurrency "$rlevels" --output-dir "$out" \
   --name "${name}_random" --label "$name" 2>&1 | tail -5
