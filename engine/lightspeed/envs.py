@@ -40,7 +40,7 @@ def _float(name: str, default: float) -> float:
         raise ValueError(f"environment variable {name}={raw!r} is not a number") from None
 
 
-STEP_IO_MODES = ("stream", "kernel", "compute")  # LIGHTSPEED_STEP_IO, first the default
+STEP_IO_MODES = ("kernel", "stream", "compute")  # LIGHTSPEED_STEP_IO, first the default
 
 
 @dataclass(frozen=True)
@@ -67,11 +67,11 @@ class Envs:
     master_port: int | None = field(default=None, metadata={"env": "MASTER_PORT"})
     node_rank: int | None = field(default=None, metadata={"env": "NODE_RANK or GROUP_RANK"})
     nnodes: int | None = field(default=None, metadata={"env": "NNODES or WORLD_SIZE / LOCAL_WORLD_SIZE"})
-    step_io: str = field(default="stream", metadata={"env": "LIGHTSPEED_STEP_IO"})
-    """How a step's inputs reach the GPU and its sampled tokens the host (runner/step_io.py): `stream` (copy-engine
-    copies, results on their own stream), `kernel` (a Triton kernel through pinned memory, never queued behind the
-    KV host tier's copies; opt-in until a served A/B on the GPU) or `compute` (copy-engine copies on the compute
-    stream, for A/B runs)."""
+    step_io: str = field(default="kernel", metadata={"env": "LIGHTSPEED_STEP_IO"})
+    """How a step's inputs reach the GPU and its sampled tokens the host (runner/step_io.py): `kernel` (the default:
+    a Triton kernel through pinned memory, never queued behind the KV host tier's copies), `stream` (copy-engine
+    copies, results on their own stream; also what `kernel` falls back to where its probe fails) or `compute`
+    (copy-engine copies on the compute stream, for A/B runs)."""
 
 
 def _nnodes() -> int | None:

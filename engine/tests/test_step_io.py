@@ -24,7 +24,7 @@ def test_to_host_and_upload_on_cpu_are_the_tensor_itself():
 
 
 @pytest.mark.parametrize("raw,want", [("kernel", "kernel"), ("STREAM", "stream"), ("compute", "compute"),
-                                      ("", "stream"), (None, "stream")])
+                                      ("", "kernel"), (None, "kernel")])
 def test_step_io_variable(monkeypatch, raw, want):
     if raw is None:
         monkeypatch.delenv("LIGHTSPEED_STEP_IO", raising=False)
@@ -35,9 +35,9 @@ def test_step_io_variable(monkeypatch, raw, want):
 
 def test_a_bad_mode_is_a_clear_error(monkeypatch):
     monkeypatch.setenv("LIGHTSPEED_STEP_IO", "dma")
-    with pytest.raises(ValueError, match="LIGHTSPEED_STEP_IO='dma' is not one of stream, kernel, compute"):
+    with pytest.raises(ValueError, match="LIGHTSPEED_STEP_IO='dma' is not one of kernel, stream, compute"):
         envs.load_envs()
-    with pytest.raises(ValueError, match="choose one of stream, kernel, compute"):
+    with pytest.raises(ValueError, match="choose one of kernel, stream, compute"):
         resolve_step_io(torch.device("cpu"), "dma")
 
 
@@ -101,6 +101,19 @@ def test_gpu_results_land_by_the_event_and_survive_the_allocator(mode):
     if mode == "kernel":  # host tensors are held only until their event has fired
         copies.copy([torch.zeros(1, device="cuda")])
         assert len(copies.writing) == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["kernel", "stream", "compute"])
+def test_gpu_a_step_that_samples_nothing_has_empty_results(mode):
+    """A step of prefill chunks that completes no prompt samples no token: its results have zero elements (in
+    `kernel` mode their pinned host side has no storage; served, this once failed such steps' requests)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    copies = ResultCopies(torch.device("cuda"), mode)
+    host, ready = copies.copy([torch.empty(0, dtype=torch.int32, device="cuda"), torch.empty(0, 5, device="cuda")])
+    ready.synchronize()
+    assert [tuple(h.shape) for h in host] == [(0,), (0, 5)]
 
 
 @pytest.mark.gpu

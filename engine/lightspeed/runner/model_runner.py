@@ -7,10 +7,10 @@ their state rows -> build input tensors -> forward
 / min_tokens / grammar masks -> batched sampler -> the tokens on their way to the host (step_io.py)
 and an event. collect(launched): wait for that event only, then hand back host arrays.
 
-A step's inputs go up and its results come down as `LIGHTSPEED_STEP_IO` says (step_io.py). By default they are
-copy-engine copies, the results on a stream of their own that the KV tier's copies queue after. With `kernel`, a
+A step's inputs go up and its results come down as `LIGHTSPEED_STEP_IO` says (step_io.py). By default (`kernel`) a
 Triton kernel moves them through pinned memory, beside the copy engine, which the KV host tier's write-through
-holds for milliseconds at a time.
+holds for milliseconds at a time. With `stream` they are copy-engine copies, the results on a stream of their own
+that the KV tier's copies queue after.
 
 The engine launches plan N+1 before it collects plan N, so the CPU builds and launches a step
 while the GPU runs the one before: a decode whose input is plan N's sample reads it on the device
