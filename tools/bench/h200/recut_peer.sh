@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Re-cut the vLLM wheel set of ../shared/peers/vllm/prepare.sh (.peer/wheels) into parts that fit one
-# device call beside this checkout's tracked files (the 64 MiB carry counts them: ~32.1 MB on 2026-12-07, so the
-# full parts of the 33 MB default, 32.0 MB each, leave ~3 MB of the 67.1 MB; a part call takes under a second of
-# wall time on a warm machine). Check before a lease: `git ls-files | xargs du -cb | tail -1` + the largest part.
+# device call beside this checkout's tracked files. The 64 MiB carry counts them, and more than their bytes: on
+# 2026-12-07 a 33.9 MB tree (git ls-files | xargs du -cb) with a 32.0 MB part (66.0 MB of the 67.1) was refused.
+# The tree was 37.0 MB after that night's results, so the default is now 24 MB parts (18 of them). A part call
+# takes under a second of wall time on a warm machine. Check before a lease: `git ls-files | xargs du -cb |
+# tail -1` + the largest part, with a few MB to spare.
 # install_on_device.sh puts split wheels back together from NAME.whl.partaa, partab, ... as before.
-#   bash tools/bench/h200/recut_peer.sh [PART_BYTES=33000000]    # prints the number of parts
+#   bash tools/bench/h200/recut_peer.sh [PART_BYTES=24000000]    # prints the number of parts
 set -euo pipefail
-limit=${1:-33000000}; piece=$((limit - 1000000)); out=.peer
+limit=${1:-24000000}; piece=$((limit - 1000000)); out=.peer
 [ -d "$out/wheels" ] || { echo "no $out/wheels: run ../shared/peers/vllm/prepare.sh first" >&2; exit 1; }
 rm -rf "$out"/part* "$out/stage"; mkdir -p "$out/stage"
 (cd "$out/wheels" && sha256sum -- *) > "$out/stage/SHA256SUMS"
