@@ -52,6 +52,7 @@ DUMMY_WEIGHTS = ("normal", "uniform")  # loader.DUMMY_DISTRIBUTIONS (the loader 
 DTYPES = ("auto", "bfloat16", "float16", "float32", "bf16", "fp16", "fp32", "half", "float")
 KV_CACHE_DTYPES = ("auto", "bf16", "bfloat16", "fp16", "float16", "fp32", "float32", "fp8", "fp8_e4m3")
 POLICIES = ("decode_first", "prefill_first")
+EVICTION_POLICIES = ("queue", "lru")  # the scheduler's SchedulerConfig.eviction_policy
 # --quantization choices (weights quantised at load); every method lives here, one tuple. Unset (None)
 # or "auto": the per-device default (engine/README.md "Quantisation").
 QUANTIZATIONS = ("auto", "none", "fp8", "int8", "int4", "gguf")
@@ -116,6 +117,9 @@ class EngineConfig:
                                 "session (session_id, prompt_cache_key) survives beyond LRU; 0 = plain LRU.")
     policy: str = _f("decode_first", "Batching policy: decode_first (running decodes first, prefill chunks "
                      "fill the rest) or prefill_first.", POLICIES)
+    eviction_policy: str = _f("queue", "Prefix-cache eviction order: queue (least recently used, except that the "
+                              "cached prefixes of waiting requests go last, the next to be admitted very last) "
+                              "or lru.", EVICTION_POLICIES)
     seed: int = _f(0, "Seed of the engine: weights of dummy models and the seeds of requests that set none.")
     tensor_parallel_size: int = _f(1, "Tensor-parallel ranks of each engine core: attention heads, the vocabulary, "
                                    "dense MLPs and (without --enable-expert-parallel) every MoE expert are split "
@@ -181,7 +185,8 @@ class EngineConfig:
             if value is not None:
                 object.__setattr__(self, name, parse_bytes(value))
         for name, allowed in (("load_format", LOAD_FORMATS), ("dummy_weights", DUMMY_WEIGHTS), ("dtype", DTYPES),
-                              ("kv_cache_dtype", KV_CACHE_DTYPES), ("policy", POLICIES)):
+                              ("kv_cache_dtype", KV_CACHE_DTYPES), ("policy", POLICIES),
+                              ("eviction_policy", EVICTION_POLICIES)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name}={getattr(self, name)!r} is not one of {', '.join(allowed)}")
         if self.quantization is not None and self.quantization not in QUANTIZATIONS:

@@ -165,12 +165,13 @@ NB_MODULE(_core, m) {
              int32_t max_num_seqs, int32_t max_num_batched_tokens, int32_t chunked_prefill_size,
              int32_t max_model_len, std::string policy, bool enable_prefix_cache, int32_t max_num_draft_tokens,
              bool async_copies, int32_t max_write_through_pages, int32_t num_disk_pages,
-             int32_t max_disk_write_pages, int32_t num_lookahead_tokens, int32_t num_spare_slots) {
+             int32_t max_disk_write_pages, int32_t num_lookahead_tokens, int32_t num_spare_slots,
+             std::string eviction_policy) {
             SchedulerConfig config{page_size,     num_device_pages, num_host_pages,      max_num_seqs,
                                    max_num_batched_tokens, chunked_prefill_size, max_model_len, std::move(policy),
                                    enable_prefix_cache, max_num_draft_tokens, async_copies,
                                    max_write_through_pages, num_disk_pages, max_disk_write_pages,
-                                   num_lookahead_tokens, num_spare_slots};
+                                   num_lookahead_tokens, num_spare_slots, std::move(eviction_policy)};
             config.validate();
             new (self) SchedulerConfig(std::move(config));
           },
@@ -179,7 +180,7 @@ NB_MODULE(_core, m) {
           "max_model_len"_a = 32768, "policy"_a = "decode_first", "enable_prefix_cache"_a = true,
           "max_num_draft_tokens"_a = 15, "async_copies"_a = false, "max_write_through_pages"_a = 256,
           "num_disk_pages"_a = 0, "max_disk_write_pages"_a = 64, "num_lookahead_tokens"_a = 0,
-          "num_spare_slots"_a = 0)
+          "num_spare_slots"_a = 0, "eviction_policy"_a = "queue")
       .def_ro("page_size", &SchedulerConfig::page_size, "Tokens per KV page.")
       .def_ro("num_device_pages", &SchedulerConfig::num_device_pages,
               "Device KV pool size in pages, padding page 0 included.")
@@ -209,6 +210,9 @@ NB_MODULE(_core, m) {
               "Disk tier size in page slots, slot 0 included (never used); 0: no disk tier. Needs a host tier.")
       .def_ro("max_disk_write_pages", &SchedulerConfig::max_disk_write_pages,
               "Most host pages being written to disk at once (bounds disk write bytes in flight).")
+      .def_ro("eviction_policy", &SchedulerConfig::eviction_policy,
+              "'queue' (default): LRU, but waiting requests' cached prefixes go last, the next admitted very "
+              "last; 'lru': LRU only.")
       .def_ro("num_lookahead_tokens", &SchedulerConfig::num_lookahead_tokens,
               "KV tokens decode rows reserve past their last position (a device draft model writes there).")
       .def("__repr__", [](const SchedulerConfig& c) {
@@ -226,7 +230,8 @@ NB_MODULE(_core, m) {
                ", max_write_through_pages=" + std::to_string(c.max_write_through_pages) +
                ", num_disk_pages=" + std::to_string(c.num_disk_pages) +
                ", max_disk_write_pages=" + std::to_string(c.max_disk_write_pages) +
-               ", num_lookahead_tokens=" + std::to_string(c.num_lookahead_tokens) + ")";
+               ", num_lookahead_tokens=" + std::to_string(c.num_lookahead_tokens) +
+               ", eviction_policy='" + c.eviction_policy + "')";
       });
 
   nb::class_<RequestSpec>(m, "RequestSpec", "What a request asks for. Checked by Scheduler.submit().")

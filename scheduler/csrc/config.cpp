@@ -41,6 +41,8 @@ void SchedulerConfig::validate() const {
           "num_lookahead_tokens must be in [0, 64], got " + std::to_string(num_lookahead_tokens));
   require(policy == "decode_first" || policy == "prefill_first",
           "unknown policy '" + policy + "' (expected 'decode_first' or 'prefill_first')");
+  require(eviction_policy == "queue" || eviction_policy == "lru",
+          "unknown eviction_policy '" + eviction_policy + "' (expected 'queue' or 'lru')");
 }
 
 Policy SchedulerConfig::parsed_policy() const {

@@ -42,6 +42,10 @@ struct SchedulerConfig {
   // flight keeps its slot until advance(); a waiting request takes a spare slot and its row in the
   // next plan instead of waiting a step for the finished one's. 0: slots = max_num_seqs.
   int32_t num_spare_slots = 0;
+  // Prefix-cache eviction order. "queue": least recently used, except that the cached prefixes of
+  // waiting requests go last, the next to be admitted very last (scheduler_eviction.cpp). "lru":
+  // least recently used only.
+  std::string eviction_policy = "queue";
 
   // Throws std::invalid_argument with a message naming the bad field.
   void validate() const;

@@ -29,6 +29,10 @@ struct Request {
   int32_t cached_pages_by_tier[3] = {0, 0, 0};  // of that hit: pages from device, host, disk
   bool disk_hit_counted = false;   // that hit's disk pages are counted but their reads not yet checked
   std::vector<int32_t> cache_path; // prefix-cache nodes backing this request's leading device pages
+  // While waiting: the deepest node of its cached prefix when last protected from eviction (and
+  // that node's key, since node ids are recycled), so the next protection touches it without a match.
+  int32_t protected_leaf = -1;
+  uint64_t protected_key = 0;
 
   // Overlap bookkeeping: samples not yet returned by advance(), and where the latest one lands in
   // its plan's sampled-token array (a decode in the next plan reads its input from there).

@@ -37,6 +37,9 @@ Scheduler::Scheduler(SchedulerConfig config)
   finished_.reserve(config_.num_slots() + 64);
   reclaim_.reserve(config_.num_slots() + 64);
   match_path_.reserve(max_pages_per_seq_);
+  queue_eviction_ = config_.eviction_policy == "queue" && config_.enable_prefix_cache;
+  protect_order_.reserve(kMaxProtected);
+  protect_path_.reserve(max_pages_per_seq_);
   order_.reserve(config_.num_slots());
 }
 
@@ -91,6 +94,7 @@ int64_t Scheduler::submit(const RequestSpec& spec) {
   std::fill(std::begin(r.cached_pages_by_tier), std::end(r.cached_pages_by_tier), 0);
   r.cache_path.clear();
   r.cache_path.reserve(max_pages_per_seq_);
+  r.protected_leaf = -1;
   r.pending_samples = 0;
   r.last_sample_step = r.scheduled_step = -1;
   r.last_sample_index = -1;

@@ -204,6 +204,9 @@ class Scheduler {
   void maybe_complete(CopyBatch& batch);
   void hold_for_copy(Request& r);
 
+  // --- scheduler_eviction.cpp: eviction order
+  void protect_waiting_prefixes();
+
   // --- scheduler_advance.cpp: consuming a plan
   void validate_advance(const Plan& plan, std::span<const int32_t> sampled,
                         std::span<const int32_t> accepted_counts) const;
@@ -266,6 +269,14 @@ class Scheduler {
   std::vector<int64_t> pending_abort_reports_; // aborted, reported by the next advance()
   std::vector<int32_t> reclaim_;               // records to recycle at the next advance()
   std::vector<int32_t> match_path_;            // scratch for prefix matching
+  // Queue-aware eviction: the cache's eviction count when waiting prefixes were last protected, and
+  // scratch for the records protected (admission order) and their matches.
+  static constexpr size_t kMaxProtected = 64;
+  bool queue_eviction_ = false;  // config_.eviction_policy == "queue" (and a prefix cache)
+  int64_t evictions_at_protect_ = 0;
+  uint32_t protect_epoch_ = 0;  // of the latest protection; the write-through's host eviction spares it
+  std::vector<int32_t> protect_order_;
+  std::vector<int32_t> protect_path_;
   std::vector<int32_t> order_;                 // scratch: running_ snapshot while scheduling
 
   // The waiting request that last failed admission and the device capacity it saw: it is not

@@ -72,6 +72,7 @@ Plan& Scheduler::next_plan(const DraftInput& drafts) {
   Plan& plan = *plans_[next_step_ % 2];
   plan.reset(next_step_++);
   device_.begin_quarantine();
+  protect_waiting_prefixes();  // before this plan's evictions (scheduler_eviction.cpp)
   emit_write_through(plan);
   emit_disk_writes(plan);
 

@@ -8,6 +8,7 @@ from scheduler_helpers import make_scheduler, samples, spec
 
 @pytest.mark.parametrize("field, value, message", [
     ("policy", "shortest_job_first", "unknown policy"),
+    ("eviction_policy", "lfu", "unknown eviction_policy 'lfu' \\(expected 'queue' or 'lru'\\)"),
     ("num_device_pages", 1, "num_device_pages must be >= 2"),
     ("num_host_pages", 1, "num_host_pages must be 0 \\(no host tier\\) or >= 2"),
     ("max_write_through_pages", 0, "max_write_through_pages must be >= 1"),

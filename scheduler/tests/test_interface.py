@@ -20,6 +20,7 @@ def test_public_names():
 def test_config_is_keyword_only_and_frozen():
     config = SchedulerConfig(page_size=32, num_device_pages=64)
     assert config.page_size == 32 and config.num_device_pages == 64 and config.policy == "decode_first"
+    assert config.eviction_policy == "queue" and "eviction_policy='queue'" in repr(config)
     with pytest.raises(AttributeError):
         config.page_size = 16
     with pytest.raises(TypeError):

@@ -68,6 +68,7 @@ class Engine:
             max_num_batched_tokens=config.max_num_batched_tokens,
             chunked_prefill_size=config.chunked_prefill_size, max_model_len=self.max_model_len,
             policy=config.policy, enable_prefix_cache=config.enable_prefix_cache, async_copies=True,
+            eviction_policy=config.eviction_policy,
             max_write_through_pages=built.max_write_through_pages, num_disk_pages=built.num_disk_pages,
             max_disk_write_pages=built.max_disk_write_pages,
             max_num_draft_tokens=spec.k if spec is not None else 0,

@@ -233,11 +233,21 @@ void RadixCache::touch(int32_t id, int32_t retention) {
     n.device_retention = std::max(n.device_retention, retention);
     n.host_retention = std::max(n.host_retention, retention);
     n.disk_retention = std::max(n.disk_retention, retention);
-    if (device_lru_.contains(id)) device_lru_.touch(id);
-    if (nodes_[id].host_page >= 0) host_lru_.touch(id);
-    if (nodes_[id].disk_slot >= 0) disk_lru_.touch(id);
-    if (nodes_[id].disk_slot >= 0) disk_lru_.touch(id);
+    touch_lists(id);
   }
+}
+
+void RadixCache::protect(int32_t id, uint32_t epoch) {
+  for (; id != kRoot; id = nodes_[id].parent) {
+    nodes_[id].protect_epoch = epoch;
+    touch_lists(id);
+  }
+}
+
+void RadixCache::touch_lists(int32_t id) {
+  if (device_lru_.contains(id)) device_lru_.touch(id);
+  if (nodes_[id].host_page >= 0) host_lru_.touch(id);
+  if (nodes_[id].disk_slot >= 0) disk_lru_.touch(id);
 }
 
 bool RadixCache::device_evictable(const Node& n) const {
@@ -340,6 +350,7 @@ int32_t RadixCache::evict_lru(LruList& lru, int32_t Node::*retention, int32_t nu
         } else {
           drop(id);
           ++evicted;
+          ++num_evictions_;
         }
         progress = true;
       }
@@ -356,14 +367,15 @@ int32_t RadixCache::evict_device(int32_t num_pages) {
 
 // With a disk tier, a host copy whose disk write is still queued is lost if dropped now: the other
 // copies go first, and those only when nothing else is left.
-int32_t RadixCache::evict_host(int32_t num_pages) {
+int32_t RadixCache::evict_host(int32_t num_pages, uint32_t spare_epoch) {
+  auto evictable = [&](const Node& n) { return host_evictable(n) && (spare_epoch == 0 || n.protect_epoch != spare_epoch); };
   int32_t evicted = 0;
   if (disk_.num_usable() > 0)
     evicted = evict_lru(host_lru_, &Node::host_retention, num_pages,
-                        [&](const Node& n) { return !n.disk_queued && host_evictable(n); },
+                        [&](const Node& n) { return !n.disk_queued && evictable(n); },
                         [&](int32_t id) { drop_host(id); });
-  return evicted + evict_lru(host_lru_, &Node::host_retention, num_pages - evicted,
-                             [&](const Node& n) { return host_evictable(n); }, [&](int32_t id) { drop_host(id); });
+  return evicted + evict_lru(host_lru_, &Node::host_retention, num_pages - evicted, evictable,
+                             [&](int32_t id) { drop_host(id); });
 }
 
 int32_t RadixCache::evict_disk(int32_t num_pages) {

@@ -58,6 +58,7 @@ struct Node {
   int32_t device_retention = 0;     // eviction sweeps the device copy survives (see touch)
   int32_t host_retention = 0;       // eviction sweeps the host copy survives
   int32_t disk_retention = 0;       // eviction sweeps the disk copy survives
+  uint32_t protect_epoch = 0;       // last protect() that reached it (see evict_host)
 };
 
 struct MatchResult {
@@ -133,18 +134,23 @@ class RadixCache : private kv::PageListener {
   // that is their LRU order. Adopts a reference on each accepted slot; returns accepted[i].
   std::vector<uint8_t> restore_disk(std::span<const DiskRecord> records);
   // Drop up to `num_pages` unreferenced copies, least recently used first; returns how many.
+  // evict_host spares the nodes that protect(·, spare_epoch) reached, when spare_epoch is not 0.
   int32_t evict_device(int32_t num_pages);
-  int32_t evict_host(int32_t num_pages);
+  int32_t evict_host(int32_t num_pages, uint32_t spare_epoch = 0);
   int32_t evict_disk(int32_t num_pages);
 
   // Moves the node and its ancestors to the most recently used end of their lists; with
   // retention > 0 they survive at least that many more eviction sweeps (kept: the largest given).
   void touch(int32_t node, int32_t retention = 0);
+  // touch(node), and marks the node and its ancestors with `epoch` (> 0) for evict_host to spare.
+  void protect(int32_t node, uint32_t epoch);
 
   int32_t num_nodes() const { return num_nodes_; }
   int32_t num_device_resident() const { return num_device_resident_; }
   int32_t num_host_resident() const { return num_host_resident_; }
   int32_t num_disk_resident() const { return num_disk_resident_; }
+  // Copies dropped by evict_* since construction, all tiers: a rising count means the cache is full.
+  int64_t num_evictions() const { return num_evictions_; }
   // Device copies no request references: an upper bound on what evict_device() can free.
   int32_t num_unreferenced_device() const { return device_lru_.size(); }
 
@@ -171,6 +177,7 @@ class RadixCache : private kv::PageListener {
   void on_shared(int32_t page) override;
   void on_sole(int32_t page) override;
   bool tokens_equal(int32_t node, const int32_t* tokens) const;
+  void touch_lists(int32_t id);  // to the most recently used end of each list it is on
   bool device_evictable(const Node& n) const;
   bool host_evictable(const Node& n) const;
   bool disk_evictable(const Node& n) const;
@@ -205,6 +212,7 @@ class RadixCache : private kv::PageListener {
   int32_t num_device_resident_ = 0;
   int32_t num_host_resident_ = 0;
   int32_t num_disk_resident_ = 0;
+  int64_t num_evictions_ = 0;
 };
 
 }  // namespace lightspeed::prefix

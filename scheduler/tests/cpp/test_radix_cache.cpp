@@ -185,6 +185,35 @@ TEST_F(CacheFixture, WriteBackKeepsPrefixAfterDeviceEviction) {
   cache.check_invariants();
 }
 
+TEST_F(CacheFixture, ProtectedPrefixesAreTouchedAndSparedByHostEvictionOfThatEpoch) {
+  // Two host-only prefixes; `a` is the older, so plain LRU takes it first.
+  const auto a = seq(8, 1), b = seq(8, 100);
+  for (const auto* tokens : {&a, &b}) {
+    auto path = insert_prompt(*tokens, 2);
+    for (int32_t node : path) cache.begin_write_back(node, host.allocate());
+    for (int32_t node : path) cache.end_write_back(node);
+    cache.touch(path.back());
+  }
+  EXPECT_EQ(cache.evict_device(4), 4);
+  const int64_t evictions = cache.num_evictions();
+  std::vector<int32_t> path_a, path_b;
+  cache.match(a.data(), 2, path_a);
+  cache.match(b.data(), 2, path_b);  // now `a` is the least recently used again
+  cache.protect(path_a.back(), 7);   // protected: the most recently used, and marked
+  EXPECT_EQ(cache.node(path_a[0]).protect_epoch, 7u);
+  EXPECT_EQ(cache.node(path_b[0]).protect_epoch, 0u);
+  // Sparing epoch 7, only `b` can go; b's leaf goes before its parent.
+  EXPECT_EQ(cache.evict_host(4, 7), 2);
+  EXPECT_FALSE(cache.node(path_b[0]).alive);
+  EXPECT_TRUE(cache.node(path_a[1]).alive);
+  EXPECT_EQ(cache.evict_host(4, 7), 0);
+  // Another epoch's eviction spares nothing of it.
+  EXPECT_EQ(cache.evict_host(4, 8), 2);
+  EXPECT_EQ(cache.num_nodes(), 0);
+  EXPECT_EQ(cache.num_evictions(), evictions + 4);
+  cache.check_invariants();
+}
+
 TEST_F(CacheFixture, HostPinnedPagesAreNotEvicted) {
   const auto tokens = seq(4, 1);
   auto path = insert_prompt(tokens, 1);
