@@ -21,6 +21,13 @@ def _int(name: str, default: int | None) -> int | None:
         raise ValueError(f"environment variable {name}={raw!r} is not an integer") from None
 
 
+def _positive_int(name: str, default: int) -> int:
+    value = _int(name, default)
+    if value < 1:
+        raise ValueError(f"environment variable {name}={value} must be >= 1")
+    return value
+
+
 def _choice(name: str, default: str, choices: tuple[str, ...]) -> str:
     raw = os.environ.get(name)
     if raw is None or raw == "":
@@ -67,6 +74,9 @@ class Envs:
     master_port: int | None = field(default=None, metadata={"env": "MASTER_PORT"})
     node_rank: int | None = field(default=None, metadata={"env": "NODE_RANK or GROUP_RANK"})
     nnodes: int | None = field(default=None, metadata={"env": "NNODES or WORLD_SIZE / LOCAL_WORLD_SIZE"})
+    write_through_mib: int = field(default=512, metadata={"env": "LIGHTSPEED_WRITE_THROUGH_MIB"})
+    """MiB of prefix pages in flight to the host KV tier at once (runner/factory.py). Acknowledged once a step,
+    so it also caps the write-through at this much per step."""
     step_io: str = field(default="kernel", metadata={"env": "LIGHTSPEED_STEP_IO"})
     """How a step's inputs reach the GPU and its sampled tokens the host (runner/step_io.py): `kernel` (the default:
     a Triton kernel through pinned memory, never queued behind the KV host tier's copies), `stream` (copy-engine
@@ -96,6 +106,7 @@ def load_envs() -> Envs:
         node_rank=_int("NODE_RANK", _int("GROUP_RANK", None)),
         nnodes=_nnodes(),
         step_io=_choice("LIGHTSPEED_STEP_IO", STEP_IO_MODES[0], STEP_IO_MODES),
+        write_through_mib=_positive_int("LIGHTSPEED_WRITE_THROUGH_MIB", 512),
     )
 
 

@@ -110,6 +110,23 @@ def test_cuda_copier_starts_after_the_streams_it_is_told_to_follow():
     assert cache.copier.wait_all() == [1]
 
 
+def test_cuda_copier_loads_back_beside_a_long_write_back():
+    """Load-backs have a copy stream of their own: one page loaded back lands while a later-finishing 1 GiB
+    write-back of an earlier plan still runs (one stream would have queued it behind), and poll() still reports
+    the plans in order."""
+    from lightspeed.kv import KVCache, KVLayout
+
+    layout = KVLayout(32, 8, 128, 16, torch.bfloat16)  # 2 MiB pages, the 8B shape's
+    cache = KVCache(layout, num_device_pages=600, num_host_pages=600, device="cuda")
+    cache.copier.submit(1, np.array([[d, d] for d in range(1, 513)]), np.empty((0, 2), np.int32), False)
+    cache.copier.submit(2, np.empty((0, 2), np.int32), np.array([[550, 550]]), False)
+    (_, (write_1, _)), (_, (_, load_2)) = cache.copier._in_flight
+    load_2.synchronize()
+    assert not write_1.query()  # the write-back is still running
+    assert cache.copier.poll() == []  # plan 1 first: plan 2 is not reported before it
+    assert cache.copier.wait_all() == [1, 2]
+
+
 def test_host_tier_on_gpu_reproduces_outputs(tiny_model_dir):
     """Prefixes pushed off a tiny device pool come back from host through the CUDA copier."""
     engine = make_engine(tiny_model_dir, device="cuda", dtype="float32", kv_cache_memory=48 * 4096,

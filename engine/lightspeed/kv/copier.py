@@ -6,13 +6,17 @@ the step loop waits for a copy unless the plan says its forward must (`forward_w
 The scheduler keeps every page of an unacknowledged copy owned, so a copy in flight never races a
 forward (see scheduler/README.md, "Copies").
 
-- GPU (`CudaPageCopier`): one copy stream. Before a plan's copies it waits for the compute stream,
-  i.e. for every forward enqueued so far, so a copy never reads KV still being written nor writes a
-  page an earlier forward still touches. Each run of consecutive pages is one `cudaMemcpy2DAsync`
+- GPU (`CudaPageCopier`): two copy streams, one per direction (write-back device->host, load-back
+  host->device), so the driver can put them on two copy engines and a load-back that a waiting
+  request needs never queues behind the write-through's megabytes. The two directions touch
+  disjoint pages: a load-back reads landed host copies and writes pages no copy in flight reads
+  (the scheduler's quarantine and ownership rules). Before a plan's copies each stream waits for
+  the compute stream, i.e. for every forward enqueued so far, so a copy never reads KV still being
+  written nor writes a page an earlier forward still touches. Each run of consecutive pages is one `cudaMemcpy2DAsync`
   per pool tensor, straight between device memory and the pinned host pool: no staging buffer and
   no CPU work proportional to the bytes moved (the old path gathered through pageable memory and a
-  CPU `index_copy_`, 88% of the engine core's time under load). An event after the copies is
-  queried each step. A copy engine serves the copies queued on it in order, whatever their stream, so
+  CPU `index_copy_`, 88% of the engine core's time under load). An event after each direction's
+  copies is queried each step; a plan's copies have landed when both have fired. A copy engine serves the copies queued on it in order, whatever their stream, so
   a small copy another stream needs (a step's tokens) must be queued before a prompt's pages (~130 MB
   and 3.3 ms over PCIe for 1K tokens of an 8B), not behind them: `copy_after`. (Cutting runs into
   pieces does not help: all the pieces are queued at once.)
@@ -109,7 +113,8 @@ class PageCopier(ABC):
         self.pages_loaded += load_back.shape[0]
 
     def poll(self) -> list[int]:
-        """Steps whose copies have landed, oldest first (copies complete in submission order)."""
+        """Steps whose copies have landed, oldest first (each direction's copies complete in submission
+        order, so a plan's have landed only once every earlier plan's have)."""
         done = []
         while self._in_flight and self._is_done(self._in_flight[0][1]):
             done.append(self._in_flight.popleft()[0])
@@ -183,12 +188,13 @@ class ThreadPageCopier(PageCopier):
 
 
 class CudaPageCopier(PageCopier):
-    """CUDA device pool, pinned host pool: DMA on a copy stream, completion by event query."""
+    """CUDA device pool, pinned host pool: DMA on a copy stream per direction, completion by event query."""
 
     def __init__(self, device_pool: PagedPool, host_pool: PagedPool | None, device: torch.device):
         super().__init__(device_pool, host_pool)
         self.device = device
-        self.stream = torch.cuda.Stream(device)
+        self.write_stream = torch.cuda.Stream(device)  # device -> host
+        self.load_stream = torch.cuda.Stream(device)   # host -> device
         # Streams whose queued work the copies also wait for (`copy_after`): the runner's result stream.
         self.after_streams: list[torch.cuda.Stream] = []
         self._memcpy2d = _cuda_memcpy_2d()
@@ -203,25 +209,27 @@ class CudaPageCopier(PageCopier):
         H100's steps (bench/results/step_io_2026-12-07_1640_h100/); queued after it, they should not hold it."""
         self.after_streams.append(stream)
 
-    def _start(self, write_back, load_back, forward_waits) -> torch.cuda.Event:
+    def _start(self, write_back, load_back, forward_waits) -> tuple[torch.cuda.Event, torch.cuda.Event]:
         compute = torch.cuda.current_stream(self.device)
-        self.stream.wait_stream(compute)
-        for stream in self.after_streams:
-            self.stream.wait_stream(stream)
-        with torch.cuda.stream(self.stream):
-            self._copy(self.device_pool, self.host_pool, write_back)
-            self._copy(self.host_pool, self.device_pool, load_back)
-            done = torch.cuda.Event()
-            done.record(self.stream)
+        done = []
+        for stream, src, dst, pairs in ((self.write_stream, self.device_pool, self.host_pool, write_back),
+                                        (self.load_stream, self.host_pool, self.device_pool, load_back)):
+            stream.wait_stream(compute)
+            for after in self.after_streams if stream is self.write_stream else ():  # same direction
+                stream.wait_stream(after)
+            with torch.cuda.stream(stream):
+                self._copy(src, dst, pairs, stream)
+                done.append(stream.record_event())
         if forward_waits:
-            compute.wait_event(done)
-        return done
+            for event in done:
+                compute.wait_event(event)
+        return done[0], done[1]
 
-    def _copy(self, src: PagedPool, dst: PagedPool, pairs: np.ndarray) -> None:
+    def _copy(self, src: PagedPool, dst: PagedPool, pairs: np.ndarray, on: torch.cuda.Stream) -> None:
         src_starts, dst_starts, lengths = page_runs(pairs)
         if lengths.shape[0] == 0:
             return
-        stream = self.stream.cuda_stream
+        stream = on.cuda_stream
         for s, d in zip(src.page_tensors, dst.page_tensors, strict=True):
             outer = s.shape[0]
             page_bytes = s[0, 0].numel() * s.element_size()   # one page of one outer index
@@ -234,14 +242,16 @@ class CudaPageCopier(PageCopier):
                 else:
                     d[:, b:b + n].copy_(s[:, a:a + n], non_blocking=True)
 
-    def _is_done(self, handle: torch.cuda.Event) -> bool:
-        return handle.query()
+    def _is_done(self, handle: tuple[torch.cuda.Event, torch.cuda.Event]) -> bool:
+        return all(event.query() for event in handle)
 
-    def _wait(self, handle: torch.cuda.Event) -> None:
-        handle.synchronize()
+    def _wait(self, handle: tuple[torch.cuda.Event, torch.cuda.Event]) -> None:
+        for event in handle:
+            event.synchronize()
 
-    def _order_after(self, handle: torch.cuda.Event) -> None:
-        torch.cuda.current_stream(self.device).wait_event(handle)
+    def _order_after(self, handle: tuple[torch.cuda.Event, torch.cuda.Event]) -> None:
+        for event in handle:
+            torch.cuda.current_stream(self.device).wait_event(event)
 
 
 _CUDA_MEMCPY_DEFAULT = 4  # cudaMemcpyDefault: direction from the pointers (unified addressing)

@@ -25,9 +25,6 @@ _DTYPE_NAMES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16"
 _CPU_HOST_CACHE_DEFAULT = 256 << 20
 # EOS ids a request may carry (the model's and its tokenizer's: a handful in practice).
 MAX_EOS_TOKEN_IDS = 16
-# Bytes of prefix pages in flight to host at once: about 10 ms of PCIe Gen5, so the background
-# write-through never builds a queue that delays a load-back behind it by more than that.
-_WRITE_THROUGH_BYTES_IN_FLIGHT = 512 << 20
 # Bytes being written to disk at once: a fraction of a second of an NVMe drive, so a disk hit's reads
 # (on their own threads) never wait long for the device behind queued writes.
 _DISK_WRITE_BYTES_IN_FLIGHT = 256 << 20
@@ -244,7 +241,10 @@ def _build(config: EngineConfig, ranks, output_tokens_of, load_tokenizer) -> Bui
         from ..distributed import DriverRunner
 
         runner = DriverRunner(runner, ranks)
-    write_through_pages = max(1, _WRITE_THROUGH_BYTES_IN_FLIGHT // layout.bytes_per_page)
+    # Prefix pages in flight to host at once (LIGHTSPEED_WRITE_THROUGH_MIB, 512 MiB: ~10 ms of PCIe Gen5).
+    # Load-backs have a copy stream of their own (kv/copier.py), so the bound no longer delays them; it is
+    # acknowledged once a step, so it also caps the write-through's rate at this much a step.
+    write_through_pages = max(1, (ENVS.write_through_mib << 20) // layout.bytes_per_page)
     disk = kv_cache.disk
     return BuiltRunner(runner, model_config, max_model_len, num_device_pages, num_host_pages, write_through_pages,
                        device, model_config.torch_dtype, kv_dtype, num_disk_pages=disk.num_slots if disk else 0,
