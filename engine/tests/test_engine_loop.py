@@ -146,23 +146,3 @@ def test_write_through_bound_follows_its_variable(tiny_model_dir, monkeypatch):
         page_bytes = engine.runner.kv_cache.layout.bytes_per_page
         assert engine.built.max_write_through_pages == max(1, (mib << 20) // page_bytes)
         assert engine.scheduler.config.max_write_through_pages == engine.built.max_write_through_pages
-
-
-@pytest.mark.parametrize("raw,want", [(None, 512), ("2048", 2048)])
-def test_write_through_variable(monkeypatch, raw, want):
-    from lightspeed import envs
-
-    if raw is None:
-        monkeypatch.delenv("LIGHTSPEED_WRITE_THROUGH_MIB", raising=False)
-    else:
-        monkeypatch.setenv("LIGHTSPEED_WRITE_THROUGH_MIB", raw)
-    assert envs.load_envs().write_through_mib == want
-
-
-@pytest.mark.parametrize("raw,message", [("0", "must be >= 1"), ("lots", "is not an integer")])
-def test_a_bad_write_through_variable_is_a_clear_error(monkeypatch, raw, message):
-    from lightspeed import envs
-
-    monkeypatch.setenv("LIGHTSPEED_WRITE_THROUGH_MIB", raw)
-    with pytest.raises(ValueError, match=f"LIGHTSPEED_WRITE_THROUGH_MIB.*{message}"):
-        envs.load_envs()

@@ -23,16 +23,6 @@ def test_to_host_and_upload_on_cpu_are_the_tensor_itself():
     assert PacketUploads(torch.device("cpu"), "kernel").upload(packet) is packet
 
 
-@pytest.mark.parametrize("raw,want", [("kernel", "kernel"), ("STREAM", "stream"), ("compute", "compute"),
-                                      ("", "kernel"), (None, "kernel")])
-def test_step_io_variable(monkeypatch, raw, want):
-    if raw is None:
-        monkeypatch.delenv("LIGHTSPEED_STEP_IO", raising=False)
-    else:
-        monkeypatch.setenv("LIGHTSPEED_STEP_IO", raw)
-    assert envs.load_envs().step_io == want
-
-
 def test_a_bad_mode_is_a_clear_error(monkeypatch):
     monkeypatch.setenv("LIGHTSPEED_STEP_IO", "dma")
     with pytest.raises(ValueError, match="LIGHTSPEED_STEP_IO='dma' is not one of kernel, stream, compute"):

@@ -6,13 +6,14 @@ from scheduler_helpers import make_scheduler, samples, spec
 
 
 def drain(s, limit=500):
+    """Steps until nothing is left; the stats of each request that finished (read before it is recycled)."""
     finished = {}
     for _ in range(limit):
         if not s.has_unfinished():
             break
         plan = s.next_plan()
-        for req_id, reason in s.advance(plan, samples(plan)):
-            finished[req_id] = (reason, s.request_stats(req_id)["num_output_tokens"])
+        for req_id, _ in s.advance(plan, samples(plan)):
+            finished[req_id] = s.request_stats(req_id)
         s.check_invariants()
     return finished
 
@@ -273,19 +274,6 @@ def test_retention_is_validated():
     assert spec("ok", range(3, 10), retention=4).retention == 4
 
 
-def _finish_all(s, limit=500):
-    """Steps until nothing is left; the prefix hit (tokens) of each request that finished."""
-    cached = {}
-    for _ in range(limit):
-        if not s.has_unfinished():
-            break
-        plan = s.next_plan()
-        for req_id, _ in s.advance(plan, samples(plan)):
-            cached[req_id] = s.request_stats(req_id)["num_cached_tokens"]
-        s.check_invariants()
-    return cached
-
-
 @pytest.mark.parametrize("policy", ["queue", "lru"])
 def test_the_next_request_to_be_admitted_keeps_its_prefix(policy):
     """Two prefixes wait behind a running request whose growth must evict: queue-aware eviction takes the back
@@ -295,13 +283,13 @@ def test_the_next_request_to_be_admitted_keeps_its_prefix(policy):
     a, b = list(range(3, 20)), list(range(100, 117))  # 4 full pages + 1 token each; a is cached first
     for rid, prompt in (("a", a), ("b", b)):
         s.submit(spec(rid, prompt, max_new_tokens=1))
-        _finish_all(s)
+        drain(s)
     s.submit(spec("grows", range(200, 209), max_new_tokens=44, ignore_eos=True))  # holds the only row
     plan = s.next_plan()
     s.advance(plan, samples(plan))
     head = s.submit(spec("a-2", a + [50, 51, 52, 53], max_new_tokens=1))
     back = s.submit(spec("b-2", b + [60, 61, 62, 63], max_new_tokens=1))
-    cached = _finish_all(s)
+    cached = {req_id: stats["num_cached_tokens"] for req_id, stats in drain(s).items()}
     if policy == "queue":
         assert cached[head] == 16 and cached[back] < 16
     else:
