@@ -5,9 +5,9 @@
 // the new plan then read their input token from the in-flight plan's samples, on the GPU. Plans
 // must be advanced in the order they were made.
 //
-// Copies (write_back device->host, then load_back host->device) of a plan start after every
-// earlier plan's forward and, unless the plan says forward_waits_for_copies, run beside its own
-// forward (on a copy stream). The pages they read and write stay owned until they are
+// Copies (write_back device->host and load_back host->device, in no fixed order between the two
+// lists: they touch disjoint pages) of a plan start after every earlier plan's forward and, unless
+// the plan says forward_waits_for_copies, run beside its own forward (on copy streams). The pages they read and write stay owned until they are
 // acknowledged: by advance() of that plan, or with async_copies by copies_done(step_id), once the
 // engine sees them land. A request waiting on copies (LoadingPrefix, Retracting) gets no row until
 // then, so no forward ever reads KV that has not landed.
@@ -274,7 +274,8 @@ class Scheduler {
   static constexpr size_t kMaxProtected = 64;
   bool queue_eviction_ = false;  // config_.eviction_policy == "queue" (and a prefix cache)
   int64_t evictions_at_protect_ = 0;
-  uint32_t protect_epoch_ = 0;  // of the latest protection; the write-through's host eviction spares it
+  uint32_t protect_epoch_ = 0;  // of the latest protection
+  uint32_t spare_epoch_ = 0;    // what the write-through's host eviction spares: this plan's protection, or 0
   std::vector<int32_t> protect_order_;
   std::vector<int32_t> protect_path_;
   std::vector<int32_t> order_;                 // scratch: running_ snapshot while scheduling

@@ -44,7 +44,7 @@ void Scheduler::emit_write_through(Plan& plan) {
     int32_t host_page = host_.allocate();
     // A copy for later never displaces the prefix of a waiting request (scheduler_eviction.cpp).
     if (host_page < 0 && host_evictable) {
-      host_evictable = cache_.evict_host(1, protect_epoch_) > 0;
+      host_evictable = cache_.evict_host(1, spare_epoch_) > 0;
       if (host_evictable) host_page = host_.allocate();
     }
     if (host_page < 0) continue;  // host full of pages in use: this one stays device-only

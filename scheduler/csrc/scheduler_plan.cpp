@@ -369,6 +369,7 @@ void Scheduler::admit_waiting(Plan& plan, Budget& budget) {
 void Scheduler::start(Plan& plan, Budget& budget, int32_t record, prefix::MatchResult match,
                       kv::PageList device_pages, kv::PageList host_pins) {
   Request& r = records_[record];
+  r.protected_leaf = -1;  // admitted: should it wait again (retracted), its prefix is matched afresh
   if (r.slot < 0) {
     r.slot = free_slots_.back();
     free_slots_.pop_back();

@@ -296,6 +296,36 @@ def test_the_next_request_to_be_admitted_keeps_its_prefix(policy):
         assert cached[head] < 16
 
 
+@pytest.mark.parametrize("policy", ["queue", "lru"])
+def test_prefixes_once_waiting_are_not_spared_after_their_requests_ran(policy):
+    """A burst of requests waits behind a running one and their prefixes fill the host tier, spared from the
+    write-through. Once they have run, new prompts' pages reach host again: only the plan whose protection ran
+    spares anything (stale stamps once kept every later page device-only)."""
+    s = make_scheduler(page_size=4, num_device_pages=200, num_host_pages=17, max_num_seqs=1, max_model_len=256,
+                       max_num_batched_tokens=64, chunked_prefill_size=64, max_write_through_pages=64,
+                       eviction_policy=policy)
+
+    def run_all() -> int:
+        written = 0
+        while s.has_unfinished() or s.has_pending_copies():
+            plan = s.next_plan()
+            written += len(plan.write_back)
+            s.advance(plan, samples(plan))
+        s.check_invariants()
+        return written
+
+    for i in range(4):  # 8 pages each: the 16 host pages fill
+        s.submit(spec(f"p{i}", range(1000 * i + 10, 1000 * i + 43), max_new_tokens=1))
+        run_all()
+    s.submit(spec("grows", range(50000, 50009), max_new_tokens=60, ignore_eos=True))
+    for i in range(4):  # they wait, sharing the cached prompts
+        s.submit(spec(f"q{i}", range(1000 * i + 10, 1000 * i + 47), max_new_tokens=1))
+    run_all()
+    for i in range(3):
+        s.submit(spec(f"new{i}", range(90000 + 1000 * i, 90033 + 1000 * i), max_new_tokens=1))
+        assert run_all() == 8  # all 8 of its pages were written through
+
+
 def _closed_loop_hit_fraction(policy: str, conversations: int = 12) -> float:
     """12 conversations of a 3K-token first turn whose KV outgrows device + host: the prefix-hit fraction
     over every turn."""

@@ -1,6 +1,6 @@
 """Page copies between the device KV pool and the host pool, off the step loop's critical path.
 
-Design note. The engine hands each plan's copies (`write_back` device->host, then `load_back`
+Design note. The engine hands each plan's copies (`write_back` device->host and `load_back`
 host->device) to a copier and later learns which plans' copies have landed by polling; nothing in
 the step loop waits for a copy unless the plan says its forward must (`forward_waits_for_copies`).
 The scheduler keeps every page of an unacknowledged copy owned, so a copy in flight never races a
@@ -103,9 +103,9 @@ class PageCopier(ABC):
         return len(self._in_flight)
 
     def submit(self, step_id: int, write_back: np.ndarray, load_back: np.ndarray, forward_waits: bool) -> None:
-        """Start a plan's copies: write_back int [M, 2] (device, host), then load_back int [N, 2]
+        """Start a plan's copies: write_back int [M, 2] (device, host) and load_back int [N, 2]
         (host, device). With forward_waits, work submitted to the compute side afterwards starts
-        only once these copies are done."""
+        only once the write-backs are done (a retraction's: the forward may reuse the pages they read)."""
         if (write_back.shape[0] or load_back.shape[0]) and self.host_pool is None:
             raise RuntimeError("the plan copies pages but there is no host KV tier")
         self._in_flight.append((step_id, self._start(write_back, load_back, forward_waits)))
@@ -220,9 +220,8 @@ class CudaPageCopier(PageCopier):
             with torch.cuda.stream(stream):
                 self._copy(src, dst, pairs, stream)
                 done.append(stream.record_event())
-        if forward_waits:
-            for event in done:
-                compute.wait_event(event)
+        if forward_waits:  # a retraction freed the pages the write-back reads; load-backs need no wait
+            compute.wait_event(done[0])
         return done[0], done[1]
 
     def _copy(self, src: PagedPool, dst: PagedPool, pairs: np.ndarray, on: torch.cuda.Stream) -> None:
