@@ -65,7 +65,50 @@ int64_t allocations_in_decode_steps(bool overlap) {
   return g_allocations.load();
 }
 
+// Decode steps while requests wait behind a full batch with cached prefixes larger than the free
+// pages: every plan runs the queue-aware eviction's protection (scheduler_eviction.cpp).
+int64_t allocations_with_a_protected_waiting_queue() {
+  SchedulerConfig config;
+  config.page_size = 16;
+  config.num_device_pages = 1024;
+  config.num_host_pages = 64;
+  config.max_num_seqs = 8;
+  config.max_num_batched_tokens = 8192;
+  config.max_model_len = 8192;
+  Scheduler s(config);
+  std::vector<int32_t> sampled(8192, 7);
+  auto step = [&] {
+    Plan& plan = s.next_plan();
+    s.advance(plan, std::span<const int32_t>(sampled.data(), plan.num_samples));
+  };
+  const auto shared = iota_tokens(2000, 10);  // cached first: the waiting requests match it
+  s.submit(make_spec("shared", shared, 1));
+  while (s.has_unfinished()) step();
+  for (int i = 0; i < 8; ++i) {
+    auto spec = make_spec("run" + std::to_string(i), iota_tokens(500, 100000 + 1000 * i), 100000);
+    spec.ignore_eos = true;
+    s.submit(spec);
+  }
+  for (int i = 0; i < 16; ++i) {
+    auto tokens = shared;
+    tokens.push_back(50000 + i);
+    s.submit(make_spec("wait" + std::to_string(i), tokens, 1));
+  }
+  for (int i = 0; i < 50; ++i) step();  // admission and prefill allocate
+  g_allocations = 0;
+  g_counting = true;
+  for (int i = 0; i < 300; ++i) step();
+  g_counting = false;
+  EXPECT_EQ(s.stats().num_running, 8);
+  EXPECT_EQ(s.stats().num_waiting, 16);
+  return g_allocations.load();
+}
+
 }  // namespace
+
+TEST(NoAllocation, DecodeStepsWithAProtectedWaitingQueue) {
+  EXPECT_EQ(allocations_with_a_protected_waiting_queue(), 0);
+}
 
 TEST(NoAllocation, SynchronousDecodeSteps) { EXPECT_EQ(allocations_in_decode_steps(false), 0); }
 
