@@ -74,12 +74,14 @@ def test_the_op_checks_its_arguments():
     ops.host_copy(torch.zeros(0), torch.zeros(0))  # nothing to move is fine
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_pageable_host_memory_is_a_clear_error():
     with pytest.raises(ValueError, match="must be pinned"):
         ops.host_copy(torch.zeros(4, device="cuda"), torch.zeros(4))
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_an_empty_pinned_tensor_is_not_mistaken_for_pageable_memory():
     """torch gives a zero-element pinned tensor no storage, so it reports is_pinned() False; a step with no
