@@ -22,8 +22,10 @@ from lightspeed_scheduler import RequestSpec, Scheduler, SchedulerConfig
 from result_files import git_commit, result_stem
 
 # (device pages, host pages) of 16 tokens: the 8B shape's KV on an 80 GB H100 as served on 2026-12-07
-# (bench/results/h100_vs_vllm_2026-12-07_1650/), and half of each.
-SHAPES = {"h100_80gb": (28400, 15900), "half": (14200, 7950)}
+# (bench/results/h100_vs_vllm_2026-12-07_1650/), half of each, and the H200 memory-pressure run's
+# --kv-cache-memory 12GiB / --host-cache-memory 64GiB (bench/results/memory_pressure_h200_2026-12-01_1819/;
+# run it with --concurrency 16 --conversations 16).
+SHAPES = {"h100_80gb": (28400, 15900), "half": (14200, 7950), "h200_pressure": (6144, 28672)}
 
 
 def run(policy: str, device_pages: int, host_pages: int, args: argparse.Namespace) -> dict:
