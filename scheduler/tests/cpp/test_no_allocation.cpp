@@ -28,15 +28,19 @@ using namespace lightspeed::testing;
 
 namespace {
 
-int64_t allocations_in_decode_steps(bool overlap) {
+SchedulerConfig config_of(int32_t num_device_pages, int32_t max_num_seqs) {
   SchedulerConfig config;
   config.page_size = 16;
-  config.num_device_pages = 8192;
+  config.num_device_pages = num_device_pages;
   config.num_host_pages = 64;
-  config.max_num_seqs = 64;
+  config.max_num_seqs = max_num_seqs;
   config.max_num_batched_tokens = 8192;
   config.max_model_len = 8192;
-  Scheduler s(config);
+  return config;
+}
+
+int64_t allocations_in_decode_steps(bool overlap) {
+  Scheduler s(config_of(8192, 64));
   for (int i = 0; i < 64; ++i) {
     auto spec = make_spec("r" + std::to_string(i), iota_tokens(500, 1000 * i + 10), 100000);
     spec.ignore_eos = true;
@@ -68,14 +72,7 @@ int64_t allocations_in_decode_steps(bool overlap) {
 // Decode steps while requests wait behind a full batch with cached prefixes larger than the free
 // pages: every plan runs the queue-aware eviction's protection (scheduler_eviction.cpp).
 int64_t allocations_with_a_protected_waiting_queue() {
-  SchedulerConfig config;
-  config.page_size = 16;
-  config.num_device_pages = 1024;
-  config.num_host_pages = 64;
-  config.max_num_seqs = 8;
-  config.max_num_batched_tokens = 8192;
-  config.max_model_len = 8192;
-  Scheduler s(config);
+  Scheduler s(config_of(1024, 8));
   std::vector<int32_t> sampled(8192, 7);
   auto step = [&] {
     Plan& plan = s.next_plan();
