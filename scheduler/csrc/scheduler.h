@@ -7,10 +7,11 @@
 //
 // Copies (write_back device->host and load_back host->device, in no fixed order between the two
 // lists: they touch disjoint pages) of a plan start after every earlier plan's forward and, unless
-// the plan says forward_waits_for_copies, run beside its own forward (on copy streams). The pages they read and write stay owned until they are
-// acknowledged: by advance() of that plan, or with async_copies by copies_done(step_id), once the
-// engine sees them land. A request waiting on copies (LoadingPrefix, Retracting) gets no row until
-// then, so no forward ever reads KV that has not landed.
+// the plan says forward_waits_for_copies, run beside its own forward (on copy streams). The pages
+// they read and write stay owned until they are acknowledged: by advance() of that plan, or with
+// async_copies by copies_done(step_id), once the engine sees them land. A request waiting on copies
+// (LoadingPrefix, Retracting) gets no row until then, so no forward ever reads KV that has not
+// landed.
 //
 // Disk ops (disk_write host->disk, disk_read disk->host) of a plan run on the engine's disk workers
 // and are acknowledged by disk_done(step_id), in any order with copies_done(); a plan's batch is

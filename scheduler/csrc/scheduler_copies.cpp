@@ -32,7 +32,7 @@ void Scheduler::emit_write_through(Plan& plan) {
   // Nothing in this loop makes a host copy evictable, so after one eviction finds none, none will:
   // later pages skip the scan (a full host tier of spared prefixes would otherwise cost a scan of
   // every host copy per page).
-  bool host_evictable = true;
+  bool host_may_evict = true;
   while (write_through_size_ > 0 && write_through_in_flight_ < config_.max_write_through_pages) {
     const WriteThroughEntry entry = write_through_[write_through_head_];
     write_through_head_ = (write_through_head_ + 1) % write_through_.size();
@@ -43,9 +43,9 @@ void Scheduler::emit_write_through(Plan& plan) {
     if (n.device_page < 0 || n.device_pending || n.host_page >= 0) continue;
     int32_t host_page = host_.allocate();
     // A copy for later never displaces the prefix of a waiting request (scheduler_eviction.cpp).
-    if (host_page < 0 && host_evictable) {
-      host_evictable = cache_.evict_host(1, spare_epoch_) > 0;
-      if (host_evictable) host_page = host_.allocate();
+    if (host_page < 0 && host_may_evict) {
+      host_may_evict = cache_.evict_host(1, spare_epoch_) > 0;
+      if (host_may_evict) host_page = host_.allocate();
     }
     if (host_page < 0) continue;  // host full of pages in use: this one stays device-only
     // Host copies stay closed under parent, like device ones: a device-only page with a host-only

@@ -12,8 +12,8 @@
 // waiting request wants first (running requests' host copies, prefixes of finished conversations),
 // and the queue's prefixes from its back: the copy wanted furthest in the future goes first, as in
 // Belady's rule. The whole queue is ordered (up to kMaxProtected requests), not just as much of its
-// front as the tiers hold. Past that, plain LRU would again evict the longest waiting first, which a
-// closed loop showed to cost most of the hits (tools/bench/scheduler_eviction.py).
+// front as the tiers hold: past that front, plain LRU would again evict the longest waiting first,
+// the very order this exists to undo.
 //
 // The pages this plan's protection touched are also spared by the write-through's host eviction
 // (scheduler_copies.cpp): a copy for the future use of a running request is not worth the prefix of
@@ -23,8 +23,8 @@
 // Cost. A cache with room to spare needs no order, so a protection runs only after an eviction, or
 // when the free pages could not hold the queue's prompts. Each request keeps its deepest matched
 // node, so a protection walks up each path once and matches only when that node is gone or may
-// have a deeper cached child. With 64 waiting requests on a shared 2,000-page prefix that is about
-// 0.6 ms of CPU a plan, under pressure only. Admission order itself stays as it was (priority, then
+// have a deeper cached child (tools/bench/scheduler_eviction.py reports the scheduler's CPU per plan
+// under each policy). Admission order itself stays as it was (priority, then
 // arrival); SGLang's longest-prefix-first admission gets hits by letting cached conversations
 // overtake the rest, which this does not do.
 #include "scheduler.h"

@@ -12,14 +12,15 @@ forward (see scheduler/README.md, "Copies").
   disjoint pages: a load-back reads landed host copies and writes pages no copy in flight reads
   (the scheduler's quarantine and ownership rules). Before a plan's copies each stream waits for
   the compute stream, i.e. for every forward enqueued so far, so a copy never reads KV still being
-  written nor writes a page an earlier forward still touches. Each run of consecutive pages is one `cudaMemcpy2DAsync`
-  per pool tensor, straight between device memory and the pinned host pool: no staging buffer and
-  no CPU work proportional to the bytes moved (the old path gathered through pageable memory and a
-  CPU `index_copy_`, 88% of the engine core's time under load). An event after each direction's
-  copies is queried each step; a plan's copies have landed when both have fired. A copy engine serves the copies queued on it in order, whatever their stream, so
-  a small copy another stream needs (a step's tokens) must be queued before a prompt's pages (~130 MB
-  and 3.3 ms over PCIe for 1K tokens of an 8B), not behind them: `copy_after`. (Cutting runs into
-  pieces does not help: all the pieces are queued at once.)
+  written nor writes a page an earlier forward still touches. Each run of consecutive pages is one
+  `cudaMemcpy2DAsync` per pool tensor, straight between device memory and the pinned host pool: no
+  staging buffer and no CPU work proportional to the bytes moved (the old path gathered through
+  pageable memory and a CPU `index_copy_`, 88% of the engine core's time under load). An event
+  after each direction's copies is queried each step; a plan's copies have landed when both have
+  fired. A copy engine serves the copies queued on it in order, whatever their stream, so a small
+  device->host copy another stream needs (a step's tokens in `stream` step IO) must be queued
+  before a prompt's pages (~130 MB and 3.3 ms over PCIe for 1K tokens of an 8B), not behind them:
+  `copy_after`. (Cutting runs into pieces does not help: all the pieces are queued at once.)
 - CPU (`ThreadPageCopier`): one worker thread runs the same copies with torch index ops (which
   release the GIL); a future's `done()` is the event.
 

@@ -4,7 +4,8 @@ speculative verdicts) down. `LIGHTSPEED_STEP_IO` picks how they move:
 - `kernel` (default): a Triton kernel on the compute stream moves the bytes through pinned host memory, which
   the GPU addresses directly (`lightspeed_kernel.ops.host_copy`). No copy engine is involved. Served on an H100
   against `stream` (bench/results/step_io_served_2026-12-07_2145_h100/), it gave 1.1% more output tokens at
-  random 1024/128 c = 128 in three of three pairs, TPOT 19.0 against 19.3 ms, and the same figures at c = 1.
+  random 1024/128 c = 128 (three runs against four, ranges apart), TPOT 19.0 against 19.3 ms, and the same
+  figures at c = 1.
   Where its start-up probe fails (no mapped pinned memory, no Triton) the runner uses `stream` and says so.
 - `stream`: copy-engine copies; the results on a stream of their own.
 - `compute`: copy-engine copies on the compute stream (the first design, kept for A/B runs).

@@ -368,7 +368,9 @@ int32_t RadixCache::evict_device(int32_t num_pages) {
 // With a disk tier, a host copy whose disk write is still queued is lost if dropped now: the other
 // copies go first, and those only when nothing else is left.
 int32_t RadixCache::evict_host(int32_t num_pages, uint32_t spare_epoch) {
-  auto evictable = [&](const Node& n) { return host_evictable(n) && (spare_epoch == 0 || n.protect_epoch != spare_epoch); };
+  auto evictable = [&](const Node& n) {
+    return host_evictable(n) && (spare_epoch == 0 || n.protect_epoch != spare_epoch);
+  };
   int32_t evicted = 0;
   if (disk_.num_usable() > 0)
     evicted = evict_lru(host_lru_, &Node::host_retention, num_pages,
