@@ -103,8 +103,8 @@ class EngineConfig:
     host_cache_memory: int | None = _f(None, "Host (CPU, pinned on GPU machines) KV-cache tier in bytes: prefix pages "
                                        "are written through to it in the background and served back on a hit "
                                        "after device eviction; also holds retracted requests. 0 turns it off. "
-                                       "Default: 2x the device KV cache on GPU (at most 1/4 of free RAM), "
-                                       "256MiB on CPU.")
+                                       "Default: 2x the device KV cache on GPU (within 3/4 of free RAM, at least 8GiB "
+                                       "left, shared by the host's GPU ranks), 256MiB on CPU.")
     disk_cache_dir: str | None = _f(None, "Directory of the disk KV-cache tier, under the host tier: prefix pages are "
                                     "written through to it from host memory in the background and served back on a "
                                     "hit after host eviction, and a server restarted on the same directory and model "

@@ -75,3 +75,27 @@ def test_weight_only_quantisation_is_one_rank_only():
     assert resolve_quantization("auto", torch.device("cpu"), "gguf", None, parallel=True) == "none"
     with pytest.raises(ValueError, match="several tensor/expert-parallel ranks"):
         resolve_quantization("int8", torch.device("cpu"), "auto", None, parallel=True)
+
+
+def test_default_host_tier_is_twice_the_device_pool_within_a_share_of_free_ram():
+    import torch
+    from lightspeed.runner.factory import default_host_cache_bytes
+
+    cuda, gib = torch.device("cuda"), 1 << 30
+    # An 80 GB card's ~60 GB pool on a host with 120 GiB free: a quarter stays free, the rest is the cap.
+    assert default_host_cache_bytes(cuda, 60 * gib, available=120 * gib) == 90 * gib
+    assert default_host_cache_bytes(cuda, 20 * gib, available=120 * gib) == 40 * gib  # 2x the pool
+    # Eight ranks on the host share the 90 GiB: each pins an eighth, not the same 90.
+    assert default_host_cache_bytes(cuda, 60 * gib, ranks_on_host=8, available=120 * gib) == 90 * gib // 8
+    # A small host keeps at least 8 GiB unpinned; one with less than that gets no default host tier.
+    assert default_host_cache_bytes(cuda, 60 * gib, available=16 * gib) == 8 * gib
+    assert default_host_cache_bytes(cuda, 60 * gib, available=6 * gib) == 0
+    assert default_host_cache_bytes(torch.device("cpu"), 60 * gib, available=120 * gib) == 256 << 20
+
+
+def test_engine_ranks_on_host_counts_every_data_parallel_core():
+    from lightspeed.runner.factory import engine_ranks_on_host
+
+    assert engine_ranks_on_host(EngineConfig()) == 1
+    assert engine_ranks_on_host(EngineConfig(tensor_parallel_size=4, data_parallel_size=2)) == 8
+    assert engine_ranks_on_host(EngineConfig(tensor_parallel_size=8, nnodes=2, master_port=29500)) == 4

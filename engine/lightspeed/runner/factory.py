@@ -23,6 +23,7 @@ log = logging.getLogger("lightspeed.runner")
 _DTYPE_NAMES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16", "fp16": "float16",
                 "half": "float16", "float32": "float32", "fp32": "float32", "float": "float32"}
 _CPU_HOST_CACHE_DEFAULT = 256 << 20
+_HOST_RAM_RESERVE = 8 << 30  # never pinned by the default host tier (default_host_cache_bytes)
 # EOS ids a request may carry (the model's and its tokenizer's: a handful in practice).
 MAX_EOS_TOKEN_IDS = 16
 # Bytes being written to disk at once: a fraction of a second of an NVMe drive, so a disk hit's reads
@@ -199,7 +200,8 @@ def _build(config: EngineConfig, ranks, output_tokens_of, load_tokenizer) -> Bui
         max_model_len = max_fit
     host_budget = config.host_cache_memory
     if host_budget is None:
-        host_budget = default_host_cache_bytes(device, num_device_pages * layout.bytes_per_page)
+        host_budget = default_host_cache_bytes(device, num_device_pages * layout.bytes_per_page,
+                                              engine_ranks_on_host(config))
     num_host_pages = max(2, layout.pages_for(host_budget)) if host_budget > 0 else 0
     if ranks is not None:
         num_host_pages = ranks.agree_min(num_host_pages)
@@ -312,12 +314,26 @@ def _piecewise_max_tokens(config: EngineConfig, ranks, model, num_layers: int, d
     return min(max_tokens, config.max_num_batched_tokens)
 
 
-def default_host_cache_bytes(device: torch.device, device_pool_bytes: int) -> int:
-    """Host (pinned) KV tier when the user names none: twice the device pool on GPU, so prefixes
-    evicted from the device survive, but never more than a quarter of the RAM available now
-    (pinned memory cannot be swapped; taking it all would starve the process)."""
+def default_host_cache_bytes(device: torch.device, device_pool_bytes: int, ranks_on_host: int = 1,
+                             available: int | None = None) -> int:
+    """Host (pinned) KV tier when the user names none: twice the device pool on GPU (SGLang's HiCache
+    ratio), so prefixes evicted from the device survive; never more than this rank's share of the RAM
+    available now, less a reserve. Pinned memory cannot be swapped, so the reserve (a quarter of what is
+    available, at least 8 GiB) stays for the process, the gateway and the page cache. Every engine rank on
+    the host pins its own tier: they share what is left, or eight ranks would each pin the same quarter.
+    (A quarter of free RAM for one rank, the old cap, left agentic c = 32 thrashing on an 80 GB card: device
+    + host held ~0.7M of its ~0.87M tokens of working set.)"""
     if device.type != "cuda":
         return _CPU_HOST_CACHE_DEFAULT
-    import psutil
+    if available is None:
+        import psutil
 
-    return min(2 * device_pool_bytes, psutil.virtual_memory().available // 4)
+        available = psutil.virtual_memory().available
+    usable = max(0, available - max(available // 4, _HOST_RAM_RESERVE))
+    return min(2 * device_pool_bytes, usable // max(1, ranks_on_host))
+
+
+def engine_ranks_on_host(config: EngineConfig) -> int:
+    """GPUs this host serves with: every data-parallel core's tensor-parallel ranks, over the nodes."""
+    nnodes = config.nnodes or ENVS.nnodes or 1
+    return max(1, config.tensor_parallel_size * config.data_parallel_size // nnodes)
