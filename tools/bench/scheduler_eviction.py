@@ -24,8 +24,10 @@ from result_files import git_commit, result_stem
 # (device pages, host pages) of 16 tokens: the 8B shape's KV on an 80 GB H100 as served on 2026-12-07
 # (bench/results/h100_vs_vllm_2026-12-07_1650/), half of each, and the H200 memory-pressure run's
 # --kv-cache-memory 12GiB / --host-cache-memory 64GiB (bench/results/memory_pressure_h200_2026-12-01_1819/;
-# run it with --concurrency 16 --conversations 16).
-SHAPES = {"h100_80gb": (28400, 15900), "half": (14200, 7950), "h200_pressure": (6144, 28672)}
+# run it with --concurrency 16 --conversations 16), and the 80 GB H100 with the default host tier sized since
+# 2026-12-08 (2x the device pool within 3/4 of free RAM: ~86 GiB of the 128 GiB host, 44,000 pages).
+SHAPES = {"h100_80gb": (28400, 15900), "half": (14200, 7950), "h200_pressure": (6144, 28672),
+          "h100_80gb_hicache": (28400, 44000)}
 
 
 def run(policy: str, device_pages: int, host_pages: int, args: argparse.Namespace) -> dict:
