@@ -93,9 +93,9 @@ def test_default_host_tier_is_twice_the_device_pool_within_a_share_of_free_ram()
     assert default_host_cache_bytes(torch.device("cpu"), 60 * gib, available=120 * gib) == 256 << 20
 
 
-def test_engine_ranks_on_host_counts_every_data_parallel_core():
-    from lightspeed.runner.factory import engine_ranks_on_host
+def test_engine_ranks_per_node_counts_every_data_parallel_core():
+    from lightspeed.distributed.topology import engine_ranks_per_node
 
-    assert engine_ranks_on_host(EngineConfig()) == 1
-    assert engine_ranks_on_host(EngineConfig(tensor_parallel_size=4, data_parallel_size=2)) == 8
-    assert engine_ranks_on_host(EngineConfig(tensor_parallel_size=8, nnodes=2, master_port=29500)) == 4
+    assert engine_ranks_per_node(EngineConfig()) == 1
+    assert engine_ranks_per_node(EngineConfig(tensor_parallel_size=4, data_parallel_size=2)) == 8
+    assert engine_ranks_per_node(EngineConfig(tensor_parallel_size=8, nnodes=2, master_port=29500)) == 4

@@ -77,7 +77,7 @@ class Topology:
         dp_rank = config.data_parallel_rank or 0
         ep = config.expert_parallel_ranks if is_moe else 1
         lockstep = ep == tp * dp and dp > 1  # as in data_parallel_configs
-        nnodes = config.nnodes or ENVS.nnodes or 1
+        nnodes = nodes_of(config)
         node_rank = config.node_rank if config.node_rank is not None else ENVS.node_rank or 0
         port = config.master_port if config.master_port is not None else ENVS.master_port
         world_dp = dp if lockstep else 1
@@ -138,3 +138,14 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def nodes_of(config: EngineConfig) -> int:
+    """Machines the ranks span: --nnodes, else torchrun's environment, else 1."""
+    return config.nnodes or ENVS.nnodes or 1
+
+
+def engine_ranks_per_node(config: EngineConfig) -> int:
+    """GPUs one node serves with: every data-parallel core's tensor-parallel ranks, over the nodes. What the
+    ranks of a node share (the RAM their host KV tiers pin) is split this many ways."""
+    return max(1, config.tensor_parallel_size * config.data_parallel_size // nodes_of(config))

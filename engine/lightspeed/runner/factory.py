@@ -200,8 +200,10 @@ def _build(config: EngineConfig, ranks, output_tokens_of, load_tokenizer) -> Bui
         max_model_len = max_fit
     host_budget = config.host_cache_memory
     if host_budget is None:
+        from ..distributed.topology import engine_ranks_per_node
+
         host_budget = default_host_cache_bytes(device, num_device_pages * layout.bytes_per_page,
-                                              engine_ranks_on_host(config))
+                                              engine_ranks_per_node(config))
     num_host_pages = max(2, layout.pages_for(host_budget)) if host_budget > 0 else 0
     if ranks is not None:
         num_host_pages = ranks.agree_min(num_host_pages)
@@ -331,9 +333,3 @@ def default_host_cache_bytes(device: torch.device, device_pool_bytes: int, ranks
         available = psutil.virtual_memory().available
     usable = max(0, available - max(available // 4, _HOST_RAM_RESERVE))
     return min(2 * device_pool_bytes, usable // max(1, ranks_on_host))
-
-
-def engine_ranks_on_host(config: EngineConfig) -> int:
-    """GPUs this host serves with: every data-parallel core's tensor-parallel ranks, over the nodes."""
-    nnodes = config.nnodes or ENVS.nnodes or 1
-    return max(1, config.tensor_parallel_size * config.data_parallel_size // nnodes)

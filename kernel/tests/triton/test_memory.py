@@ -75,14 +75,12 @@ def test_the_op_checks_its_arguments():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_pageable_host_memory_is_a_clear_error():
     with pytest.raises(ValueError, match="must be pinned"):
         ops.host_copy(torch.zeros(4, device="cuda"), torch.zeros(4))
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_an_empty_pinned_tensor_is_not_mistaken_for_pageable_memory():
     """torch gives a zero-element pinned tensor no storage, so it reports is_pinned() False; a step with no
     rows of some result (no logprobs asked for) once failed its requests on this in `kernel` step IO."""
@@ -98,7 +96,6 @@ def test_the_op_on_cpu_copies_through_the_reference():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_gpu_op_picks_the_kernel_and_waits_for_no_other_streams_copy():
     """A 1 GiB device->host copy on another stream holds the copy engine for tens of milliseconds; the
     kernel's transfer on the current stream lands while it still runs (a copy-engine copy would queue)."""
